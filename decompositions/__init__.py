@@ -1,0 +1,158 @@
+"""Which operators decompose, and how one node is decomposed.
+
+dynexport does not re-trace the whole program to decompose it. The translator sends each node
+whose operator has a rule straight to the table; only a node without a rule (or whose rule
+declines it) is decomposed, here, by tracing its decomposition under the program's own fake mode.
+Operators inside that decomposition that have rules stay whole; the others decompose further.
+
+The decompositions used are torch's core-ATen table, then torch's wider table, then the
+operator's own CompositeImplicitAutograd kernel. Operators in ``preserved_ops`` have a
+decomposition in torch but map to a single ONNX operator, so the table translates them whole;
+``tests/test_decompositions.py`` checks each of them has a rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._decomp import core_aten_decompositions
+from torch._decomp import decomposition_table as torch_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+__all__ = [
+    "Decomposition",
+    "decomposition_for",
+    "decomposition_table",
+    "preserved_ops",
+    "trace_decomposition",
+]
+
+aten = torch.ops.aten
+
+preserved_ops: frozenset[torch._ops.OpOverload] = frozenset(
+    {
+        aten.linear.default,
+        aten.addmm.default,
+        aten.matmul.default,
+        aten.layer_norm.default,
+        aten.native_layer_norm.default,
+        aten.group_norm.default,
+        aten.native_group_norm.default,
+        aten.batch_norm.default,
+        aten._native_batch_norm_legit_no_training.default,
+        aten.scaled_dot_product_attention.default,
+        aten.gelu.default,
+        aten.silu.default,
+        aten.hardswish.default,
+        aten.hardsigmoid.default,
+        aten.elu.default,
+        aten.leaky_relu.default,
+        aten.softplus.default,
+        aten._softmax.default,
+        aten._log_softmax.default,
+        aten.softmax.int,
+        aten.log_softmax.int,
+        aten.var.correction,
+        aten.std.correction,
+        aten.mean.dim,
+        aten.embedding.default,
+        aten.stack.default,
+        aten.split.Tensor,
+        aten.split_with_sizes.default,
+        aten.unbind.int,
+        aten.flatten.using_ints,
+        aten.t.default,
+        aten.expand_as.default,
+        aten.masked_fill.Scalar,
+        aten.masked_fill.Tensor,
+        aten.zeros_like.default,
+        aten.ones_like.default,
+        aten.full_like.default,
+        aten.new_zeros.default,
+        aten.new_ones.default,
+        aten.new_full.default,
+        aten.conv1d.default,
+        aten.conv2d.default,
+        aten.conv3d.default,
+        aten.convolution.default,
+        aten.conv_transpose1d.default,
+        aten.conv_transpose2d.input,
+        aten.conv_transpose3d.input,
+        aten.max_pool2d.default,
+        aten.avg_pool2d.default,
+        aten.adaptive_avg_pool2d.default,
+        aten.clamp_min.default,
+        aten.clamp_max.default,
+        aten.baddbmm.default,
+    }
+)
+
+
+@functools.cache
+def _core_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
+    return dict(core_aten_decompositions().items())
+
+
+def decomposition_for(target: Any) -> Callable[..., Any] | None:
+    """The function that decomposes ``target``, or None when it has none."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    fn = _core_table().get(target) or torch_decompositions.get(target)
+    if fn is not None:
+        return fn
+    if torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"):
+        return target.decompose
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decomposition:
+    """A node's decomposition: an FX graph whose placeholders stand for ``leaves``."""
+
+    graph: torch.fx.Graph
+    leaves: list[torch.fx.Node]
+
+
+def decomposition_table(has_rule: Callable[[Any], bool]) -> dict[Any, Callable[..., Any]]:
+    """torch's decompositions of every operator for which ``has_rule(op)`` is False."""
+    table = dict(torch_decompositions)
+    table.update(_core_table())
+    return {op: fn for op, fn in table.items() if not has_rule(op)}
+
+
+def trace_decomposition(
+    node: torch.fx.Node,
+    table: dict[Any, Callable[..., Any]],
+    fake_mode: torch._subclasses.FakeTensorMode | None,
+) -> Decomposition | None:
+    """Trace ``node``'s decomposition into a small FX graph, or None when it has none.
+
+    ``table`` (from :func:`decomposition_table`) decomposes the operators inside the
+    decomposition that the translation table does not express directly.
+    """
+    fn = decomposition_for(node.target)
+    if fn is None:
+        return None
+    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    leaves = [leaf for leaf in flat if isinstance(leaf, torch.fx.Node)]
+
+    def run(*traced: Any) -> Any:
+        values = iter(traced)
+        args, kwargs = pytree.tree_unflatten(
+            [next(values) if isinstance(leaf, torch.fx.Node) else leaf for leaf in flat], spec
+        )
+        return fn(*args, **kwargs)
+
+    examples = [leaf.meta["val"] for leaf in leaves]
+    tracer = make_fx(run, decomposition_table=table)
+    if fake_mode is None:
+        module = tracer(*examples)
+    else:
+        with fake_mode:
+            module = tracer(*examples)
+    return Decomposition(module.graph, leaves)

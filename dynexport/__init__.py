@@ -1,0 +1,24 @@
+"""dynexport: export PyTorch models to ONNX through a graph-capture compiler.
+
+>>> onnx_program = dynexport.export(model, (x,), "model.onnx", dynamic_shapes=({0: Dim("batch")},))
+"""
+
+from dynexport import errors
+from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
+from dynexport.program import ONNXProgram
+from dynexport.registry import Promote, TranslationTable, translates
+from dynexport.translate import TranslationContext
+
+__all__ = [
+    "DEFAULT_OPSET",
+    "ONNXProgram",
+    "Promote",
+    "SUPPORTED_OPSETS",
+    "TranslationContext",
+    "TranslationTable",
+    "errors",
+    "export",
+    "translates",
+]
+
+__version__ = "0.1.0"

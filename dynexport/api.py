@@ -1,0 +1,218 @@
+"""``dynexport.export``: check every argument, then run the stages."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, Any
+
+import torch
+
+from dynexport import capture as capture_stage
+from dynexport import signature
+from dynexport.passes.fx.functionalize import functionalize_inplace
+from dynexport.passes.onnx import optimize_model
+from dynexport.program import ONNXProgram
+from dynexport.registry import TranslationTable, default_table
+from dynexport.translate import translate_program
+
+__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "export"]
+
+DEFAULT_OPSET = 20
+SUPPORTED_OPSETS = range(18, 24)
+
+
+def export(
+    model: torch.nn.Module | Callable[..., Any] | torch.export.ExportedProgram,
+    args: Any = (),
+    f: str | os.PathLike | IO[bytes] | None = None,
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    export_params: bool = True,
+    verbose: bool | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    opset_version: int | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str] | Sequence[int]] | None = None,
+    keep_initializers_as_inputs: bool = False,
+    dynamic_shapes: Any = None,
+    do_constant_folding: bool = True,
+    optimize: bool = True,
+    custom_translation_table: Mapping[Any, Callable[..., Any]] | None = None,
+    dynamo: bool = True,
+) -> ONNXProgram:
+    """Export a PyTorch model to ONNX.
+
+    Mirrors ``torch.onnx.export(..., dynamo=True)``: switching is a change of module name.
+
+    Args:
+        model: an ``nn.Module``, a plain function, or an already captured
+            ``torch.export.ExportedProgram`` (then capture is skipped and ``args`` only name
+            nothing; pass ``()``).
+        args: example positional arguments: a tuple, or a single tensor. A trailing dict holds
+            keyword arguments (end with an empty dict to pass a real dict positionally).
+            Python int/float/bool arguments are baked into the graph as constants.
+        f: where to write the model: a path (written atomically) or a binary file object.
+        kwargs: example keyword arguments.
+        export_params: store parameters as initializers; when False they become graph inputs.
+        verbose: print the ONNX graph after export.
+        input_names: names of the ONNX graph's tensor inputs, in flattened order.
+        output_names: names of the ONNX graph's outputs, in flattened order.
+        opset_version: ONNX opset, 18 to 23 (default 20).
+        dynamic_axes: torch.onnx's legacy form, ``{input_or_output_name: {axis: dim_name}}``
+            or ``{name: [axes]}``; converted to ``dynamic_shapes``.
+        keep_initializers_as_inputs: also list initializers as graph inputs.
+        dynamic_shapes: as for ``torch.export.export``; ``Dim("name")`` names the ONNX dim.
+        do_constant_folding: fold constant subgraphs.
+        optimize: run the ONNX optimization passes at all.
+        custom_translation_table: ``{op_overload: rule}``; these rules take precedence.
+        dynamo: must be True (the TorchScript path is not available yet).
+
+    Returns:
+        An :class:`ONNXProgram`.
+
+    Raises:
+        ValueError, TypeError: inconsistent or unsupported arguments, before any work is done.
+        dynexport.errors.CaptureError: torch.export could not capture the model.
+        dynexport.errors.UnsupportedOperatorError: operators with no translation, all listed.
+    """
+    opset = DEFAULT_OPSET if opset_version is None else opset_version
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset not in SUPPORTED_OPSETS:
+        raise ValueError(
+            f"opset_version={opset_version!r} is not supported; choose one of "
+            f"{SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1} (default {DEFAULT_OPSET})"
+        )
+    if not dynamo:
+        raise ValueError(
+            "dynamo=False (the TorchScript exporter) is not supported yet; "
+            "drop the argument to export through torch.export"
+        )
+    if dynamic_shapes is not None and dynamic_axes is not None:
+        raise ValueError("pass either dynamic_shapes or dynamic_axes, not both")
+    _check_names("input_names", input_names)
+    _check_names("output_names", output_names)
+    _check_destination(f)
+    table = _table(custom_translation_table)
+
+    timings: dict[str, float] = {}
+    if isinstance(model, torch.export.ExportedProgram):
+        if dynamic_shapes is not None or dynamic_axes is not None:
+            raise ValueError(
+                "an ExportedProgram's dynamic shapes were fixed when it was captured; pass "
+                "dynamic_shapes to torch.export.export instead of to dynexport.export"
+            )
+        program, strategy, requested_dims = model, "given ExportedProgram", {}
+        if input_names is not None:
+            _check_input_count(input_names, _count_tensor_inputs(program))
+    else:
+        args, kwargs = signature.split_legacy_args(args, kwargs)
+        module = capture_stage.as_module(model, args)
+        signature.check_argument_types(args, kwargs)
+        bound = signature.bind_arguments(module.forward, args, kwargs)
+        tensor_leaves = sum(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((args, kwargs)))
+        if input_names is not None:
+            _check_input_count(input_names, tensor_leaves)
+        if dynamic_axes is not None:
+            dynamic_shapes, requested_dims = signature.dynamic_shapes_from_axes(
+                dynamic_axes, bound, input_names, output_names
+            )
+        else:
+            requested_dims = signature.named_dims(dynamic_shapes, bound)
+        with _phase(timings, "capture"):
+            program, strategy = capture_stage.capture(module, args, kwargs, dynamic_shapes)
+
+    with _phase(timings, "decompose"):
+        program = _functionalized(program)
+    io_names = signature.graph_io(program, input_names, output_names, requested_dims)
+    with _phase(timings, "translate"):
+        onnx_model = translate_program(
+            program,
+            io_names,
+            table=table,
+            opset=opset,
+            export_params=export_params,
+            keep_initializers_as_inputs=keep_initializers_as_inputs,
+        )
+    with _phase(timings, "optimize"):
+        if optimize:
+            optimize_model(onnx_model, fold_constants=do_constant_folding)
+    result = ONNXProgram(onnx_model, program, timings=timings, capture_strategy=strategy)
+    if f is not None:
+        with _phase(timings, "serialize"):
+            result.save(f)
+    if verbose:
+        print(onnx_model)
+    return result
+
+
+@contextlib.contextmanager
+def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def _functionalized(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The program with in-place ops made functional: cheaply in place when no alias can see a
+    mutation, else by torch's functionalization (a re-trace)."""
+    if functionalize_inplace(program.graph):
+        program.graph_module.recompile()
+        return program
+    return program.run_decompositions({})
+
+
+def _table(custom: Mapping[Any, Callable[..., Any]] | None) -> TranslationTable:
+    import dynexport.ops  # noqa: F401  (registers the rules)
+
+    if custom is None:
+        return default_table
+    if not isinstance(custom, Mapping):
+        raise TypeError("custom_translation_table must be a dict {torch op overload: rule}")
+    for op, rule in custom.items():
+        if not callable(rule):
+            raise TypeError(f"custom_translation_table[{op}] must be callable, got {type(rule).__name__}")
+    return default_table.merged(dict(custom))
+
+
+def _check_names(argument: str, names: Sequence[str] | None) -> None:
+    if names is None:
+        return
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise TypeError(f"{argument} must be a list of non-empty strings, got {names!r}")
+    duplicates = sorted({n for n in names if list(names).count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{argument} repeats {duplicates}; every name must be unique")
+
+
+def _check_input_count(input_names: Sequence[str], count: int) -> None:
+    if len(input_names) > count:
+        raise ValueError(
+            f"input_names has {len(input_names)} names but the model takes {count} tensor inputs"
+        )
+
+
+def _count_tensor_inputs(program: torch.export.ExportedProgram) -> int:
+    return sum(
+        1
+        for spec in program.graph_signature.input_specs
+        if spec.kind.name == "USER_INPUT" and type(spec.arg).__name__ != "ConstantArgument"
+    )
+
+
+def _check_destination(f: Any) -> None:
+    if f is None:
+        return
+    if isinstance(f, (str, os.PathLike)):
+        directory = os.path.dirname(os.path.abspath(os.fspath(f)))
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"cannot write {os.fspath(f)!r}: directory {directory!r} does not exist")
+        if os.path.isdir(os.fspath(f)):
+            raise IsADirectoryError(f"f={os.fspath(f)!r} is a directory; give a file path")
+        return
+    if isinstance(f, io.TextIOBase) or not hasattr(f, "write"):
+        raise TypeError(f"f must be a path or a binary file object, got {type(f).__name__}")

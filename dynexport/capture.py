@@ -1,0 +1,112 @@
+"""Capture a model as an ExportedProgram with torch.export, keeping symbolic shapes.
+
+Strategies are tried in order (non-strict, strict, draft) and the first that succeeds wins;
+when all fail, :class:`~dynexport.errors.CaptureError` carries each one's reason.
+
+Dims declared dynamic stay dynamic even when the example size is 0 or 1: capture runs with
+size-oblivious reasoning for backed sizes, so torch.export does not specialise a batch of 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx.experimental._config as fx_config
+
+from dynexport.errors import CaptureError
+
+__all__ = ["STRATEGIES", "as_module", "capture"]
+
+
+def as_module(model: Any, args: tuple = ()) -> torch.nn.Module:
+    """``model`` itself when it is an nn.Module; a module calling it when it is a function.
+
+    The module's forward has the function's signature (positional ``args_0, args_1, ...`` for
+    builtins, which have none) so torch.export names inputs and reads dynamic_shapes the same
+    way as for the function.
+    """
+    if isinstance(model, torch.nn.Module):
+        return model
+    if not callable(model):
+        raise TypeError(
+            f"model must be an nn.Module, a function or a torch.export.ExportedProgram, "
+            f"got {type(model).__name__}"
+        )
+
+    class FunctionModule(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return model(*args, **kwargs)
+
+    # torch.export names placeholders after the forward signature: give it the function's.
+    try:
+        parameters = list(inspect.signature(model).parameters.values())
+    except (TypeError, ValueError):  # builtins such as torch.exp have no Python signature
+        parameters = [
+            inspect.Parameter(f"args_{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(len(args))
+        ]
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    FunctionModule.forward.__signature__ = inspect.Signature([self_param, *parameters])
+    FunctionModule.__name__ = FunctionModule.__qualname__ = getattr(model, "__name__", "function")
+    return FunctionModule()
+
+
+def _non_strict(module, args, kwargs, dynamic_shapes):
+    return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def _strict(module, args, kwargs, dynamic_shapes):
+    return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
+
+
+def _draft(module, args, kwargs, dynamic_shapes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.export.draft_export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
+
+
+STRATEGIES: dict[str, Callable[..., torch.export.ExportedProgram]] = {
+    "torch.export(strict=False)": _non_strict,
+    "torch.export(strict=True)": _strict,
+    "torch.export.draft_export": _draft,
+}
+
+
+def capture(
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    dynamic_shapes: Any,
+) -> tuple[torch.export.ExportedProgram, str]:
+    """Capture ``module`` and return the program with the name of the strategy that worked."""
+    reasons: dict[str, BaseException] = {}
+    for name, strategy in STRATEGIES.items():
+        try:
+            with _size_oblivious():
+                return strategy(module, args, kwargs, dynamic_shapes), name
+        except Exception as error:  # every strategy's failure is reported together
+            reasons[name] = error
+            if _is_user_error(error):
+                break
+    raise CaptureError(reasons) from next(iter(reasons.values()))
+
+
+def _is_user_error(error: Exception) -> bool:
+    """Errors in the arguments themselves (a dynamic_shapes spec that does not match the inputs,
+    a dim declared dynamic that the model fixes): every strategy would fail the same way."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    return isinstance(error, UserError) and error.error_type in (
+        UserErrorType.INVALID_INPUT,
+        UserErrorType.CONSTRAINT_VIOLATION,
+    )
+
+
+@contextlib.contextmanager
+def _size_oblivious():
+    with fx_config.patch(backed_size_oblivious=True):
+        yield

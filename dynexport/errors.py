@@ -1,0 +1,108 @@
+"""Typed errors raised by dynexport.
+
+Every error that comes from a model (rather than from bad arguments, which raise ``ValueError``
+or ``TypeError``) derives from :class:`ExportError`. Errors about a graph node carry the ATen
+operator, the model source line that produced it (FX ``stack_trace``) and a hint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+__all__ = [
+    "CaptureError",
+    "ExportError",
+    "TranslationError",
+    "UnsupportedOperatorError",
+    "UnsupportedUse",
+    "source_line",
+]
+
+
+class ExportError(RuntimeError):
+    """Base class of every error dynexport raises while exporting a model."""
+
+
+class CaptureError(ExportError):
+    """Every capture strategy failed; ``reasons`` maps each strategy to its failure."""
+
+    def __init__(self, reasons: dict[str, BaseException]):
+        self.reasons = reasons
+        lines = ["Could not capture the model with torch.export. Each strategy failed:"]
+        for strategy, error in reasons.items():
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            lines.append(f"  - {strategy}: {type(error).__name__}: {first_line}")
+        lines.append(
+            "Hint: the first strategy's error is usually the one to fix; run "
+            "torch.export.export(model, args, strict=False) to see it in full, or "
+            "torch.export.draft_export to list every problem at once."
+        )
+        super().__init__("\n".join(lines))
+
+
+@dataclasses.dataclass(frozen=True)
+class UnsupportedUse:
+    """One operator the translation table cannot express, with where the model uses it."""
+
+    target: str
+    count: int
+    source: str | None
+
+
+class UnsupportedOperatorError(ExportError):
+    """The graph holds operators with no translation rule and no decomposition."""
+
+    def __init__(self, uses: Sequence[UnsupportedUse]):
+        self.uses = list(uses)
+        lines = [f"{len(self.uses)} operator(s) in the model have no ONNX translation:"]
+        for use in self.uses:
+            where = f"\n      first used at {use.source}" if use.source else ""
+            lines.append(f"  - {use.target} (used {use.count}x){where}")
+        lines.append(
+            "Hint: pass custom_translation_table={op: onnxscript_function} to export, or "
+            "rewrite that part of the model with supported operators."
+        )
+        super().__init__("\n".join(lines))
+
+    @property
+    def targets(self) -> list[str]:
+        return [use.target for use in self.uses]
+
+
+class TranslationError(ExportError):
+    """A translation rule failed on one node."""
+
+    def __init__(self, target: str, source: str | None, reason: str, hint: str | None = None):
+        self.target = target
+        self.source = source
+        self.reason = reason
+        self.hint = hint
+        message = f"Failed to translate {target}: {reason}"
+        if source:
+            message += f"\n  at {source}"
+        if hint:
+            message += f"\nHint: {hint}"
+        super().__init__(message)
+
+
+def source_line(node) -> str | None:
+    """The innermost model source line of an FX node, from its ``stack_trace`` meta.
+
+    Frames inside torch and dynexport are skipped: the line shown is the user's.
+    """
+    trace = node.meta.get("stack_trace") if node is not None else None
+    if not trace:
+        return None
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    frames = []
+    for i, line in enumerate(lines):
+        if line.startswith("File "):
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            frames.append(f"{line}: {code}" if code else line)
+    if not frames:
+        return lines[-1]
+    own = (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}")
+    user_frames = [f for f in frames if not any(part in f.split(",")[0] for part in own)]
+    return (user_frames or frames)[-1]

@@ -1,0 +1,16 @@
+"""The translation table: one module per operator family, each registering its rules on import."""
+
+from dynexport.ops import (  # noqa: F401
+    activation,
+    attention,
+    convolution,
+    creation,
+    elementwise,
+    indexing,
+    linalg,
+    normalization,
+    pooling,
+    reduction,
+    shape,
+    symbolic,
+)

@@ -1,0 +1,105 @@
+"""Helpers every rule shares: dims, shapes as tensors, constants, casts.
+
+Rules never re-implement these. A "shape" argument is a list whose items are Python ints or ONNX
+int64 scalars (SymInts); :func:`shape_tensor` turns it into the 1-D int64 tensor ONNX wants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+from dynexport.dtypes import FLOATING
+
+__all__ = [
+    "cast",
+    "ints",
+    "is_floating",
+    "normalize_dim",
+    "normalize_dims",
+    "rank",
+    "scalar_like",
+    "shape_tensor",
+    "size_of",
+]
+
+
+def rank(x: ir.Value) -> int:
+    return len(x.shape)
+
+
+def normalize_dim(dim: int, rank_: int) -> int:
+    """``dim`` in [0, rank) (a 0-d tensor accepts dims 0 and -1, as in PyTorch)."""
+    bound = max(rank_, 1)
+    if not -bound <= dim < bound:
+        raise IndexError(f"dim {dim} is out of range for a tensor of rank {rank_}")
+    return dim % bound
+
+
+def normalize_dims(dims: int | Sequence[int] | None, rank_: int) -> list[int]:
+    """Dims as a sorted list; None or an empty list means every dim."""
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
+        return list(range(rank_))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted(normalize_dim(d, rank_) for d in dims)
+
+
+def is_floating(x: ir.Value) -> bool:
+    return x.dtype in FLOATING
+
+
+def ints(ctx, values: Sequence[int]) -> ir.Value:
+    """A 1-D int64 constant."""
+    return ctx.constant(list(values), ir.DataType.INT64)
+
+
+def scalar_like(ctx, value: float | int | bool, like: ir.Value) -> ir.Value:
+    """A 0-d constant with the element type of ``like``."""
+    return ctx.constant(value, like.dtype)
+
+
+def cast(ctx, x: ir.Value, dtype: ir.DataType) -> ir.Value:
+    return x if x.dtype == dtype else ctx.op.Cast(x, to=dtype)
+
+
+def _as_1d(ctx, value: ir.Value) -> ir.Value:
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Squeeze" and len(producer.inputs) == 1:
+        source = producer.inputs[0]
+        if source.shape is not None and len(source.shape) == 1:
+            return source
+    return ctx.op.Reshape(cast(ctx, value, ir.DataType.INT64), ints(ctx, [1]))
+
+
+def shape_tensor(ctx, sizes: Sequence[int | ir.Value] | ir.Value) -> ir.Value:
+    """A 1-D int64 tensor from a list of ints and int64 scalars (consecutive ints grouped)."""
+    if isinstance(sizes, ir.Value):
+        return sizes if len(sizes.shape) == 1 else _as_1d(ctx, sizes)
+    pieces: list[ir.Value] = []
+    static: list[int] = []
+    for size in sizes:
+        if isinstance(size, ir.Value):
+            if static:
+                pieces.append(ints(ctx, static))
+                static = []
+            pieces.append(_as_1d(ctx, size))
+        else:
+            static.append(int(size))
+    if static or not pieces:
+        pieces.append(ints(ctx, static))
+    return pieces[0] if len(pieces) == 1 else ctx.op.Concat(*pieces, axis=0)
+
+
+def size_of(ctx, x: ir.Value, dim: int) -> int | ir.Value:
+    """The size of ``x`` along ``dim``: a Python int when static, else an int64 scalar."""
+    size = x.shape[dim]
+    if isinstance(size, int):
+        return size
+    return ctx.sym_size(x, dim)
+
+
+def is_static(value: Any) -> bool:
+    return isinstance(value, (int, float, bool))

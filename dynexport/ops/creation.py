@@ -1,0 +1,1 @@
+"""(rules arrive with this family's work)"""

@@ -1,0 +1,339 @@
+"""Elementwise arithmetic, math, comparison and logical operators."""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+import torch
+
+from dynexport.ops._helpers import cast, is_floating, scalar_like
+from dynexport.registry import Promote, translates
+
+aten = torch.ops.aten
+
+
+# -- arithmetic ---------------------------------------------------------------------------
+
+
+@translates(aten.add.Tensor, aten.add.Scalar, promote=Promote.RESULT)
+def add(ctx, self, other, alpha=1):
+    if self.dtype == ir.DataType.BOOL:
+        return ctx.op.Or(self, other)
+    if alpha != 1:
+        other = ctx.op.Mul(other, scalar_like(ctx, alpha, other))
+    return ctx.op.Add(self, other)
+
+
+@translates(aten.sub.Tensor, aten.sub.Scalar, promote=Promote.RESULT)
+def sub(ctx, self, other, alpha=1):
+    if alpha != 1:
+        other = ctx.op.Mul(other, scalar_like(ctx, alpha, other))
+    return ctx.op.Sub(self, other)
+
+
+@translates(aten.rsub.Tensor, aten.rsub.Scalar, promote=Promote.RESULT)
+def rsub(ctx, self, other, alpha=1):
+    return sub(ctx, other, self, alpha)
+
+
+@translates(aten.mul.Tensor, aten.mul.Scalar, promote=Promote.RESULT)
+def mul(ctx, self, other):
+    if self.dtype == ir.DataType.BOOL:
+        return ctx.op.And(self, other)
+    return ctx.op.Mul(self, other)
+
+
+@translates(aten.div.Tensor, aten.div.Scalar, promote=Promote.RESULT)
+def div(ctx, self, other):
+    return ctx.op.Div(self, other)
+
+
+@translates(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(ctx, self, other, *, rounding_mode=None):
+    dtype = ctx.out_dtype
+    self, other = _to(ctx, self, dtype), _to(ctx, other, dtype)
+    if rounding_mode is None:
+        return ctx.op.Div(self, other)
+    if rounding_mode == "floor":
+        return _floor_divide(ctx, self, other)
+    if is_floating(self):
+        return _trunc(ctx, ctx.op.Div(self, other))
+    # ONNX integer Div truncates toward zero, as rounding_mode="trunc" asks.
+    return ctx.op.Div(self, other)
+
+
+@translates(aten.floor_divide.default, aten.floor_divide.Scalar, promote=Promote.RESULT)
+def floor_divide(ctx, self, other):
+    return _floor_divide(ctx, self, other)
+
+
+def _floor_divide(ctx, self, other):
+    if is_floating(self):
+        return ctx.op.Floor(ctx.op.Div(self, other))
+    # Integer Div truncates; subtract one where the signs differ and the division is inexact.
+    quotient = ctx.op.Div(self, other)
+    zero = scalar_like(ctx, 0, self)
+    signs_differ = ctx.op.Xor(ctx.op.Less(self, zero), ctx.op.Less(other, zero))
+    inexact = ctx.op.Not(ctx.op.Equal(ctx.op.Mul(quotient, other), self))
+    adjust = ctx.op.And(signs_differ, inexact)
+    return ctx.op.Sub(quotient, cast(ctx, adjust, self.dtype))
+
+
+def _trunc(ctx, x):
+    # Trunc is not an ONNX op: floor the magnitude and restore the sign.
+    return ctx.op.Mul(ctx.op.Sign(x), ctx.op.Floor(ctx.op.Abs(x)))
+
+
+def _to(ctx, x, dtype):
+    if isinstance(x, ir.Value):
+        return cast(ctx, x, dtype)
+    return ctx.constant(x, dtype)
+
+
+@translates(aten.remainder.Tensor, aten.remainder.Scalar, promote=Promote.RESULT)
+def remainder(ctx, self, other):
+    if is_floating(self):
+        # Python-style modulo: the result takes the divisor's sign.
+        return ctx.op.Sub(self, ctx.op.Mul(ctx.op.Floor(ctx.op.Div(self, other)), other))
+    return ctx.op.Mod(self, other, fmod=0)
+
+
+@translates(aten.fmod.Tensor, aten.fmod.Scalar, promote=Promote.RESULT)
+def fmod(ctx, self, other):
+    # fmod=1: C fmod, the result takes the dividend's sign (required for floats, valid for ints).
+    return ctx.op.Mod(self, other, fmod=1)
+
+
+@translates(
+    aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote=Promote.RESULT,
+    promoted=("self", "exponent"),
+)
+def pow(ctx, self, exponent):
+    return ctx.op.Pow(self, exponent)
+
+
+@translates(aten.neg.default, promote=Promote.RESULT)
+def neg(ctx, self):
+    return ctx.op.Neg(self)
+
+
+@translates(aten.abs.default)
+def abs(ctx, self):
+    if self.dtype == ir.DataType.BOOL:
+        return ctx.op.Identity(self)
+    return ctx.op.Abs(self)
+
+
+@translates(aten.reciprocal.default, promote=Promote.RESULT)
+def reciprocal(ctx, self):
+    return ctx.op.Reciprocal(self)
+
+
+@translates(aten.sign.default)
+def sign(ctx, self):
+    if self.dtype == ir.DataType.BOOL:
+        return ctx.op.Identity(self)
+    return ctx.op.Sign(self)
+
+
+@translates(aten.maximum.default, aten.max.other, promote=Promote.RESULT)
+def maximum(ctx, self, other):
+    if self.dtype == ir.DataType.BOOL:
+        return ctx.op.Or(self, other)
+    return ctx.op.Max(self, other)
+
+
+@translates(aten.minimum.default, aten.min.other, promote=Promote.RESULT)
+def minimum(ctx, self, other):
+    if self.dtype == ir.DataType.BOOL:
+        return ctx.op.And(self, other)
+    return ctx.op.Min(self, other)
+
+
+@translates(
+    aten.clamp.default, aten.clamp.Tensor, promote=Promote.RESULT, promoted=("self", "min", "max")
+)
+def clamp(ctx, self, min=None, max=None):
+    # Max/Min instead of Clip: they broadcast tensor bounds and propagate NaN like PyTorch.
+    if min is not None:
+        self = ctx.op.Max(self, min)
+    if max is not None:
+        self = ctx.op.Min(self, max)
+    return self
+
+
+@translates(aten.clamp_min.default, aten.clamp_min.Tensor, promote=Promote.RESULT, promoted=("self", "min"))
+def clamp_min(ctx, self, min):
+    return ctx.op.Max(self, min)
+
+
+@translates(aten.clamp_max.default, aten.clamp_max.Tensor, promote=Promote.RESULT, promoted=("self", "max"))
+def clamp_max(ctx, self, max):
+    return ctx.op.Min(self, max)
+
+
+# -- unary math ----------------------------------------------------------------------------
+
+def _unary(onnx_op: str):
+    def rule(ctx, self):
+        return getattr(ctx.op, onnx_op)(self)
+
+    rule.__name__ = rule.__qualname__ = onnx_op.lower()
+    return rule
+
+
+for _aten_op, _onnx_op in {
+    aten.exp.default: "Exp",
+    aten.log.default: "Log",
+    aten.sqrt.default: "Sqrt",
+    aten.sin.default: "Sin",
+    aten.cos.default: "Cos",
+    aten.tan.default: "Tan",
+    aten.asin.default: "Asin",
+    aten.acos.default: "Acos",
+    aten.atan.default: "Atan",
+    aten.sinh.default: "Sinh",
+    aten.cosh.default: "Cosh",
+    aten.tanh.default: "Tanh",
+    aten.asinh.default: "Asinh",
+    aten.acosh.default: "Acosh",
+    aten.atanh.default: "Atanh",
+    aten.erf.default: "Erf",
+}.items():
+    translates(_aten_op, promote=Promote.RESULT)(_unary(_onnx_op))
+
+
+@translates(aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default)
+def rounding(ctx, self):
+    if not is_floating(self):
+        return ctx.op.Identity(self)
+    name = ctx.node.target.overloadpacket.__name__
+    if name == "trunc":
+        return _trunc(ctx, self)
+    return getattr(ctx.op, name.capitalize())(self)
+
+
+@translates(aten.rsqrt.default, promote=Promote.RESULT)
+def rsqrt(ctx, self):
+    return ctx.op.Reciprocal(ctx.op.Sqrt(self))
+
+
+@translates(aten.log2.default, aten.log10.default, promote=Promote.RESULT)
+def log_base(ctx, self):
+    base = 2.0 if ctx.node.target is aten.log2.default else 10.0
+    return ctx.op.Div(ctx.op.Log(self), scalar_like(ctx, math.log(base), self))
+
+
+@translates(aten.log1p.default, promote=Promote.RESULT)
+def log1p(ctx, self):
+    return ctx.op.Log(ctx.op.Add(self, scalar_like(ctx, 1.0, self)))
+
+
+@translates(aten.expm1.default, promote=Promote.RESULT)
+def expm1(ctx, self):
+    return ctx.op.Sub(ctx.op.Exp(self), scalar_like(ctx, 1.0, self))
+
+
+@translates(aten.exp2.default, promote=Promote.RESULT)
+def exp2(ctx, self):
+    return ctx.op.Pow(scalar_like(ctx, 2.0, self), self)
+
+
+@translates(aten.square.default, promote=Promote.RESULT)
+def square(ctx, self):
+    return ctx.op.Mul(self, self)
+
+
+@translates(aten.atan2.default, promote=Promote.RESULT)
+def atan2(ctx, self, other):
+    # atan(y/x) is off by pi in the left half-plane; x == 0 gives +-pi/2 through atan(+-inf).
+    angle = ctx.op.Atan(ctx.op.Div(self, other))
+    pi = scalar_like(ctx, math.pi, self)
+    zero = scalar_like(ctx, 0.0, self)
+    left = ctx.op.Less(other, zero)
+    correction = ctx.op.Where(ctx.op.Less(self, zero), ctx.op.Neg(pi), pi)
+    return ctx.op.Where(left, ctx.op.Add(angle, correction), angle)
+
+
+# -- comparison and logic ------------------------------------------------------------------
+
+def _comparison(onnx_op: str, negate: bool = False):
+    def rule(ctx, self, other):
+        if self.dtype == ir.DataType.BOOL and onnx_op != "Equal":
+            # ONNX orders numbers only; False < True as 0 < 1.
+            self, other = cast(ctx, self, ir.DataType.INT32), cast(ctx, other, ir.DataType.INT32)
+        result = getattr(ctx.op, onnx_op)(self, other)
+        return ctx.op.Not(result) if negate else result
+
+    rule.__name__ = rule.__qualname__ = onnx_op.lower() + ("_not" if negate else "")
+    return rule
+
+
+for _packet, (_onnx_op, _negate) in {
+    aten.eq: ("Equal", False),
+    aten.ne: ("Equal", True),
+    aten.lt: ("Less", False),
+    aten.le: ("LessOrEqual", False),
+    aten.gt: ("Greater", False),
+    aten.ge: ("GreaterOrEqual", False),
+}.items():
+    translates(_packet.Tensor, _packet.Scalar, promote=Promote.COMMON)(_comparison(_onnx_op, _negate))
+
+
+def _logical(onnx_op: str):
+    def rule(ctx, self, other):
+        return getattr(ctx.op, onnx_op)(_as_bool(ctx, self), _as_bool(ctx, other))
+
+    rule.__name__ = rule.__qualname__ = "logical_" + onnx_op.lower()
+    return rule
+
+
+def _as_bool(ctx, x):
+    if x.dtype == ir.DataType.BOOL:
+        return x
+    return ctx.op.Not(ctx.op.Equal(x, scalar_like(ctx, 0, x)))
+
+
+translates(aten.logical_and.default)(_logical("And"))
+translates(aten.logical_or.default)(_logical("Or"))
+translates(aten.logical_xor.default)(_logical("Xor"))
+
+
+@translates(aten.logical_not.default)
+def logical_not(ctx, self):
+    return ctx.op.Not(_as_bool(ctx, self))
+
+
+@translates(aten.bitwise_not.default)
+def bitwise_not(ctx, self):
+    if self.dtype == ir.DataType.BOOL:
+        return ctx.op.Not(self)
+    return ctx.op.BitwiseNot(self)
+
+
+def _bitwise(bool_op: str, int_op: str):
+    def rule(ctx, self, other):
+        if ctx.out_dtype == ir.DataType.BOOL:
+            return getattr(ctx.op, bool_op)(self, other)
+        return getattr(ctx.op, int_op)(self, other)
+
+    rule.__name__ = rule.__qualname__ = int_op.lower()
+    return rule
+
+
+translates(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, promote=Promote.RESULT)(_bitwise("And", "BitwiseAnd"))
+translates(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, promote=Promote.RESULT)(_bitwise("Or", "BitwiseOr"))
+translates(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, promote=Promote.RESULT)(_bitwise("Xor", "BitwiseXor"))
+
+
+@translates(aten.isnan.default)
+def isnan(ctx, self):
+    if not is_floating(self):
+        return ctx.op.Expand(ctx.constant(False, ir.DataType.BOOL), ctx.op.Shape(self))
+    return ctx.op.IsNaN(self)
+
+
+@translates(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, promote=Promote.RESULT)
+def where(ctx, condition, self, other):
+    return ctx.op.Where(_as_bool(ctx, condition), self, other)

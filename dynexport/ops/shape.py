@@ -1,0 +1,233 @@
+"""Views, reshapes, joins and splits; copies and casts that move no data in ONNX."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import torch
+
+from dynexport.ops._helpers import cast, ints, normalize_dim, rank, shape_tensor, size_of
+from dynexport.registry import translates
+
+aten = torch.ops.aten
+
+
+def _static_out_shape(ctx) -> list[int] | None:
+    shape = ctx.out.shape
+    if all(isinstance(d, int) for d in shape):
+        return list(shape)
+    return None
+
+
+@translates(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+def reshape(ctx, self, size):
+    static = _static_out_shape(ctx)
+    target = ints(ctx, static) if static is not None else shape_tensor(ctx, size)
+    # PyTorch never means "copy this dim" by 0, so sizes of 0 are taken literally.
+    return ctx.op.Reshape(self, target, allowzero=1)
+
+
+@translates(aten.permute.default)
+def permute(ctx, self, dims):
+    perm = [normalize_dim(d, rank(self)) for d in dims]
+    if perm == sorted(perm):
+        return self
+    return ctx.op.Transpose(self, perm=perm)
+
+
+@translates(aten.transpose.int)
+def transpose(ctx, self, dim0, dim1):
+    r = rank(self)
+    if r < 2:
+        return self
+    dim0, dim1 = normalize_dim(dim0, r), normalize_dim(dim1, r)
+    if dim0 == dim1:
+        return self
+    perm = list(range(r))
+    perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+    return ctx.op.Transpose(self, perm=perm)
+
+
+@translates(aten.t.default)
+def t(ctx, self):
+    return transpose(ctx, self, 0, 1)
+
+
+@translates(aten.numpy_T.default)
+def numpy_t(ctx, self):
+    return permute(ctx, self, list(reversed(range(rank(self)))))
+
+
+@translates(aten.expand.default)
+def expand(ctx, self, size, *, implicit=False):
+    # -1 keeps the input's size; Expand's broadcasting does the same with 1.
+    sizes = [1 if isinstance(s, int) and s == -1 else s for s in size]
+    return ctx.op.Expand(self, shape_tensor(ctx, sizes))
+
+
+@translates(aten.expand_as.default)
+def expand_as(ctx, self, other):
+    return ctx.op.Expand(self, ctx.op.Shape(other))
+
+
+@translates(aten.unsqueeze.default)
+def unsqueeze(ctx, self, dim):
+    dim = normalize_dim(dim, rank(self) + 1)
+    return ctx.op.Unsqueeze(self, ints(ctx, [dim]))
+
+
+@translates(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(ctx, self, dim=None):
+    r = rank(self)
+    candidates = range(r) if dim is None else [normalize_dim(d, r) for d in ([dim] if isinstance(dim, int) else dim)]
+    # Only dims of size 1 go; the output's rank says how many torch removed.
+    removed = [d for d in candidates if self.shape[d] == 1]
+    if r - len(removed) != ctx.out_rank:
+        symbolic = [d for d in candidates if not isinstance(self.shape[d], int)]
+        removed = sorted(removed + symbolic[: r - ctx.out_rank - len(removed)])
+    if not removed:
+        return self
+    return ctx.op.Squeeze(self, ints(ctx, removed))
+
+
+@translates(aten.flatten.using_ints)
+def flatten(ctx, self, start_dim=0, end_dim=-1):
+    r = rank(self)
+    if r == 0:
+        return ctx.op.Reshape(self, ints(ctx, [1]))
+    start, end = normalize_dim(start_dim, r), normalize_dim(end_dim, r)
+    if start == end:
+        return self
+    static = _static_out_shape(ctx)
+    if static is not None:
+        return ctx.op.Reshape(self, ints(ctx, static), allowzero=1)
+    # 0 copies the input's dim at the same index, which holds for the leading dims only.
+    trailing = [size_of(ctx, self, d) for d in range(end + 1, r)]
+    return ctx.op.Reshape(self, shape_tensor(ctx, [0] * start + [-1] + trailing))
+
+
+@translates(aten.slice.Tensor)
+def slice(ctx, self, dim=0, start=None, end=None, step=1):
+    dim = normalize_dim(dim, rank(self))
+    start = 0 if start is None else start
+    end = 2**63 - 1 if end is None else end
+    if isinstance(start, int) and start == 0 and step == 1 and isinstance(end, int):
+        size = self.shape[dim]
+        if end >= 2**63 - 1 or (isinstance(size, int) and end >= size):
+            return self
+    return ctx.op.Slice(
+        self, shape_tensor(ctx, [start]), shape_tensor(ctx, [end]), ints(ctx, [dim]), ints(ctx, [step])
+    )
+
+
+@translates(aten.narrow.default)
+def narrow(ctx, self, dim, start, length):
+    end = length + start if isinstance(start, int) and isinstance(length, int) else ctx.op.Add(
+        cast(ctx, start if isinstance(start, ir.Value) else ctx.constant(start, ir.DataType.INT64), ir.DataType.INT64),
+        length if isinstance(length, ir.Value) else ctx.constant(length, ir.DataType.INT64),
+    )
+    return slice(ctx, self, dim, start, end, 1)
+
+
+@translates(aten.select.int)
+def select(ctx, self, dim, index):
+    dim = normalize_dim(dim, rank(self))
+    index = index if isinstance(index, ir.Value) else ctx.constant(index, ir.DataType.INT64)
+    return ctx.op.Gather(self, index, axis=dim)
+
+
+@translates(aten.cat.default, aten.concat.default)
+def cat(ctx, tensors, dim=0):
+    out_rank = ctx.out_rank
+    # torch.cat skips 1-D empty tensors whatever the other inputs' rank (a legacy rule).
+    kept = [t for t in tensors if not (rank(t) == 1 and t.shape[0] == 0 and out_rank != 1)]
+    kept = [cast(ctx, t, ctx.out_dtype) for t in kept]
+    if len(kept) == 1:
+        return kept[0]
+    return ctx.op.Concat(*kept, axis=normalize_dim(dim, out_rank))
+
+
+@translates(aten.stack.default)
+def stack(ctx, tensors, dim=0):
+    dim = normalize_dim(dim, ctx.out_rank)
+    axis = ints(ctx, [dim])
+    unsqueezed = [ctx.op.Unsqueeze(cast(ctx, t, ctx.out_dtype), axis) for t in tensors]
+    return unsqueezed[0] if len(unsqueezed) == 1 else ctx.op.Concat(*unsqueezed, axis=dim)
+
+
+def _split_sizes(ctx, self, dim: int) -> ir.Value:
+    """The sizes of the node's outputs along ``dim``, from their metadata."""
+    sizes = [out.shape[dim] for out in ctx.out]
+    if all(isinstance(s, int) for s in sizes):
+        return ints(ctx, sizes)
+    # Only the last piece of torch.split can be symbolic: the rest are split_size each.
+    head = [int(s) for s in sizes[:-1]]
+    total = size_of(ctx, self, dim)
+    last = ctx.op.Sub(total, ctx.constant(sum(head), ir.DataType.INT64))
+    return shape_tensor(ctx, [*head, last])
+
+
+@translates(aten.split.Tensor, aten.split_with_sizes.default)
+def split(ctx, self, split_size, dim=0):
+    dim = normalize_dim(dim, rank(self))
+    count = len(ctx.out)
+    if count == 1:
+        return [self]
+    if isinstance(split_size, (list, tuple)):
+        sizes = shape_tensor(ctx, split_size)
+    else:
+        sizes = _split_sizes(ctx, self, dim)
+    return list(ctx.op.Split(self, sizes, axis=dim, _outputs=count))
+
+
+@translates(aten.unbind.int)
+def unbind(ctx, self, dim=0):
+    dim = normalize_dim(dim, rank(self))
+    count = len(ctx.out)
+    axis = ints(ctx, [dim])
+    if count == 1:
+        return [ctx.op.Squeeze(self, axis)]
+    pieces = ctx.op.Split(self, ints(ctx, [1] * count), axis=dim, _outputs=count)
+    return [ctx.op.Squeeze(piece, axis) for piece in pieces]
+
+
+# -- copies and casts ---------------------------------------------------------------------
+
+
+@translates(
+    aten.clone.default,
+    aten.alias.default,
+    aten.detach.default,
+    aten.lift_fresh_copy.default,
+    aten.contiguous.default,
+)
+def clone(ctx, self, *, memory_format=None):
+    return self
+
+
+@translates(
+    aten._to_copy.default,
+    aten.to.dtype,
+    aten.to.dtype_layout,
+    aten.to.device,
+    aten.to.other,
+    aten.type_as.default,
+)
+def to(ctx, self, *args, **kwargs):
+    return cast(ctx, self, ctx.out_dtype)
+
+
+@translates(aten.copy.default)
+def copy(ctx, self, src, non_blocking=False):
+    return ctx.op.Expand(cast(ctx, src, self.dtype), ctx.op.Shape(self))
+
+
+@translates(aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default,
+            checker=lambda node: not node.args[2])
+def dropout(ctx, input, p, train):
+    return input
+
+
+@translates(aten.native_dropout.default, checker=lambda node: node.args[2] is False)
+def native_dropout(ctx, input, p, train):
+    mask = ctx.op.Expand(ctx.constant(True, ir.DataType.BOOL), ctx.op.Shape(input))
+    return input, mask

@@ -1,0 +1,146 @@
+"""SymInt, SymFloat and SymBool arithmetic: int64 (or float, bool) scalar shape computations."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import onnx_ir as ir
+import torch
+
+from dynexport.ops._helpers import cast, shape_tensor
+from dynexport.registry import translates
+
+aten = torch.ops.aten
+
+
+def _scalar(ctx, x, dtype):
+    if isinstance(x, ir.Value):
+        return cast(ctx, x, dtype)
+    return ctx.constant(x, dtype)
+
+
+@translates(aten.sym_size.int)
+def sym_size(ctx, self, dim):
+    return ctx.sym_size(self, dim)
+
+
+@translates(aten.sym_numel.default)
+def sym_numel(ctx, self):
+    return ctx.op.Size(self)
+
+
+def _binary(onnx_op: str):
+    def rule(ctx, a, b):
+        dtype = ctx.out_dtype
+        return getattr(ctx.op, onnx_op)(_scalar(ctx, a, dtype), _scalar(ctx, b, dtype))
+
+    rule.__name__ = rule.__qualname__ = f"sym_{onnx_op.lower()}"
+    return rule
+
+
+translates(operator.add)(_binary("Add"))
+translates(operator.sub)(_binary("Sub"))
+translates(operator.mul)(_binary("Mul"))
+translates(operator.truediv)(_binary("Div"))
+translates(operator.pow)(_binary("Pow"))
+translates(torch.sym_max)(_binary("Max"))
+translates(torch.sym_min)(_binary("Min"))
+
+
+@translates(operator.floordiv)
+def sym_floordiv(ctx, a, b):
+    dtype = ctx.out_dtype
+    a, b = _scalar(ctx, a, dtype), _scalar(ctx, b, dtype)
+    if dtype == ir.DataType.INT64:
+        # Python floor division; ONNX Div truncates toward zero.
+        quotient = ctx.op.Div(a, b)
+        zero = ctx.constant(0, dtype)
+        signs_differ = ctx.op.Xor(ctx.op.Less(a, zero), ctx.op.Less(b, zero))
+        inexact = ctx.op.Not(ctx.op.Equal(ctx.op.Mul(quotient, b), a))
+        return ctx.op.Sub(quotient, cast(ctx, ctx.op.And(signs_differ, inexact), dtype))
+    return ctx.op.Floor(ctx.op.Div(a, b))
+
+
+@translates(operator.mod)
+def sym_mod(ctx, a, b):
+    dtype = ctx.out_dtype
+    return ctx.op.Mod(_scalar(ctx, a, dtype), _scalar(ctx, b, dtype), fmod=0 if dtype == ir.DataType.INT64 else 1)
+
+
+@translates(operator.neg)
+def sym_neg(ctx, a):
+    return ctx.op.Neg(a)
+
+
+def _compare(onnx_op: str, negate: bool = False):
+    def rule(ctx, a, b):
+        dtype = ir.DataType.FLOAT if any(
+            isinstance(v, float) or (isinstance(v, ir.Value) and v.dtype == ir.DataType.FLOAT) for v in (a, b)
+        ) else ir.DataType.INT64
+        result = getattr(ctx.op, onnx_op)(_scalar(ctx, a, dtype), _scalar(ctx, b, dtype))
+        return ctx.op.Not(result) if negate else result
+
+    rule.__name__ = rule.__qualname__ = f"sym_{onnx_op.lower()}"
+    return rule
+
+
+translates(operator.eq)(_compare("Equal"))
+translates(operator.ne)(_compare("Equal", negate=True))
+translates(operator.lt)(_compare("Less"))
+translates(operator.le)(_compare("LessOrEqual"))
+translates(operator.gt)(_compare("Greater"))
+translates(operator.ge)(_compare("GreaterOrEqual"))
+
+
+@translates(torch.sym_not, operator.not_)
+def sym_not(ctx, a):
+    return ctx.op.Not(a)
+
+
+@translates(operator.and_)
+def sym_and(ctx, a, b):
+    return ctx.op.And(a, b)
+
+
+@translates(operator.or_)
+def sym_or(ctx, a, b):
+    return ctx.op.Or(a, b)
+
+
+@translates(torch.sym_float)
+def sym_float(ctx, a):
+    return _scalar(ctx, a, ir.DataType.FLOAT)
+
+
+@translates(torch.sym_int)
+def sym_int(ctx, a):
+    # int() truncates toward zero.
+    if a.dtype == ir.DataType.INT64:
+        return a
+    return cast(ctx, ctx.op.Mul(ctx.op.Sign(a), ctx.op.Floor(ctx.op.Abs(a))), ir.DataType.INT64)
+
+
+@translates(math.ceil, math.floor, math.trunc)
+def sym_round(ctx, a):
+    if a.dtype == ir.DataType.INT64:
+        return a
+    name = ctx.node.target.__name__
+    rounded = ctx.op.Ceil(a) if name == "ceil" else ctx.op.Floor(a) if name == "floor" else sym_int(ctx, a)
+    return cast(ctx, rounded, ir.DataType.INT64)
+
+
+@translates(math.sqrt)
+def sym_sqrt(ctx, a):
+    return ctx.op.Sqrt(_scalar(ctx, a, ir.DataType.FLOAT))
+
+
+@translates(aten.scalar_tensor.default)
+def scalar_tensor(ctx, s, *, dtype=None):
+    return _scalar(ctx, s, ctx.out_dtype)
+
+
+@translates(aten._local_scalar_dense.default)
+def local_scalar_dense(ctx, self):
+    # .item(): the scalar stays a tensor; shape arithmetic downstream treats it as a SymInt.
+    return cast(ctx, ctx.op.Reshape(self, shape_tensor(ctx, [])), ctx.out_dtype)

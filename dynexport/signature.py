@@ -1,0 +1,252 @@
+"""How a model's arguments are read, checked, flattened and named.
+
+Inputs are flattened the way torch.export flattens them: positional arguments, then keyword
+arguments in the order of the forward signature, each nested list/tuple/dict walked depth
+first. ONNX input names default to torch.export's placeholder names, which follow that walk
+(``past_key_values_0_1`` for ``past_key_values[0][1]``). Outputs are named by their path in the
+returned structure (``logits``, ``output_0``) unless ``output_names`` says otherwise.
+Python int/float/bool arguments are baked into the graph as constants.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import Dim
+from torch.export.graph_signature import (
+    ConstantArgument,
+    InputKind,
+    OutputKind,
+    SymBoolArgument,
+    SymFloatArgument,
+    SymIntArgument,
+    TensorArgument,
+)
+
+from dynexport.translate import GraphIO
+
+__all__ = [
+    "bind_arguments",
+    "check_argument_types",
+    "dynamic_shapes_from_axes",
+    "graph_io",
+    "split_legacy_args",
+]
+
+_LEAF_TYPES = (torch.Tensor, int, float, bool, type(None))
+
+
+def split_legacy_args(args: Any, kwargs: Mapping[str, Any] | None) -> tuple[tuple, dict]:
+    """Apply torch.onnx.export's argument conventions: a lone tensor is ``(tensor,)``; a
+    trailing dict in ``args`` holds keyword arguments (an empty one lets a real dict be the last
+    positional argument)."""
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    elif isinstance(args, list):
+        args = tuple(args)
+    elif not isinstance(args, tuple):
+        raise TypeError(
+            f"args must be a tuple of model arguments or a single tensor, got {type(args).__name__}"
+        )
+    kwargs = dict(kwargs or {})
+    if args and isinstance(args[-1], dict):
+        trailing = args[-1]
+        args = args[:-1]
+        overlap = set(trailing) & set(kwargs)
+        if overlap:
+            raise ValueError(
+                f"keyword argument(s) {sorted(overlap)} given both in the trailing dict of args and "
+                "in kwargs; pass each once"
+            )
+        kwargs = {**trailing, **kwargs}
+    return args, kwargs
+
+
+def check_argument_types(args: tuple, kwargs: dict) -> None:
+    """Raise TypeError naming the first argument that is not a tensor, number, bool, None or a
+    list/tuple/dict of those."""
+    leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
+    for path, leaf in leaves:
+        if not isinstance(leaf, _LEAF_TYPES):
+            raise TypeError(
+                f"argument {_describe_path(path)} is a {type(leaf).__name__} ({leaf!r:.60}); "
+                "dynexport accepts tensors, int/float/bool (baked in as constants), None, and "
+                "lists, tuples and dicts of those. Convert it to a tensor, or bind it inside the "
+                "model (e.g. functools.partial or a module attribute)."
+            )
+
+
+def _describe_path(path: Sequence[Any]) -> str:
+    where, *rest = path
+    if where.idx == 0:
+        head = f"args[{rest[0].idx}]" if rest else "args"
+    else:
+        head = f"kwargs[{rest[0].key!r}]" if rest else "kwargs"
+    return head + "".join(str(k) for k in rest[1:])
+
+
+def bind_arguments(forward: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Map the forward signature's parameter names to the values given (defaults omitted)."""
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):
+        return {f"args_{i}": a for i, a in enumerate(args)} | dict(kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"the example arguments do not match the model's signature: {error}") from None
+    result: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            result.update({f"{name}_{i}": v for i, v in enumerate(value)})
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            result.update(value)
+        else:
+            result[name] = value
+    return result
+
+
+def dynamic_shapes_from_axes(
+    dynamic_axes: Mapping[str, Any],
+    bound: dict[str, Any],
+    input_names: Sequence[str] | None,
+    output_names: Sequence[str] | None,
+) -> tuple[dict[str, Any], dict[tuple[str, int], str]]:
+    """Convert torch.onnx's ``dynamic_axes`` into ``dynamic_shapes`` keyed by parameter name.
+
+    Returns the dynamic_shapes and the dim names asked for, keyed by (parameter, axis).
+    """
+    tensor_params = [name for name, value in bound.items() if isinstance(value, torch.Tensor)]
+    names = list(input_names) if input_names else tensor_params
+    param_of = dict(zip(names, tensor_params))
+    known_outputs = set(output_names or ())
+    shapes: dict[str, Any] = {name: None for name in bound}
+    requested: dict[tuple[str, int], str] = {}
+    for key, axes in dynamic_axes.items():
+        if key in known_outputs:
+            _axis_names(key, axes)
+            continue
+        if key not in param_of:
+            raise ValueError(
+                f"dynamic_axes names {key!r}, which is neither an input nor an output. Inputs: "
+                f"{names}; outputs: {list(output_names or [])} (name outputs with output_names)."
+            )
+        param = param_of[key]
+        rank = bound[param].dim()
+        spec = {}
+        for axis, dim_name in _axis_names(key, axes).items():
+            if not -rank <= axis < rank:
+                raise ValueError(f"dynamic_axes[{key!r}] names axis {axis}, but the input has rank {rank}")
+            axis %= rank
+            spec[axis] = Dim.DYNAMIC
+            requested[(param, axis)] = dim_name
+        shapes[param] = spec
+    return shapes, requested
+
+
+def _axis_names(key: str, axes: Any) -> dict[int, str]:
+    if isinstance(axes, Mapping):
+        return {int(axis): str(name) for axis, name in axes.items()}
+    if isinstance(axes, (list, tuple)):
+        return {int(axis): f"{key}_dim_{int(axis)}" for axis in axes}
+    raise TypeError(f"dynamic_axes[{key!r}] must be a dict {{axis: name}} or a list of axes, got {axes!r}")
+
+
+def _dim_spec_names(spec: Any, value: Any, path: str, out: dict[tuple[str, int], str]) -> None:
+    """Collect named Dims from a dynamic_shapes spec walked alongside the inputs."""
+    if isinstance(value, torch.Tensor):
+        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
+        for axis, dim in items:
+            name = getattr(dim, "__name__", None)
+            if name and isinstance(dim, Dim):
+                out[(path, int(axis))] = name
+        return
+    if spec is None:
+        return
+    if isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)):
+        for i, (v, s) in enumerate(zip(value, spec)):
+            _dim_spec_names(s, v, f"{path}_{i}", out)
+    elif isinstance(value, Mapping) and isinstance(spec, Mapping):
+        for k, v in value.items():
+            _dim_spec_names(spec.get(k), v, f"{path}_{k}", out)
+
+
+def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """(flat input path, axis) -> dim name, for every ``Dim("name")`` in ``dynamic_shapes``."""
+    if dynamic_shapes is None:
+        return {}
+    if isinstance(dynamic_shapes, Mapping):
+        per_param = dynamic_shapes
+    else:
+        per_param = dict(zip(bound, dynamic_shapes))
+    out: dict[tuple[str, int], str] = {}
+    for name, value in bound.items():
+        _dim_spec_names(per_param.get(name), value, name, out)
+    return out
+
+
+def graph_io(
+    program: torch.export.ExportedProgram,
+    input_names: Sequence[str] | None,
+    output_names: Sequence[str] | None,
+    requested_dims: dict[tuple[str, int], str],
+) -> GraphIO:
+    """Name the ONNX inputs, outputs and symbolic dims of ``program``."""
+    specs = [s for s in program.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    graph_inputs = [
+        s for s in specs if isinstance(s.arg, (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument))
+    ]
+    if input_names is not None and len(input_names) > len(graph_inputs):
+        raise ValueError(
+            f"input_names has {len(input_names)} names but the model has {len(graph_inputs)} "
+            f"tensor inputs ({[s.arg.name for s in graph_inputs]})"
+        )
+    custom = dict(zip((s.arg.name for s in graph_inputs), input_names or ()))
+    names = [custom.get(s.arg.name, s.arg.name) for s in specs]
+
+    dim_names: dict[str, str] = {}
+    for spec in graph_inputs:
+        node = placeholders[spec.arg.name]
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        input_name = custom.get(spec.arg.name, spec.arg.name)
+        for axis, size in enumerate(val.shape):
+            if not isinstance(size, torch.SymInt) or not size.node.expr.is_symbol:
+                continue
+            symbol = str(size.node.expr)
+            wanted = requested_dims.get((spec.arg.name, axis))
+            if wanted is not None:
+                dim_names[symbol] = wanted
+            else:
+                dim_names.setdefault(symbol, f"{input_name}_dim_{axis}")
+
+    user_outputs = [s for s in program.graph_signature.output_specs if s.kind is OutputKind.USER_OUTPUT]
+    default_names = _output_paths(program, len(user_outputs))
+    if output_names is not None and len(output_names) > len(user_outputs):
+        raise ValueError(
+            f"output_names has {len(output_names)} names but the model returns {len(user_outputs)} outputs"
+        )
+    outputs = list(output_names or ()) + default_names[len(output_names or ()):]
+    return GraphIO(names, outputs, dim_names)
+
+
+def _output_paths(program: torch.export.ExportedProgram, count: int) -> list[str]:
+    spec = program.call_spec.out_spec
+    if spec is None:
+        return [f"output_{i}" for i in range(count)]
+    dummy = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    if not isinstance(dummy, (tuple, list, dict)):
+        return ["output"]
+    paths, _ = pytree.tree_flatten_with_path(dummy)
+    names = []
+    for path, _leaf in paths:
+        parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+        names.append(".".join(parts) if isinstance(dummy, dict) else "output_" + "_".join(parts))
+    return names

@@ -1,0 +1,403 @@
+"""Walk an ExportedProgram's FX graph and emit an ONNX model through the translation table.
+
+Every call_function node goes to the table. A node whose operator has no rule (or whose rule
+declines it) is decomposed on the spot: its decomposition is traced under the program's own fake
+mode into a small FX graph, which is translated the same way. Nothing else in the program is
+re-traced, which is what makes this stage cheap.
+
+SymInts are ONNX int64 scalars (0-d); ``sym_size`` reads them from ``Shape``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import onnx_ir as ir
+import sympy
+import torch
+from onnx_ir.tensor_adapters import TorchTensor
+from torch.export.graph_signature import InputKind, OutputKind
+
+from dynexport.decompositions import decomposition_for, decomposition_table, trace_decomposition
+from dynexport.builder import ModelBuilder, origin_metadata
+from dynexport.dtypes import to_onnx_dtype, to_torch_dtype
+from dynexport.errors import (
+    ExportError,
+    TranslationError,
+    UnsupportedOperatorError,
+    UnsupportedUse,
+    source_line,
+)
+from dynexport.registry import Promote, Rule, TranslationTable, target_name
+
+__all__ = ["GraphIO", "TranslationContext", "translate_program"]
+
+# Keyword arguments that place or lay out a tensor; they never change an ONNX computation.
+_PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
+
+
+@dataclasses.dataclass
+class GraphIO:
+    """How the ONNX graph's inputs, outputs and symbolic dims are named.
+
+    ``input_names`` has one entry per user-input placeholder of the program, in order (entries
+    for non-tensor inputs are ignored); ``output_names`` one per user output; ``dim_names`` maps
+    torch's shape symbols (``s0``) to the names users gave the dims (``batch``).
+    """
+
+    input_names: list[str]
+    output_names: list[str]
+    dim_names: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class TranslationContext:
+    """What a rule knows about the node it translates.
+
+    ``op`` emits ONNX ops (``ctx.op.Add(x, y)``); ``node`` is the FX node; ``out`` its
+    ``meta["val"]``; ``opset`` the target ONNX opset.
+    """
+
+    __slots__ = ("op", "node", "opset", "_translator")
+
+    def __init__(self, translator: _Translator, node: torch.fx.Node):
+        self._translator = translator
+        self.op = translator.builder.op
+        self.node = node
+        self.opset = translator.opset
+
+    @property
+    def out(self) -> Any:
+        return self.node.meta["val"]
+
+    @property
+    def out_dtype(self) -> ir.DataType:
+        """ONNX element type of the node's (first) tensor output."""
+        val = self.out
+        if isinstance(val, (tuple, list)):
+            val = next(v for v in val if isinstance(v, torch.Tensor))
+        if isinstance(val, torch.Tensor):
+            return to_onnx_dtype(val.dtype)
+        return _symbolic_dtype(val)
+
+    @property
+    def out_rank(self) -> int:
+        return self.out.dim()
+
+    def constant(self, value: Any, dtype: ir.DataType) -> ir.Value:
+        """A constant tensor of ``dtype`` holding ``value`` (a number, list or torch tensor)."""
+        return self._translator.constant(value, dtype)
+
+    def sym_size(self, x: ir.Value, dim: int) -> ir.Value:
+        """Size of ``x`` along ``dim`` as an int64 scalar."""
+        return self.op.Squeeze(self.op.Shape(x, start=dim, end=dim + 1 if dim != -1 else None))
+
+
+def _symbolic_dtype(val: Any) -> ir.DataType:
+    if isinstance(val, (bool, torch.SymBool)):
+        return ir.DataType.BOOL
+    if isinstance(val, (int, torch.SymInt)):
+        return ir.DataType.INT64
+    if isinstance(val, (float, torch.SymFloat)):
+        return ir.DataType.FLOAT
+    raise TypeError(f"no ONNX type for {type(val).__name__} value {val!r}")
+
+
+class _DimNamer:
+    """Names symbolic dims after the user's dim names (``s0`` -> ``batch``, ``2*s0`` -> ``2*batch``)."""
+
+    def __init__(self, dim_names: dict[str, str]):
+        self._renames = {sympy.Symbol(k, integer=True, positive=True): sympy.Symbol(v) for k, v in dim_names.items()}
+        self._cache: dict[Any, str] = {}
+
+    def dim(self, size: int | torch.SymInt) -> int | str:
+        if isinstance(size, int):
+            return size
+        expr = size.node.expr
+        if expr.is_number:
+            return int(expr)
+        name = self._cache.get(expr)
+        if name is None:
+            renamed = expr.xreplace({s: self._renames.get(s, s) for s in expr.free_symbols})
+            name = self._cache[expr] = str(renamed)
+        return name
+
+    def shape(self, val: torch.Tensor) -> ir.Shape:
+        return ir.Shape([self.dim(d) for d in val.shape])
+
+
+class _Translator:
+    def __init__(self, table: TranslationTable, opset: int, dim_names: dict[str, str], fake_mode):
+        self.table = table
+        self.fake_mode = fake_mode
+        self._decompositions: dict[Any, Callable[..., Any]] | None = None
+        self.opset = opset
+        self.graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="main_graph")
+        self.builder = ModelBuilder(self.graph)
+        self.dims = _DimNamer(dim_names)
+        self._constants: dict[tuple[Any, ir.DataType], ir.Value] = {}
+
+    # -- values ---------------------------------------------------------------------------
+
+    def constant(self, value: Any, dtype: ir.DataType) -> ir.Value:
+        if isinstance(value, (int, float, bool)) or (
+            isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, bool)) for v in value)
+        ):
+            key = (tuple(value) if isinstance(value, (list, tuple)) else value, type(value), dtype)
+            cached = self._constants.get(key)
+            if cached is None:
+                tensor = ir.tensor(value, dtype=dtype)
+                cached = self.builder.op.Constant(value=tensor)
+                cached.name = f"const_{len(self._constants)}"
+                cached.shape = ir.Shape(tensor.shape)
+                self._constants[key] = cached
+            return cached
+        tensor = TorchTensor(value.detach().to(to_torch_dtype(dtype)))
+        result = self.builder.op.Constant(value=tensor)
+        result.shape = ir.Shape(tensor.shape)
+        return result
+
+    def annotate(self, value: ir.Value, val: Any, name: str | None) -> None:
+        """Give ``value`` the type, shape and name the FX node's ``meta["val"]`` says it has."""
+        if isinstance(val, torch.Tensor):
+            value.type = ir.TensorType(to_onnx_dtype(val.dtype))
+            value.shape = self.dims.shape(val)
+        elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
+            value.type = ir.TensorType(_symbolic_dtype(val))
+            value.shape = ir.Shape([])
+        if name is not None and value.producer() is not None and not value.is_graph_input():
+            if value.name is None or value.name.startswith(f"{self.builder._origin_name}."):
+                value.name = name
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def translate_graph(self, graph: torch.fx.Graph, env: dict[torch.fx.Node, Any], name_prefix: str = "") -> None:
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            if not node.users:
+                continue
+            env[node] = self.translate_node(node, env, name_prefix)
+
+    def translate_node(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], name_prefix: str, origin: torch.fx.Node | None = None) -> Any:
+        if node.target is operator.getitem and isinstance(env.get(node.args[0]), (list, tuple)):
+            return env[node.args[0]][node.args[1]]
+        rule = self.table.lookup(node.target, node, self.opset)
+        if rule is None:
+            return self.decompose(node, env, name_prefix, origin)
+        self.builder.set_origin(node, origin_metadata(origin or node))
+        args = torch.fx.node.map_arg(node.args, env.__getitem__)
+        kwargs = {
+            k: torch.fx.node.map_arg(v, env.__getitem__)
+            for k, v in node.kwargs.items()
+            if k not in _PLACEMENT_KWARGS
+        }
+        ctx = TranslationContext(self, node)
+        if rule.promote is not None:
+            args, kwargs = _promote(ctx, rule, args, kwargs)
+        try:
+            result = rule.fn(ctx, *args, **kwargs)
+        except ExportError:
+            raise
+        except Exception as error:
+            raise TranslationError(
+                target_name(node.target),
+                source_line(origin or node),
+                f"{type(error).__name__}: {error} (rule {rule.name})",
+                "this is a bug in dynexport's rule; please report it with the model.",
+            ) from error
+        return self._annotate_result(node, result, name_prefix + node.name)
+
+    def _annotate_result(self, node: torch.fx.Node, result: Any, name: str) -> Any:
+        val = node.meta.get("val")
+        if isinstance(result, ir.Value):
+            self.annotate(result, val, name)
+        elif isinstance(result, (list, tuple)) and isinstance(val, (list, tuple)):
+            for i, (value, v) in enumerate(zip(result, val)):
+                if isinstance(value, ir.Value):
+                    self.annotate(value, v, f"{name}.{i}")
+        return result
+
+    def decompose(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], name_prefix: str, origin: torch.fx.Node | None) -> Any:
+        if self._decompositions is None:
+            self._decompositions = decomposition_table(lambda op: op in self.table)
+        decomposition = trace_decomposition(node, self._decompositions, self.fake_mode)
+        if decomposition is None:
+            raise UnsupportedOperatorError(
+                [UnsupportedUse(target_name(node.target), 1, source_line(origin or node))]
+            )
+        sub_env: dict[torch.fx.Node, Any] = {}
+        placeholders = [n for n in decomposition.graph.nodes if n.op == "placeholder"]
+        for placeholder, leaf in zip(placeholders, decomposition.leaves):
+            sub_env[placeholder] = env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
+        prefix = f"{name_prefix}{node.name}."
+        for sub_node in decomposition.graph.nodes:
+            if sub_node.op == "call_function" and sub_node.users:
+                sub_env[sub_node] = self.translate_node(sub_node, sub_env, prefix, origin or node)
+        output = next(n for n in decomposition.graph.nodes if n.op == "output").args[0]
+        result = torch.fx.node.map_arg(output, sub_env.__getitem__)
+        self.builder.set_origin(node, origin_metadata(origin or node))
+        return self._annotate_result(node, result, name_prefix + node.name)
+
+
+def _promote(ctx: TranslationContext, rule: Rule, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Cast the arguments a rule's ``promoted`` names to the dtype its ``promote`` asks for."""
+    schema = ctx.node.target._schema
+    positions = [i for i, a in enumerate(schema.arguments) if a.name in rule.promoted]
+    if rule.promote is Promote.RESULT:
+        dtype = ctx.out_dtype
+    else:
+        dtype = _common_dtype(ctx.node, positions, rule.promoted)
+    args = list(args)
+    for i in positions:
+        if i < len(args):
+            args[i] = _cast_to(ctx, args[i], dtype)
+    for name in rule.promoted:
+        if name in kwargs:
+            kwargs[name] = _cast_to(ctx, kwargs[name], dtype)
+    return tuple(args), kwargs
+
+
+def _common_dtype(node: torch.fx.Node, positions: Sequence[int], names: Sequence[str]) -> ir.DataType:
+    operands = [node.args[i] for i in positions if i < len(node.args)]
+    operands += [node.kwargs[n] for n in names if n in node.kwargs]
+    vals = [o.meta["val"] if isinstance(o, torch.fx.Node) else o for o in operands]
+    return to_onnx_dtype(_result_type([v for v in vals if v is not None]))
+
+
+def _result_type(vals: Sequence[Any]) -> torch.dtype:
+    """torch.result_type over tensors (real or fake) and Python scalars, SymInts included."""
+    plain = []
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            plain.append(torch.empty([1] * v.dim(), dtype=v.dtype) if v.dim() else torch.empty((), dtype=v.dtype))
+        elif isinstance(v, torch.SymBool):
+            plain.append(True)
+        elif isinstance(v, torch.SymInt):
+            plain.append(1)
+        elif isinstance(v, torch.SymFloat):
+            plain.append(1.0)
+        else:
+            plain.append(v)
+    result = plain[0]
+    dtype = None
+    for other in plain[1:]:
+        dtype = torch.result_type(result, other)
+        result = torch.empty((), dtype=dtype) if not isinstance(result, torch.Tensor) else result.to(dtype)
+    if dtype is None:
+        return result.dtype if isinstance(result, torch.Tensor) else torch.tensor(result).dtype
+    return dtype
+
+
+def _cast_to(ctx: TranslationContext, value: Any, dtype: ir.DataType) -> Any:
+    if isinstance(value, ir.Value):
+        return value if value.dtype == dtype else ctx.op.Cast(value, to=dtype)
+    if isinstance(value, (int, float, bool)):
+        return ctx.constant(value, dtype)
+    return value
+
+
+def translate_program(
+    program: torch.export.ExportedProgram,
+    io: GraphIO,
+    *,
+    table: TranslationTable,
+    opset: int,
+    export_params: bool = True,
+    keep_initializers_as_inputs: bool = False,
+) -> ir.Model:
+    """Translate ``program`` into an ONNX model (no optimization, no file)."""
+    fake_mode = torch._guards.detect_fake_mode(
+        [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
+    )
+    translator = _Translator(table, opset, io.dim_names, fake_mode)
+    _check_supported(program.graph, table, opset)
+    graph = translator.graph
+    env: dict[torch.fx.Node, Any] = {}
+    signature = program.graph_signature
+    state = {**program.state_dict, **program.constants}
+    user_names = iter(io.input_names)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    for node, spec in zip(placeholders, signature.input_specs):
+        val = node.meta.get("val")
+        if spec.kind is InputKind.USER_INPUT:
+            name = next(user_names)
+            if isinstance(val, torch.Tensor):
+                value = ir.Value(name=name)
+                translator.annotate(value, val, None)
+                graph.inputs.append(value)
+                env[node] = value
+            elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                value = ir.Value(name=name)
+                translator.annotate(value, val, None)
+                graph.inputs.append(value)
+                env[node] = value
+            else:
+                env[node] = val
+            continue
+        tensor = state[spec.target]
+        if isinstance(tensor, torch.ScriptObject):
+            raise ExportError(f"Script object constant {spec.target!r} cannot be exported to ONNX")
+        value = ir.Value(name=spec.target)
+        translator.annotate(value, tensor, None)
+        if export_params:
+            value.const_value = TorchTensor(tensor.detach(), name=spec.target)
+            graph.register_initializer(value)
+            if keep_initializers_as_inputs:
+                graph.inputs.append(value)
+        else:
+            graph.inputs.append(value)
+        env[node] = value
+
+    translator.translate_graph(program.graph, env)
+
+    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
+    user_outputs = [
+        arg
+        for arg, spec in zip(output_node.args[0], signature.output_specs)
+        if spec.kind is OutputKind.USER_OUTPUT
+    ]
+    used: set[int] = set()
+    for arg, name in zip(user_outputs, io.output_names):
+        value = env[arg] if isinstance(arg, torch.fx.Node) else arg
+        if not isinstance(value, ir.Value):
+            if value is None:
+                continue
+            value = translator.constant(value, _symbolic_dtype(value))
+        if id(value) in used or value.is_graph_input() or value.is_initializer() or value.producer() is None or value.name.startswith("const_"):
+            translator.builder.set_origin(arg, {}) if isinstance(arg, torch.fx.Node) else None
+            identity = translator.builder.op.Identity(value)
+            identity.type, identity.shape = value.type, value.shape
+            value = identity
+        used.add(id(value))
+        value.name = name
+        graph.outputs.append(value)
+    return ir.Model(graph, ir_version=10, producer_name="dynexport", producer_version=_version())
+
+
+def _check_supported(graph: torch.fx.Graph, table: TranslationTable, opset: int) -> None:
+    """Raise UnsupportedOperatorError naming every operator with neither rule nor decomposition."""
+    missing: dict[str, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or not node.users:
+            continue
+        if table.lookup(node.target, None, opset) is not None:
+            continue
+        if decomposition_for(node.target) is not None:
+            continue
+        missing.setdefault(target_name(node.target), []).append(node)
+    if missing:
+        raise UnsupportedOperatorError(
+            [UnsupportedUse(name, len(nodes), source_line(nodes[0])) for name, nodes in missing.items()]
+        )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dynexport")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,139 @@
+"""The one helper every translation test uses: export, check, run in onnxruntime, compare.
+
+:func:`assert_exports_equivalent` exports a model with dynexport, validates the ONNX with
+``onnx.checker.check_model(full_check=True)``, runs it in onnxruntime (or, where onnxruntime has
+no kernel for a dtype, onnx's reference evaluator) on the example inputs and on every resized
+input set, and compares each output with eager PyTorch under dtype-aware tolerances.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+import torch.utils._pytree as pytree
+
+import dynexport
+
+__all__ = ["assert_close", "assert_exports_equivalent", "op_histogram", "run_reference", "tolerance"]
+
+_TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing outputs of ``dtype``; exact for integers and bools."""
+    return _TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, where: str = "") -> None:
+    """Compare two output structures leaf by leaf (shape, dtype and values)."""
+    actual_leaves = [a for a in pytree.tree_leaves(actual) if a is not None]
+    expected_leaves = [e for e in pytree.tree_leaves(expected) if e is not None]
+    assert len(actual_leaves) == len(expected_leaves), (
+        f"{where}: {len(actual_leaves)} outputs from ONNX, {len(expected_leaves)} from PyTorch"
+    )
+    for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+        if not isinstance(e, torch.Tensor):
+            e = torch.tensor(e)
+        if not isinstance(a, torch.Tensor):
+            a = torch.as_tensor(a)
+        assert a.shape == e.shape, f"{where} output {i}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
+        assert a.dtype == e.dtype, f"{where} output {i}: dtype {a.dtype} != expected {e.dtype}"
+        default_rtol, default_atol = tolerance(e.dtype)
+        torch.testing.assert_close(
+            a,
+            e.detach(),
+            rtol=default_rtol if rtol is None else rtol,
+            atol=default_atol if atol is None else atol,
+            equal_nan=True,
+            msg=lambda m, i=i: f"{where} output {i}: {m}",
+        )
+
+
+def op_histogram(program: dynexport.ONNXProgram) -> Counter:
+    """How many nodes of each ONNX op type the main graph holds."""
+    return Counter(node.op_type for node in program.model.graph)
+
+
+def run_reference(program: dynexport.ONNXProgram, *args: Any, **kwargs: Any) -> Any:
+    """Run the model with onnx's reference evaluator (for dtypes onnxruntime has no kernel for)."""
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(program.model_proto)
+    feeds = program._feeds(args, kwargs)
+    results = evaluator.run(None, feeds)
+    return program._structure([torch.from_numpy(np.asarray(r)) for r in results])
+
+
+def _runner(program: dynexport.ONNXProgram, runtime: str):
+    def reference(*args, **kwargs):
+        return run_reference(program, *args, **kwargs)
+
+    if runtime == "reference":
+        return reference
+    if runtime == "onnxruntime":
+        return program
+    from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
+
+    def auto(*args, **kwargs):
+        try:
+            return program(*args, **kwargs)
+        except OrtNotImplemented:
+            return reference(*args, **kwargs)
+
+    return auto
+
+
+def _as_call(example: Any) -> tuple[tuple, dict]:
+    if isinstance(example, tuple) and len(example) == 2 and isinstance(example[1], dict) and isinstance(example[0], tuple):
+        return example
+    if isinstance(example, torch.Tensor):
+        return (example,), {}
+    return tuple(example), {}
+
+
+def assert_exports_equivalent(
+    model: Any,
+    args: Any,
+    kwargs: dict | None = None,
+    *,
+    resized: Sequence[Any] = (),
+    rtol: float | None = None,
+    atol: float | None = None,
+    runtime: str = "auto",
+    full_check: bool = True,
+    **export_options: Any,
+) -> dynexport.ONNXProgram:
+    """Export ``model`` and prove the ONNX model computes what PyTorch computes.
+
+    Args:
+        model: the module or function to export (put modules in eval mode first).
+        args, kwargs: example inputs used for export and the first comparison.
+        resized: further inputs, each a tuple of args or an ``(args, kwargs)`` pair, typically
+            with other sizes for the dynamic dims; each is compared too.
+        runtime: ``"onnxruntime"``, ``"reference"`` (onnx's reference evaluator), or ``"auto"``:
+            onnxruntime, and the reference evaluator where onnxruntime has no kernel for an
+            op/dtype pair (e.g. double Tan, bfloat16 MatMul on CPU).
+        export_options: passed to :func:`dynexport.export` (dynamic_shapes, opset_version, ...).
+    """
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    kwargs = dict(kwargs or {})
+    program = dynexport.export(model, args, kwargs=kwargs, **export_options)
+    onnx.checker.check_model(program.model_proto, full_check=full_check)
+    run = _runner(program, runtime)
+    for index, (call_args, call_kwargs) in enumerate([(tuple(args), kwargs), *map(_as_call, resized)]):
+        with torch.no_grad():
+            expected = model(*call_args, **call_kwargs)
+        actual = run(*call_args, **call_kwargs)
+        assert_close(actual, expected, rtol=rtol, atol=atol, where="example inputs" if index == 0 else f"resized inputs #{index}")
+    return program

@@ -1,0 +1,176 @@
+"""Elementwise arithmetic, math, comparison and logic rules against onnxruntime."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.equivalence import assert_exports_equivalent
+
+B = torch.export.Dim("batch")
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
+INT_DTYPES = [torch.int32, torch.int64]
+
+
+def _dynamic_check(fn, *inputs, **options):
+    """Export with a dynamic first dim at the example size and check a second size too."""
+    batch = inputs[0].shape[0]
+    batched = [t.dim() > 0 and t.shape[0] == batch for t in inputs]
+    resized = tuple(torch.cat([t, t, t], 0) if b else t for t, b in zip(inputs, batched))
+    dynamic = tuple({0: B} if b else None for b in batched)
+    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resized], **options)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES)
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, y: x + y,
+        lambda x, y: x - y,
+        lambda x, y: x * y,
+        lambda x, y: torch.add(x, y, alpha=3),
+        lambda x, y: torch.sub(x, y, alpha=2),
+        lambda x, y: torch.rsub(x, y),
+        lambda x, y: torch.maximum(x, y),
+        lambda x, y: torch.minimum(x, y),
+        lambda x, y: x + 2,
+        lambda x, y: 3 - x,
+        lambda x, y: x * 0.5,
+    ],
+    ids=["add", "sub", "mul", "add_alpha", "sub_alpha", "rsub", "maximum", "minimum", "add_int", "rsub_scalar", "mul_float"],
+)
+def test_arithmetic(fn, dtype):
+    x = (torch.randn(2, 3) * 10).to(dtype)
+    y = (torch.randn(2, 3) * 10).to(dtype)
+    _dynamic_check(fn, x, y)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES)
+@pytest.mark.parametrize("rounding_mode", [None, "floor", "trunc"])
+def test_div_rounding_modes(dtype, rounding_mode):
+    x = torch.tensor([[7, -7, 6, -6, 0, 5]], dtype=dtype)
+    y = torch.tensor([[2, 2, -4, -4, 3, -5]], dtype=dtype)
+    _dynamic_check(lambda a, b: torch.div(a, b, rounding_mode=rounding_mode), x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_remainder_and_fmod_follow_pytorch_signs(dtype):
+    x = torch.tensor([[7, -7, 7, -7, 0]], dtype=dtype)
+    y = torch.tensor([[3, 3, -3, -3, 2]], dtype=dtype)
+    _dynamic_check(lambda a, b: (torch.remainder(a, b), torch.fmod(a, b), a // b), x, y)
+
+
+def test_int_tensor_times_float_scalar_promotes():
+    x = torch.arange(6).reshape(2, 3)
+    program = _dynamic_check(lambda a: a * 1.5 + a / 2, x)
+    assert program.model.graph.outputs[0].dtype.name == "FLOAT"
+
+
+def test_mixed_dtypes_promote_like_pytorch():
+    x = torch.randn(2, 3, dtype=torch.float16)
+    y = torch.randn(2, 3, dtype=torch.float32)
+    i = torch.randint(0, 5, (2, 3), dtype=torch.int32)
+    _dynamic_check(lambda a, b, c: (a + b, a * c, c + 1, c > a), x, y, i)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.exp, torch.log, torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.tan, torch.tanh,
+     torch.sinh, torch.cosh, torch.atan, torch.asinh, torch.erf, torch.log1p, torch.expm1,
+     torch.log2, torch.log10, torch.exp2, torch.reciprocal, torch.square, torch.floor, torch.ceil,
+     torch.round, torch.trunc, torch.abs, torch.neg, torch.sign],
+    ids=lambda f: f.__name__,
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unary_math(fn, dtype):
+    x = torch.rand(3, 4, dtype=dtype) * 3 + 0.1
+    if fn in (torch.floor, torch.ceil, torch.round, torch.trunc, torch.abs, torch.neg, torch.sign, torch.sin, torch.tanh, torch.atan, torch.erf):
+        x = x - 1.7
+    _dynamic_check(fn, x)
+
+
+@pytest.mark.parametrize("fn", [torch.asin, torch.acos, torch.atanh])
+def test_unary_math_unit_domain(fn):
+    _dynamic_check(fn, torch.rand(3, 4) * 1.8 - 0.9)
+
+
+def test_unary_math_on_integers_computes_in_float():
+    _dynamic_check(lambda x: (torch.sqrt(x), torch.exp(x), torch.abs(-x), x.sign()), torch.arange(8).reshape(2, 4))
+
+
+def test_round_half_to_even():
+    _dynamic_check(torch.round, torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 2.4]]))
+
+
+def test_atan2_all_quadrants():
+    y = torch.tensor([[1.0, 1.0, -1.0, -1.0, 0.0, 1.0, -1.0]])
+    x = torch.tensor([[1.0, -1.0, -1.0, 1.0, -1.0, 0.0, 0.0]])
+    _dynamic_check(torch.atan2, y, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_pow(dtype):
+    x = torch.tensor([[1, 2, 3, 4]], dtype=dtype)
+    _dynamic_check(lambda a: (a**2, torch.pow(a, a), 2**a), x)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES)
+def test_clamp_scalar_and_tensor_bounds(dtype):
+    x = (torch.randn(2, 5) * 5).to(dtype)
+    low = torch.full((1, 5), -2).to(dtype)
+    high = torch.full((2, 1), 3).to(dtype)
+    _dynamic_check(
+        lambda a, lo, hi: (a.clamp(-1, 2), a.clamp(min=0), a.clamp(max=1), torch.clamp(a, lo, hi)),
+        x, low, high,
+    )
+
+
+def test_clamp_propagates_nan():
+    _dynamic_check(lambda a: a.clamp(-1, 1), torch.tensor([[float("nan"), 3.0, -3.0, 0.5]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+@pytest.mark.parametrize("op", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_comparisons(op, dtype):
+    x = torch.tensor([[1, 2, 3, 0]]).to(dtype)
+    y = torch.tensor([[3, 2, 1, 0]]).to(dtype)
+    compare = getattr(torch, op)
+    _dynamic_check(lambda a, b: (compare(a, b), compare(a, 1)), x, y)
+
+
+def test_comparison_promotes_int_tensor_against_float_scalar():
+    _dynamic_check(lambda a: (a > 1.5, a == 2.0), torch.tensor([[1, 2, 3]]))
+
+
+def test_logical_and_bitwise():
+    a = torch.tensor([[True, False, True, False]])
+    b = torch.tensor([[True, True, False, False]])
+    i = torch.tensor([[12, 10, 7, -3]])
+    j = torch.tensor([[10, 6, 1, 5]])
+    _dynamic_check(
+        lambda a, b, i, j: (
+            a & b, a | b, a ^ b, ~a, torch.logical_and(i, j), torch.logical_or(i, a),
+            torch.logical_not(i), torch.logical_xor(i, j), i & j, i | j, i ^ j, ~i,
+        ),
+        a, b, i, j,
+    )
+
+
+def test_where_with_tensors_and_scalars():
+    cond = torch.tensor([[True, False, True]])
+    x = torch.randn(1, 3)
+    y = torch.randn(1, 3)
+    _dynamic_check(
+        lambda c, a, b: (torch.where(c, a, b), torch.where(c, a, 0.0), torch.where(c, 1.0, b), torch.where(a > 0, 1, 0)),
+        cond, x, y,
+    )
+
+
+def test_isnan():
+    _dynamic_check(lambda a: (torch.isnan(a), torch.isnan(a.long())), torch.tensor([[1.0, float("nan"), 0.0]]))
+
+
+def test_bool_arithmetic():
+    a = torch.tensor([[True, False, True]])
+    b = torch.tensor([[False, False, True]])
+    _dynamic_check(lambda a, b: (a * b, torch.maximum(a, b), torch.minimum(a, b), a + b), a, b)
