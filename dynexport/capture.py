@@ -3,8 +3,10 @@
 Strategies are tried in order (non-strict, strict, draft) and the first that succeeds wins;
 when all fail, :class:`~dynexport.errors.CaptureError` carries each one's reason.
 
-Dims declared dynamic stay dynamic even when the example size is 0 or 1: capture runs with
-size-oblivious reasoning for backed sizes, so torch.export does not specialise a batch of 1.
+Dims declared dynamic stay dynamic even when the example size is 0 or 1: when an example holds
+such a size, capture runs with size-oblivious reasoning for backed sizes, so torch.export does not
+specialise a batch of 1. (Only then: size-oblivious reasoning turns some models' ``== 1`` checks
+into guards that would otherwise not exist.)
 """
 
 from __future__ import annotations
@@ -84,9 +86,15 @@ def capture(
 ) -> tuple[torch.export.ExportedProgram, str]:
     """Capture ``module`` and return the program with the name of the strategy that worked."""
     reasons: dict[str, BaseException] = {}
+    oblivious = dynamic_shapes is not None and any(
+        size in (0, 1)
+        for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
+        if isinstance(leaf, torch.Tensor)
+        for size in leaf.shape
+    )
     for name, strategy in STRATEGIES.items():
         try:
-            with _size_oblivious():
+            with _size_oblivious(oblivious):
                 return strategy(module, args, kwargs, dynamic_shapes), name
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
@@ -107,6 +115,9 @@ def _is_user_error(error: Exception) -> bool:
 
 
 @contextlib.contextmanager
-def _size_oblivious():
+def _size_oblivious(enabled: bool):
+    if not enabled:
+        yield
+        return
     with fx_config.patch(backed_size_oblivious=True):
         yield

@@ -90,7 +90,8 @@ class TranslationError(ExportError):
 def source_line(node) -> str | None:
     """The innermost model source line of an FX node, from its ``stack_trace`` meta.
 
-    Frames inside torch and dynexport are skipped: the line shown is the user's.
+    Frames inside torch and dynexport are skipped: the line shown is the user's, or None when
+    the trace holds none (e.g. for a plain function, whose frames torch does not record).
     """
     trace = node.meta.get("stack_trace") if node is not None else None
     if not trace:
@@ -101,8 +102,6 @@ def source_line(node) -> str | None:
         if line.startswith("File "):
             code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
             frames.append(f"{line}: {code}" if code else line)
-    if not frames:
-        return lines[-1]
     own = (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}")
     user_frames = [f for f in frames if not any(part in f.split(",")[0] for part in own)]
-    return (user_frames or frames)[-1]
+    return user_frames[-1] if user_frames else None

@@ -11,7 +11,6 @@ SymInts are ONNX int64 scalars (0-d); ``sym_size`` reads them from ``Shape``.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 from onnx_ir.tensor_adapters import TorchTensor
 from torch.export.graph_signature import InputKind, OutputKind
 
-from dynexport.decompositions import decomposition_for, decomposition_table, trace_decomposition
+from dynexport.decompositions import Decomposition, decomposition_table, trace_decomposition
 from dynexport.builder import ModelBuilder, origin_metadata
 from dynexport.dtypes import to_onnx_dtype, to_torch_dtype
 from dynexport.errors import (
@@ -132,7 +131,9 @@ class _Translator:
     def __init__(self, table: TranslationTable, opset: int, dim_names: dict[str, str], fake_mode):
         self.table = table
         self.fake_mode = fake_mode
-        self._decompositions: dict[Any, Callable[..., Any]] | None = None
+        self._decomposition_table: dict[Any, Callable[..., Any]] | None = None
+        self._decompositions: dict[torch.fx.Node, Decomposition] = {}
+        self._rules: dict[torch.fx.Node, Rule] = {}
         self.opset = opset
         self.graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="main_graph")
         self.builder = ModelBuilder(self.graph)
@@ -171,20 +172,50 @@ class _Translator:
             if value.name is None or value.name.startswith(f"{self.builder._origin_name}."):
                 value.name = name
 
+    # -- planning -------------------------------------------------------------------------
+
+    def plan(self, graph: torch.fx.Graph, origin: torch.fx.Node | None = None) -> list[tuple[str, torch.fx.Node]]:
+        """Choose a rule or trace a decomposition for every live node of ``graph`` (recursively),
+        before anything is emitted. Returns the (operator, node) pairs that have neither."""
+        missing = []
+        for node in graph.nodes:
+            if node.op != "call_function" or not node.users:
+                continue
+            rule = self.table.lookup(node.target, node, self.opset)
+            if rule is not None:
+                self._rules[node] = rule
+                continue
+            if self._decomposition_table is None:
+                self._decomposition_table = decomposition_table(lambda op: op in self.table)
+            decomposition = trace_decomposition(node, self._decomposition_table, self.fake_mode)
+            if decomposition is None:
+                missing.append((target_name(node.target), origin or node))
+                continue
+            self._decompositions[node] = decomposition
+            missing += self.plan(decomposition.graph, origin or node)
+        return missing
+
     # -- nodes ----------------------------------------------------------------------------
 
-    def translate_graph(self, graph: torch.fx.Graph, env: dict[torch.fx.Node, Any], name_prefix: str = "") -> None:
+    def translate_graph(
+        self,
+        graph: torch.fx.Graph,
+        env: dict[torch.fx.Node, Any],
+        name_prefix: str = "",
+        origin: torch.fx.Node | None = None,
+    ) -> None:
         for node in graph.nodes:
-            if node.op != "call_function":
-                continue
-            if not node.users:
-                continue
-            env[node] = self.translate_node(node, env, name_prefix)
+            if node.op == "call_function" and node.users:
+                env[node] = self.translate_node(node, env, name_prefix, origin)
 
-    def translate_node(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], name_prefix: str, origin: torch.fx.Node | None = None) -> Any:
-        if node.target is operator.getitem and isinstance(env.get(node.args[0]), (list, tuple)):
-            return env[node.args[0]][node.args[1]]
-        rule = self.table.lookup(node.target, node, self.opset)
+    def translate_node(
+        self,
+        node: torch.fx.Node,
+        env: dict[torch.fx.Node, Any],
+        name_prefix: str,
+        origin: torch.fx.Node | None,
+    ) -> Any:
+        rule = self._rules.get(node)
         if rule is None:
             return self.decompose(node, env, name_prefix, origin)
         self.builder.set_origin(node, origin_metadata(origin or node))
@@ -220,23 +251,20 @@ class _Translator:
                     self.annotate(value, v, f"{name}.{i}")
         return result
 
-    def decompose(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], name_prefix: str, origin: torch.fx.Node | None) -> Any:
-        if self._decompositions is None:
-            self._decompositions = decomposition_table(lambda op: op in self.table)
-        decomposition = trace_decomposition(node, self._decompositions, self.fake_mode)
-        if decomposition is None:
-            raise UnsupportedOperatorError(
-                [UnsupportedUse(target_name(node.target), 1, source_line(origin or node))]
-            )
+    def decompose(
+        self,
+        node: torch.fx.Node,
+        env: dict[torch.fx.Node, Any],
+        name_prefix: str,
+        origin: torch.fx.Node | None,
+    ) -> Any:
+        decomposition = self._decompositions[node]
         sub_env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in decomposition.graph.nodes if n.op == "placeholder"]
         for placeholder, leaf in zip(placeholders, decomposition.leaves):
-            sub_env[placeholder] = env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
-        prefix = f"{name_prefix}{node.name}."
-        for sub_node in decomposition.graph.nodes:
-            if sub_node.op == "call_function" and sub_node.users:
-                sub_env[sub_node] = self.translate_node(sub_node, sub_env, prefix, origin or node)
-        output = next(n for n in decomposition.graph.nodes if n.op == "output").args[0]
+            sub_env[placeholder] = env[leaf]
+        self.translate_graph(decomposition.graph, sub_env, f"{name_prefix}{node.name}.", origin or node)
+        output = next(n for n in reversed(decomposition.graph.nodes) if n.op == "output").args[0]
         result = torch.fx.node.map_arg(output, sub_env.__getitem__)
         self.builder.set_origin(node, origin_metadata(origin or node))
         return self._annotate_result(node, result, name_prefix + node.name)
@@ -313,7 +341,9 @@ def translate_program(
         [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
     )
     translator = _Translator(table, opset, io.dim_names, fake_mode)
-    _check_supported(program.graph, table, opset)
+    missing = translator.plan(program.graph)
+    if missing:
+        raise UnsupportedOperatorError(_unsupported_uses(missing))
     graph = translator.graph
     env: dict[torch.fx.Node, Any] = {}
     signature = program.graph_signature
@@ -377,21 +407,14 @@ def translate_program(
     return ir.Model(graph, ir_version=10, producer_name="dynexport", producer_version=_version())
 
 
-def _check_supported(graph: torch.fx.Graph, table: TranslationTable, opset: int) -> None:
-    """Raise UnsupportedOperatorError naming every operator with neither rule nor decomposition."""
-    missing: dict[str, list[torch.fx.Node]] = {}
-    for node in graph.nodes:
-        if node.op != "call_function" or not node.users:
-            continue
-        if table.lookup(node.target, None, opset) is not None:
-            continue
-        if decomposition_for(node.target) is not None:
-            continue
-        missing.setdefault(target_name(node.target), []).append(node)
-    if missing:
-        raise UnsupportedOperatorError(
-            [UnsupportedUse(name, len(nodes), source_line(nodes[0])) for name, nodes in missing.items()]
-        )
+def _unsupported_uses(missing: list[tuple[str, torch.fx.Node]]) -> list[UnsupportedUse]:
+    by_target: dict[str, list[torch.fx.Node]] = {}
+    for target, node in missing:
+        by_target.setdefault(target, []).append(node)
+    return [
+        UnsupportedUse(target, len(nodes), next(filter(None, map(source_line, nodes)), None))
+        for target, nodes in by_target.items()
+    ]
 
 
 def _version() -> str:

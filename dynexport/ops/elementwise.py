@@ -322,9 +322,14 @@ def _bitwise(bool_op: str, int_op: str):
     return rule
 
 
-translates(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, promote=Promote.RESULT)(_bitwise("And", "BitwiseAnd"))
-translates(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, promote=Promote.RESULT)(_bitwise("Or", "BitwiseOr"))
-translates(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, promote=Promote.RESULT)(_bitwise("Xor", "BitwiseXor"))
+for _packets, _bool_op, _int_op in [
+    ((aten.bitwise_and, aten.__and__), "And", "BitwiseAnd"),
+    ((aten.bitwise_or, aten.__or__), "Or", "BitwiseOr"),
+    ((aten.bitwise_xor, aten.__xor__), "Xor", "BitwiseXor"),
+]:
+    translates(
+        *(getattr(p, o) for p in _packets for o in ("Tensor", "Scalar")), promote=Promote.RESULT
+    )(_bitwise(_bool_op, _int_op))
 
 
 @translates(aten.isnan.default)

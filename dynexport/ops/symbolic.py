@@ -20,6 +20,12 @@ def _scalar(ctx, x, dtype):
     return ctx.constant(x, dtype)
 
 
+@translates(operator.getitem)
+def getitem(ctx, outputs, index):
+    # Multi-output ops return Python lists of values; getitem only picks one.
+    return outputs[index]
+
+
 @translates(aten.sym_size.int)
 def sym_size(ctx, self, dim):
     return ctx.sym_size(self, dim)

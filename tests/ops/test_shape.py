@@ -1,0 +1,128 @@
+"""View, reshape, join, split, copy and cast rules, and SymInt shape arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.equivalence import assert_exports_equivalent, op_histogram
+
+B = torch.export.Dim("batch")
+S = torch.export.Dim("seq")
+
+
+def _check(fn, x, *others, resized_batch=5):
+    dynamic = ({0: B},) + tuple(None for _ in others)
+    resized = (torch.randn(resized_batch, *x.shape[1:]).to(x.dtype),) + others
+    return assert_exports_equivalent(fn, (x, *others), dynamic_shapes=dynamic, resized=[resized])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.view(x.shape[0], -1),
+        lambda x: x.reshape(-1, 4),
+        lambda x: x.reshape(x.shape[0] * 3, 4),
+        lambda x: x.view(x.shape[0], 3, 2, 2).permute(0, 2, 3, 1),
+        lambda x: x.transpose(0, 2),
+        lambda x: x.transpose(-1, -2).contiguous(),
+        lambda x: x.flatten(),
+        lambda x: x.flatten(1),
+        lambda x: x.flatten(0, 1),
+        lambda x: x.unsqueeze(0).unsqueeze(-1),
+        lambda x: x[:, None, 1:],
+        lambda x: x[:, 1],
+        lambda x: x[:, -1, ::2],
+        lambda x: x[..., 1:-1],
+        lambda x: x.narrow(2, 1, 2),
+        lambda x: x.select(-1, 0),
+        lambda x: x.expand(x.shape[0], 3, 4),
+        lambda x: x[:, :1].expand(-1, 5, -1),
+        lambda x: x.unsqueeze(1).expand(-1, 2, -1, -1),
+        lambda x: x.mT,
+        lambda x: x.clone().detach(),
+    ],
+    ids=["view", "reshape_minus1", "reshape_symbolic", "permute", "transpose", "transpose_neg",
+         "flatten_all", "flatten_1", "flatten_01", "unsqueeze", "slice_none", "select", "neg_select_step",
+         "ellipsis", "narrow", "select_last", "expand", "expand_minus1", "expand_new_dim", "mT", "clone"],
+)
+def test_views(fn):
+    _check(fn, torch.randn(2, 3, 4))
+
+
+def test_squeeze_variants():
+    x = torch.randn(2, 1, 3, 1)
+    _check(lambda t: (t.squeeze(), t.squeeze(1), t.squeeze(-1), t.squeeze((1, 3)), t.squeeze(2)), x)
+
+
+def test_squeeze_keeps_dynamic_dim_even_when_exported_at_size_one():
+    program = _check(lambda t: t.squeeze(1) * 2, torch.randn(1, 1, 3))
+    assert program.model.graph.inputs[0].shape[0] == "batch"
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cat_and_stack(dim):
+    x = torch.randn(2, 3)
+    _check(lambda a: (torch.cat([a, a * 2], dim=dim), torch.stack([a, a + 1, a], dim=dim)), x)
+
+
+def test_cat_promotes_and_skips_legacy_empty():
+    x, i, empty = torch.randn(2, 3), torch.ones(2, 3, dtype=torch.int64), torch.zeros(0)
+    assert_exports_equivalent(
+        lambda a, b, e: (torch.cat([a, b], 1), torch.cat([a, e])),
+        (x, i, empty),
+        dynamic_shapes=({0: B}, {0: B}, None),
+        resized=[(torch.randn(5, 3), torch.ones(5, 3, dtype=torch.int64), empty)],
+    )
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.split(2, dim=1),
+        lambda x: x.split([1, 3], dim=1),
+        lambda x: x.chunk(3, dim=-1),
+        lambda x: x.unbind(1),
+        lambda x: x.tensor_split(3, dim=2),
+    ],
+    ids=["split", "split_sizes", "chunk", "unbind", "tensor_split"],
+)
+def test_splits(fn):
+    _check(fn, torch.randn(2, 4, 5))
+
+
+def test_split_along_dynamic_dim():
+    x = torch.randn(7, 3)
+    assert_exports_equivalent(
+        lambda t: t.split(3), (x,), dynamic_shapes=({0: torch.export.Dim("n", min=7, max=9)},),
+        resized=[(torch.randn(9, 3),)],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int32, torch.bool, torch.float64])
+def test_casts(dtype):
+    x = torch.randn(2, 3) * 3
+    _check(lambda a: (a.to(dtype), a.to(dtype).float(), a.type(dtype), a.to(torch.float32)), x)
+
+
+def test_type_as():
+    _check(lambda a, b: a.type_as(b), torch.randn(2, 3), torch.ones(1, dtype=torch.int32))
+
+
+def test_noop_views_emit_no_nodes():
+    program = _check(lambda a: a.contiguous().clone()[:, :].permute(0, 1) + 1, torch.randn(2, 3))
+    assert op_histogram(program) == {"Add": 1, "Constant": 1}
+
+
+def test_symbolic_arithmetic_follows_new_sizes():
+    def fn(x):
+        n = x.shape[0]
+        return x.new_ones(1).expand((n * 2 - 1) // 3 + n % 2, x.shape[1]).sum() + x.numel()
+
+    _check(fn, torch.randn(4, 3), resized_batch=7)
+
+
+def test_dropout_in_eval_is_identity():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.5)).eval()
+    program = _check(model, torch.randn(2, 3))
+    assert "Dropout" not in op_histogram(program)

@@ -1,0 +1,305 @@
+"""dynexport.export's arguments: conventions of torch.onnx.export, validation, naming, files."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import onnx
+import pytest
+import torch
+
+import dynexport
+from tests.equivalence import assert_close, assert_exports_equivalent
+
+Dim = torch.export.Dim
+
+
+class TwoLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+class CountingModule(torch.nn.Module):
+    """Counts forward calls, to prove validation happens before capture."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x + 1
+
+
+def test_export_returns_program_and_writes_file(tmp_path):
+    path = tmp_path / "model.onnx"
+    program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), str(path))
+    assert isinstance(program, dynexport.ONNXProgram)
+    saved = onnx.load(str(path))
+    onnx.checker.check_model(saved, full_check=True)
+    assert saved.producer_name == "dynexport"
+    assert saved.producer_version == dynexport.__version__
+    assert [(o.domain, o.version) for o in saved.opset_import] == [("", dynexport.DEFAULT_OPSET)]
+    assert sorted(i.name for i in saved.graph.initializer) == [
+        "encoder.0.bias", "encoder.0.weight", "head.bias", "head.weight",
+    ]
+
+
+def test_export_to_binary_file_object_and_pathlike(tmp_path):
+    buffer = io.BytesIO()
+    dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), buffer)
+    onnx.checker.check_model(onnx.load_from_string(buffer.getvalue()))
+    dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), tmp_path / "p.onnx")
+    assert (tmp_path / "p.onnx").stat().st_size > 0
+
+
+def test_text_file_object_is_rejected_before_capture(tmp_path):
+    model = CountingModule()
+    with open(tmp_path / "t.txt", "w") as text, pytest.raises(TypeError, match="binary file object"):
+        dynexport.export(model, (torch.randn(2),), text)
+    assert model.calls == 0
+
+
+def test_missing_directory_is_rejected_before_capture(tmp_path):
+    model = CountingModule()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        dynexport.export(model, (torch.randn(2),), tmp_path / "missing" / "m.onnx")
+    assert model.calls == 0
+
+
+def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_export_does_not_touch_existing_file(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"previous model")
+    with pytest.raises(TypeError):
+        dynexport.export(CountingModule(), ("not a tensor",), path)
+    assert path.read_bytes() == b"previous model"
+
+
+def test_single_tensor_args_and_plain_function():
+    x = torch.randn(3, 4)
+    program = dynexport.export(torch.nn.ReLU(), x)
+    assert_close(program(x), torch.relu(x))
+
+    def scale_shift(a, b):
+        return a * 2 + b
+
+    program = dynexport.export(scale_shift, (x, x))
+    assert [v.name for v in program.model.graph.inputs] == ["a", "b"]
+    assert_close(program(x, x), scale_shift(x, x))
+
+
+class WithOptions(torch.nn.Module):
+    def forward(self, x, table=None, *, scale=1.0, shift=None):
+        y = x * scale
+        if table is not None:
+            y = y + table["bias"]
+        if shift is not None:
+            y = y - shift
+        return y
+
+
+def test_trailing_dict_in_args_means_kwargs():
+    x = torch.randn(2, 3)
+    program = dynexport.export(WithOptions(), (x, {"shift": torch.randn(2, 3)}))
+    assert [v.name for v in program.model.graph.inputs] == ["x", "shift"]
+    assert_close(program(x, shift=x * 2), WithOptions()(x, shift=x * 2))
+
+
+def test_empty_trailing_dict_lets_a_dict_be_positional():
+    x = torch.randn(2, 3)
+    table = {"bias": torch.randn(2, 3)}
+    program = dynexport.export(WithOptions(), (x, table, {}))
+    assert [v.name for v in program.model.graph.inputs] == ["x", "table_bias"]
+    assert_close(program(x, table, {}), WithOptions()(x, table))
+
+
+def test_kwargs_argument_and_python_scalars_are_baked_in():
+    x = torch.randn(2, 3)
+    program = dynexport.export(WithOptions(), (x,), kwargs={"scale": 3.0})
+    assert [v.name for v in program.model.graph.inputs] == ["x"]
+    assert_close(program(x, scale=3.0), x * 3.0)
+
+
+def test_string_argument_gets_an_error_naming_it():
+    with pytest.raises(TypeError, match=r"argument args\[1\] is a str"):
+        dynexport.export(WithOptions(), (torch.randn(2), "fast"))
+    with pytest.raises(TypeError, match=r"argument kwargs\['shift'\]\['mode'\] is a str"):
+        dynexport.export(WithOptions(), (torch.randn(2),), kwargs={"shift": {"mode": "x"}})
+
+
+def test_input_and_output_names():
+    program = dynexport.export(
+        TwoLayer().eval(), (torch.randn(2, 4),), input_names=["features"], output_names=["scores"]
+    )
+    graph = program.model.graph
+    assert [v.name for v in graph.inputs] == ["features"]
+    assert [v.name for v in graph.outputs] == ["scores"]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"input_names": ["a", "b"]}, ValueError, "input_names has 2 names but the model takes 1"),
+        ({"input_names": ["a", "a"]}, ValueError, "repeats"),
+        ({"input_names": "x"}, TypeError, "list of non-empty strings"),
+        ({"output_names": ["a", "b"]}, ValueError, "output_names has 2 names"),
+        ({"opset_version": 9}, ValueError, "opset_version=9 is not supported"),
+        ({"opset_version": 24}, ValueError, "18..23"),
+        ({"dynamic_shapes": ({0: Dim("b")},), "dynamic_axes": {"x": [0]}}, ValueError, "not both"),
+        ({"dynamic_axes": {"nope": {0: "batch"}}}, ValueError, "neither an input nor an output"),
+        ({"dynamic_axes": {"x": {5: "batch"}}}, ValueError, "axis 5"),
+        ({"dynamic_axes": {"x": "batch"}}, TypeError, "must be a dict"),
+        ({"custom_translation_table": {torch.ops.aten.relu.default: 3}}, TypeError, "must be callable"),
+        ({"dynamo": False}, ValueError, "dynamo=False"),
+    ],
+)
+def test_inconsistent_arguments_fail_before_work(options, error, match):
+    model = CountingModule()
+    with pytest.raises(error, match=match):
+        dynexport.export(model, (torch.randn(2, 3),), **options)
+    if "output_names" not in options:
+        assert model.calls == 0
+
+
+@pytest.mark.parametrize("opset", list(dynexport.SUPPORTED_OPSETS))
+def test_every_supported_opset(opset):
+    program = assert_exports_equivalent(TwoLayer().eval(), (torch.randn(2, 4),), opset_version=opset)
+    assert program.model.opset_imports[""] == opset
+
+
+def test_dynamic_axes_dict_form_names_dims():
+    program = assert_exports_equivalent(
+        TwoLayer().eval(),
+        (torch.randn(2, 4),),
+        input_names=["features"],
+        output_names=["scores"],
+        dynamic_axes={"features": {0: "batch"}, "scores": {0: "batch"}},
+        resized=[(torch.randn(7, 4),)],
+    )
+    assert program.model.graph.inputs[0].shape[0] == "batch"
+    assert program.model.graph.outputs[0].shape[0] == "batch"
+
+
+def test_dynamic_axes_list_form():
+    program = assert_exports_equivalent(
+        lambda a, b: a @ b, (torch.randn(2, 3), torch.randn(3, 5)),
+        dynamic_axes={"a": [0], "b": [1]}, resized=[(torch.randn(4, 3), torch.randn(3, 2))],
+    )
+    assert [str(d) for d in program.model.graph.inputs[0].shape] == ["a_dim_0", "3"]
+    assert [str(d) for d in program.model.graph.outputs[0].shape] == ["a_dim_0", "b_dim_1"]
+
+
+def test_dim_names_come_from_dynamic_shapes():
+    batch, seq = Dim("batch"), Dim("seq")
+    program = assert_exports_equivalent(
+        lambda x, m: (x * m).sum(-1), (torch.randn(2, 5), torch.randn(2, 5)),
+        dynamic_shapes={"x": {0: batch, 1: seq}, "m": {0: batch, 1: seq}},
+        resized=[(torch.randn(3, 9), torch.randn(3, 9))],
+    )
+    assert [str(d) for d in program.model.graph.inputs[0].shape] == ["batch", "seq"]
+
+
+@pytest.mark.parametrize("example_batch", [0, 1])
+def test_batch_of_zero_or_one_stays_dynamic(example_batch):
+    model = TwoLayer().eval()
+    program = assert_exports_equivalent(
+        model, (torch.randn(example_batch, 4),), dynamic_shapes=({0: Dim("batch")},),
+        resized=[(torch.randn(4, 4),), (torch.randn(1, 4),)],
+    )
+    assert program.model.graph.inputs[0].shape[0] == "batch"
+
+
+def test_exported_program_is_accepted_and_not_recaptured():
+    ep = torch.export.export(TwoLayer().eval(), (torch.randn(2, 4),), dynamic_shapes=({0: Dim("n")},))
+    program = dynexport.export(ep, ())
+    assert program.capture_strategy == "given ExportedProgram"
+    x = torch.randn(5, 4)
+    assert_close(program(x), ep.module()(x))
+    with pytest.raises(ValueError, match="already captured|fixed when it was captured"):
+        dynexport.export(ep, (), dynamic_shapes=({0: Dim("n")},))
+
+
+def test_export_params_false_makes_weights_inputs():
+    program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), export_params=False)
+    graph = program.model.graph
+    assert len(graph.initializers) == 0
+    assert [v.name for v in graph.inputs] == [
+        "encoder.0.weight", "encoder.0.bias", "head.weight", "head.bias", "x",
+    ]
+
+
+def test_keep_initializers_as_inputs():
+    program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), keep_initializers_as_inputs=True)
+    graph = program.model.graph
+    assert len(graph.initializers) == 4
+    assert len(graph.inputs) == 5
+    onnx.checker.check_model(program.model_proto, full_check=True)
+
+
+class Structured(torch.nn.Module):
+    def forward(self, x, pair, options=None):
+        a, b = pair
+        total = x + a * b
+        return {"total": total, "parts": [a.sum(), b.mean()], "nothing": None}
+
+
+def test_nested_inputs_and_outputs_are_flattened_and_named():
+    x = torch.randn(2, 3)
+    pair = (torch.randn(2, 3), torch.randn(2, 3))
+    program = assert_exports_equivalent(Structured(), (x, pair))
+    graph = program.model.graph
+    assert [v.name for v in graph.inputs] == ["x", "pair_0", "pair_1"]
+    assert [v.name for v in graph.outputs] == ["total", "parts.0", "parts.1"]
+    result = program(x, pair)
+    assert set(result) == {"total", "parts", "nothing"} and result["nothing"] is None
+
+
+def test_output_that_is_an_input_gets_an_identity():
+    program = assert_exports_equivalent(lambda a, b: (a, a, b * 2), (torch.randn(2), torch.randn(2)))
+    assert [v.name for v in program.model.graph.outputs] == ["output_0", "output_1", "output_2"]
+
+
+def test_nodes_carry_module_path_class_and_source_line():
+    program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),))
+    gemm_like = [n for n in program.model.graph if n.metadata_props.get("pkg.dynexport.module") == "head"]
+    assert gemm_like
+    props = gemm_like[0].metadata_props
+    assert props["pkg.dynexport.module_class"].endswith("Linear")
+    assert "test_api.py" in props["pkg.dynexport.source"]
+    assert "self.head(" in props["pkg.dynexport.source"]
+
+
+def test_verbose_prints_the_graph(capsys):
+    dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), verbose=True)
+    assert "head.weight" in capsys.readouterr().out
+
+
+def test_timings_cover_each_phase(tmp_path):
+    program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), tmp_path / "m.onnx")
+    assert set(program.timings) == {"capture", "decompose", "translate", "optimize", "serialize"}
+
+
+def test_program_call_checks_its_inputs():
+    program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),))
+    with pytest.raises(TypeError, match="must be torch.float32"):
+        program(torch.randn(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="leaves"):
+        program(torch.randn(2, 4), torch.randn(2, 4))

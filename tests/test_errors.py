@@ -1,0 +1,114 @@
+"""Typed errors: every unsupported operator listed at once, capture failures, broken rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dynexport
+from dynexport.errors import CaptureError, ExportError, TranslationError, UnsupportedOperatorError
+
+
+@torch.library.custom_op("dynexport_test::mystery", mutates_args=())
+def mystery(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@mystery.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("dynexport_test::enigma", mutates_args=())
+def enigma(x: torch.Tensor, k: int) -> torch.Tensor:
+    return x * k
+
+
+@enigma.register_fake
+def _(x, k):
+    return torch.empty_like(x)
+
+
+class UsesUnknownOps(torch.nn.Module):
+    def forward(self, x):
+        a = torch.ops.dynexport_test.mystery(x)
+        b = torch.ops.dynexport_test.mystery(a + 1)
+        return torch.ops.dynexport_test.enigma(b, 3)
+
+
+def test_every_unsupported_operator_is_listed_with_counts_and_source(tmp_path):
+    path = tmp_path / "m.onnx"
+    with pytest.raises(UnsupportedOperatorError) as caught:
+        dynexport.export(UsesUnknownOps(), (torch.randn(2),), path)
+    error = caught.value
+    assert error.targets == ["dynexport_test.mystery.default", "dynexport_test.enigma.default"]
+    assert [use.count for use in error.uses] == [2, 1]
+    assert "test_errors.py" in error.uses[0].source
+    assert "mystery(x)" in error.uses[0].source
+    assert "custom_translation_table" in str(error)
+    assert isinstance(error, ExportError)
+    assert not path.exists()
+
+
+def test_custom_translation_table_supplies_the_missing_rules():
+    table = {
+        torch.ops.dynexport_test.mystery.default: lambda ctx, x: ctx.op.Identity(x),
+        torch.ops.dynexport_test.enigma.default: lambda ctx, x, k: ctx.op.Mul(x, ctx.constant(float(k), x.dtype)),
+    }
+    x = torch.randn(3)
+    program = dynexport.export(UsesUnknownOps(), (x,), custom_translation_table=table)
+    torch.testing.assert_close(program(x), UsesUnknownOps()(x))
+
+
+def test_custom_rule_overrides_ours():
+    def relu_as_abs(ctx, x):
+        return ctx.op.Abs(x)
+
+    x = torch.tensor([-1.0, 2.0])
+    program = dynexport.export(torch.nn.ReLU(), (x,), custom_translation_table={torch.ops.aten.relu.default: relu_as_abs})
+    torch.testing.assert_close(program(x), x.abs())
+
+
+def test_a_rule_that_breaks_raises_translation_error_with_op_and_source():
+    def broken(ctx, x):
+        raise KeyError("boom")
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    with pytest.raises(TranslationError) as caught:
+        dynexport.export(Model(), (torch.randn(2),), custom_translation_table={torch.ops.aten.relu.default: broken})
+    error = caught.value
+    assert error.target == "aten.relu.default"
+    assert "torch.relu(x)" in error.source
+    assert "boom" in str(error) and "Hint:" in str(error)
+
+
+class NotCapturable(torch.nn.Module):
+    def forward(self, x):
+        return x.view(3, 5)
+
+
+def test_capture_error_carries_each_strategy_reason():
+    with pytest.raises(CaptureError) as caught:
+        dynexport.export(NotCapturable(), (torch.randn(2),))
+    error = caught.value
+    assert list(error.reasons) == [
+        "torch.export(strict=False)",
+        "torch.export(strict=True)",
+        "torch.export.draft_export",
+    ]
+    assert "Hint:" in str(error)
+    assert "shape '[3, 5]' is invalid" in str(error)
+
+
+def test_dynamic_shapes_user_error_stops_at_the_first_strategy():
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return x.view(2, 3)
+
+    with pytest.raises(CaptureError) as caught:
+        dynexport.export(Fixed(), (torch.randn(2, 3),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    assert list(caught.value.reasons) == ["torch.export(strict=False)"]
+    assert "batch" in str(caught.value)
