@@ -127,15 +127,18 @@ def decomposition_table(has_rule: Callable[[Any], bool]) -> dict[Any, Callable[.
 
 def trace_decomposition(
     node: torch.fx.Node,
+    target: Any,
     table: dict[Any, Callable[..., Any]],
     fake_mode: torch._subclasses.FakeTensorMode | None,
 ) -> Decomposition | None:
-    """Trace ``node``'s decomposition into a small FX graph, or None when it has none.
+    """Trace the decomposition of ``target`` applied to ``node``'s arguments into a small FX
+    graph, or return None when ``target`` has none. (``target`` is the node's operator, or the
+    functional form of an in-place one.)
 
     ``table`` (from :func:`decomposition_table`) decomposes the operators inside the
     decomposition that the translation table does not express directly.
     """
-    fn = decomposition_for(node.target)
+    fn = decomposition_for(target)
     if fn is None:
         return None
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))

@@ -13,7 +13,7 @@ import torch
 
 from dynexport import capture as capture_stage
 from dynexport import signature
-from dynexport.passes.fx.functionalize import functionalize_inplace
+from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
 from dynexport.registry import TranslationTable, default_table
@@ -158,10 +158,9 @@ def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def _functionalized(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """The program with in-place ops made functional: cheaply in place when no alias can see a
-    mutation, else by torch's functionalization (a re-trace)."""
-    if functionalize_inplace(program.graph):
-        program.graph_module.recompile()
+    """The program itself when the translator can treat its in-place ops as functional ones,
+    else the program functionalized by torch (a re-trace)."""
+    if inplace_ops_are_local(program.graph):
         return program
     return program.run_decompositions({})
 

@@ -23,6 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from dynexport.decompositions import Decomposition, decomposition_table, trace_decomposition
 from dynexport.builder import ModelBuilder, origin_metadata
 from dynexport.dtypes import to_onnx_dtype, to_torch_dtype
+from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
 from dynexport.errors import (
     ExportError,
     TranslationError,
@@ -179,21 +180,29 @@ class _Translator:
         before anything is emitted. Returns the (operator, node) pairs that have neither."""
         missing = []
         for node in graph.nodes:
-            if node.op != "call_function" or not node.users:
+            if node.op != "call_function" or not (node.users or mutated_argument(node) is not None):
                 continue
-            rule = self.table.lookup(node.target, node, self.opset)
+            target = self._functional_target(node)
+            rule = self.table.lookup(target, node, self.opset)
             if rule is not None:
                 self._rules[node] = rule
                 continue
             if self._decomposition_table is None:
                 self._decomposition_table = decomposition_table(lambda op: op in self.table)
-            decomposition = trace_decomposition(node, self._decomposition_table, self.fake_mode)
+            decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
             if decomposition is None:
-                missing.append((target_name(node.target), origin or node))
+                missing.append((target_name(target), origin or node))
                 continue
             self._decompositions[node] = decomposition
             missing += self.plan(decomposition.graph, origin or node)
         return missing
+
+    def _functional_target(self, node: torch.fx.Node) -> Any:
+        """The node's operator, or its functional form for an in-place op (the caller checked
+        with ``inplace_ops_are_local`` that no alias can see the difference)."""
+        if mutated_argument(node) is None:
+            return node.target
+        return functional_variant(node.target)
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -205,8 +214,13 @@ class _Translator:
         origin: torch.fx.Node | None = None,
     ) -> None:
         for node in graph.nodes:
-            if node.op == "call_function" and node.users:
-                env[node] = self.translate_node(node, env, name_prefix, origin)
+            if node.op != "call_function" or not (node.users or mutated_argument(node) is not None):
+                continue
+            env[node] = self.translate_node(node, env, name_prefix, origin)
+            base = mutated_argument(node)
+            if base is not None:
+                # Later reads of the mutated tensor see the new value.
+                env[base] = env[node]
 
     def translate_node(
         self,

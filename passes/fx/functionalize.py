@@ -1,16 +1,17 @@
-"""Turn in-place ATen ops into their functional forms where no alias can observe the mutation.
+"""In-place ATen ops, translated as functional ops when no alias can observe the mutation.
 
 torch.export's default IR keeps in-place ops (``relu_``, ``add_``, ``copy_``). ONNX values are
-immutable, so a mutation is translated as a new value that every later use reads instead. That
-is only right when nothing else aliases the mutated tensor: when the tensor is a view, or has
-views, the whole program must be functionalized by torch instead (the caller's fallback).
+immutable, so the translator emits the op's functional form and lets every later use of the
+mutated tensor read the new value. That is only right when nothing else aliases the mutated
+tensor: when it is a view, or has views, the whole program must be functionalized by torch
+instead (the caller's fallback). This module only analyses; it never changes the graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["functional_variant", "functionalize_inplace"]
+__all__ = ["functional_variant", "inplace_ops_are_local", "mutated_argument"]
 
 
 def _is_view(node: torch.fx.Node) -> bool:
@@ -26,46 +27,37 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
     name = op.overloadpacket.__name__
     if not name.endswith("_") or name.startswith("__"):
         return None
-    namespace = getattr(torch.ops, op.namespace)
-    packet = getattr(namespace, name[:-1], None)
+    packet = getattr(getattr(torch.ops, op.namespace), name[:-1], None)
     overload = getattr(packet, op._overloadname, None) if packet is not None else None
     if overload is None or overload._schema.is_mutable:
         return None
     return overload
 
 
-def functionalize_inplace(graph: torch.fx.Graph) -> bool:
-    """Rewrite every in-place op of ``graph`` to its functional form.
+def mutated_argument(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor an in-place op node writes to (its ``self``), or None for other nodes."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    if not target._schema.is_mutable or not node.args:
+        return None
+    return node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
 
-    Returns False, leaving the graph unchanged, when some mutation could be seen through an
-    alias (a view of the mutated tensor, or the tensor being a view itself).
-    """
-    nodes = list(graph.nodes)
-    position = {node: i for i, node in enumerate(nodes)}
-    rewrites = []
-    for node in nodes:
-        target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+
+def inplace_ops_are_local(graph: torch.fx.Graph) -> bool:
+    """True when every in-place op of ``graph`` writes its first argument only, has a functional
+    form, and writes a tensor that is neither a view nor viewed: then translating it
+    functionally and redirecting later uses is exact."""
+    for node in graph.nodes:
+        base = mutated_argument(node)
+        if base is None:
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+                return False
             continue
-        if not target._schema.is_mutable:
-            continue
-        arguments = target._schema.arguments
-        mutated = [
-            i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
-        ]
-        functional = functional_variant(target)
-        if mutated != [0] or functional is None or not node.args:
+        arguments = node.target._schema.arguments
+        written = [i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
+        if written != [0] or functional_variant(node.target) is None:
             return False
-        base = node.args[0]
-        if not isinstance(base, torch.fx.Node) or _is_view(base):
+        if _is_view(base) or any(_is_view(user) for user in base.users):
             return False
-        if any(_is_view(user) for user in base.users):
-            return False
-        rewrites.append((node, functional))
-    for node, functional in rewrites:
-        base = node.args[0]
-        for user in list(base.users):
-            if user is not node and position[user] > position[node]:
-                user.replace_input_with(base, node)
-        node.target = functional
     return True

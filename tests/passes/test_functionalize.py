@@ -1,10 +1,12 @@
-"""In-place ops become functional without re-tracing, unless an alias could see the mutation."""
+"""In-place ops are translated functionally without re-tracing, unless an alias could see the
+mutation (then torch functionalizes the program)."""
 
 from __future__ import annotations
 
 import torch
 
-from dynexport.passes.fx.functionalize import functional_variant, functionalize_inplace
+import dynexport
+from dynexport.passes.fx.functionalize import functional_variant, inplace_ops_are_local
 from tests.equivalence import assert_exports_equivalent
 
 aten = torch.ops.aten
@@ -35,18 +37,32 @@ def test_functional_variant():
     assert functional_variant(aten.add.Tensor) is None
 
 
-def test_owned_inplace_ops_are_rewritten_and_later_uses_follow():
-    def fn(x):
-        y = x * 2
-        y.add_(1)
-        y.relu_()
-        return y * y
+def _chain(x):
+    y = x * 2
+    y.add_(1)
+    y.relu_()
+    return y * y
 
-    graph = _graph(fn, torch.randn(3))
-    assert functionalize_inplace(graph)
-    targets = _targets(graph)
-    assert aten.add.Tensor in targets and aten.relu.default in targets
-    assert not any(t._schema.is_mutable for t in targets if isinstance(t, torch._ops.OpOverload))
+
+def test_owned_inplace_ops_are_local():
+    graph = _graph(_chain, torch.randn(3))
+    assert aten.add_.Tensor in _targets(graph)
+    assert inplace_ops_are_local(graph)
+
+
+def test_later_uses_read_the_mutated_value(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the program was re-traced")
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", forbidden)
+    assert_exports_equivalent(_chain, (torch.randn(2, 3),))
+
+
+def test_exported_program_given_by_the_user_is_not_modified():
+    ep = torch.export.export(_Wrap(_chain), (torch.randn(3),), strict=False)
+    before = [(n.target, n.args) for n in ep.graph.nodes]
+    dynexport.export(ep, ())
+    assert [(n.target, n.args) for n in ep.graph.nodes] == before
 
 
 def test_mutation_through_a_view_is_left_to_torch():
@@ -55,10 +71,7 @@ def test_mutation_through_a_view_is_left_to_torch():
         y[:, 0] = 0.0
         return y
 
-    graph = _graph(fn, torch.randn(2, 3))
-    before = _targets(graph)
-    assert not functionalize_inplace(graph)
-    assert _targets(graph) == before
+    assert not inplace_ops_are_local(_graph(fn, torch.randn(2, 3)))
 
 
 def test_view_of_mutated_tensor_is_left_to_torch():
@@ -68,7 +81,7 @@ def test_view_of_mutated_tensor_is_left_to_torch():
         y.mul_(2)
         return first + 1
 
-    assert not functionalize_inplace(_graph(fn, torch.randn(2, 3)))
+    assert not inplace_ops_are_local(_graph(fn, torch.randn(2, 3)))
 
 
 class Counter(torch.nn.Module):
