@@ -1,1 +1,183 @@
-"""(rules arrive with this family's work)"""
+"""Activation functions, softmax and log-softmax (tanh lives with the elementwise math)."""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+import torch
+
+from dynexport.ops._helpers import cast, ints, normalize_dim, only_first_output_used, rank, scalar_like
+from dynexport.registry import Promote, translates
+
+aten = torch.ops.aten
+
+
+@translates(aten.relu.default)
+def relu(ctx, self):
+    return ctx.op.Relu(self)
+
+
+@translates(aten.hardtanh.default)
+def hardtanh(ctx, self, min_val=-1, max_val=1):
+    # Max/Min instead of Clip: they propagate NaN as PyTorch does.
+    return ctx.op.Min(ctx.op.Max(self, scalar_like(ctx, min_val, self)), scalar_like(ctx, max_val, self))
+
+
+@translates(aten.sigmoid.default, promote=Promote.RESULT, promoted=("self",))
+def sigmoid(ctx, self):
+    return ctx.op.Sigmoid(self)
+
+
+@translates(aten.silu.default)
+def silu(ctx, self):
+    return ctx.op.Mul(self, ctx.op.Sigmoid(self))
+
+
+@translates(aten.gelu.default, min_opset=20)
+def gelu(ctx, self, *, approximate="none"):
+    return ctx.op.Gelu(self, approximate=approximate)
+
+
+@translates(aten.gelu.default)
+def gelu_composed(ctx, self, *, approximate="none"):
+    if approximate == "tanh":
+        cube = ctx.op.Mul(ctx.op.Mul(self, self), self)
+        inner = ctx.op.Add(self, ctx.op.Mul(cube, scalar_like(ctx, 0.044715, self)))
+        inner = ctx.op.Mul(inner, scalar_like(ctx, math.sqrt(2 / math.pi), self))
+        gate = ctx.op.Tanh(inner)
+    else:
+        gate = ctx.op.Erf(ctx.op.Mul(self, scalar_like(ctx, math.sqrt(0.5), self)))
+    half_x = ctx.op.Mul(self, scalar_like(ctx, 0.5, self))
+    return ctx.op.Mul(half_x, ctx.op.Add(gate, scalar_like(ctx, 1.0, self)))
+
+
+@translates(aten.softplus.default)
+def softplus(ctx, self, beta=1, threshold=20):
+    scaled = self if beta == 1 else ctx.op.Mul(self, scalar_like(ctx, beta, self))
+    smooth = ctx.op.Softplus(scaled)
+    if beta != 1:
+        smooth = ctx.op.Div(smooth, scalar_like(ctx, beta, self))
+    # ONNX Softplus has no threshold: PyTorch returns the input itself where beta * x > threshold.
+    return ctx.op.Where(ctx.op.Greater(scaled, scalar_like(ctx, threshold, self)), self, smooth)
+
+
+@translates(aten.leaky_relu.default)
+def leaky_relu(ctx, self, negative_slope=0.01):
+    return ctx.op.LeakyRelu(self, alpha=float(negative_slope))
+
+
+@translates(aten.hardswish.default)
+def hardswish(ctx, self):
+    return ctx.op.HardSwish(self)
+
+
+@translates(aten.hardsigmoid.default)
+def hardsigmoid(ctx, self):
+    return ctx.op.HardSigmoid(self, alpha=1 / 6, beta=0.5)
+
+
+@translates(aten.elu.default)
+def elu(ctx, self, alpha=1, scale=1, input_scale=1):
+    if input_scale == 1:
+        result = ctx.op.Elu(self, alpha=float(alpha))
+    else:
+        exp = ctx.op.Exp(ctx.op.Mul(self, scalar_like(ctx, input_scale, self)))
+        negative = ctx.op.Mul(ctx.op.Sub(exp, scalar_like(ctx, 1, self)), scalar_like(ctx, alpha, self))
+        result = ctx.op.Where(ctx.op.Greater(self, scalar_like(ctx, 0, self)), self, negative)
+    if scale != 1:
+        result = ctx.op.Mul(result, scalar_like(ctx, scale, self))
+    return result
+
+
+@translates(aten.selu.default)
+def selu(ctx, self):
+    # ONNX Selu's default alpha and gamma are PyTorch's constants.
+    return ctx.op.Selu(self)
+
+
+@translates(aten.celu.default)
+def celu(ctx, self, alpha=1.0):
+    if self.dtype == ir.DataType.FLOAT:
+        return ctx.op.Celu(self, alpha=float(alpha))
+    # ONNX Celu is float32-only; PyTorch itself computes celu as elu with input_scale=1/alpha.
+    return elu(ctx, self, alpha, 1, 1 / alpha)
+
+
+@translates(aten.mish.default)
+def mish(ctx, self):
+    return ctx.op.Mish(self)
+
+
+@translates(aten.log_sigmoid.default)
+def log_sigmoid(ctx, self):
+    # Softplus is evaluated stably by onnxruntime, so -softplus(-x) keeps large |x| finite.
+    return ctx.op.Neg(ctx.op.Softplus(ctx.op.Neg(self)))
+
+
+@translates(aten.log_sigmoid_forward.default, checker=only_first_output_used)
+def log_sigmoid_forward(ctx, self):
+    # The buffer only feeds the backward pass.
+    return log_sigmoid(ctx, self), None
+
+
+@translates(aten.prelu.default)
+def prelu(ctx, self, weight):
+    # One slope per channel, and the channel dim is dim 1.
+    r = rank(self)
+    if rank(weight) == 1 and r > 2:
+        weight = ctx.op.Unsqueeze(weight, ints(ctx, list(range(1, r - 1))))
+    elif r == 0:
+        weight = ctx.op.Reshape(weight, ints(ctx, []))
+    return _prelu_kernel(ctx, self, weight)
+
+
+@translates(aten._prelu_kernel.default)
+def _prelu_kernel(ctx, self, weight):
+    return ctx.op.PRelu(self, weight)
+
+
+@translates(aten.glu.default)
+def glu(ctx, self, dim=-1):
+    first, second = ctx.op.Split(self, axis=normalize_dim(dim, rank(self)), num_outputs=2, _outputs=2)
+    return ctx.op.Mul(first, ctx.op.Sigmoid(second))
+
+
+@translates(aten.threshold.default)
+def threshold(ctx, self, threshold, value):
+    below = ctx.op.LessOrEqual(self, scalar_like(ctx, threshold, self))
+    return ctx.op.Where(below, scalar_like(ctx, value, self), self)
+
+
+# -- softmax -------------------------------------------------------------------------------
+
+
+def _normalized_exp(ctx, onnx_op: str, self, dim: int):
+    r = rank(self)
+    # The result dtype covers both softmax's dtype= and _softmax's half_to_float.
+    self = cast(ctx, self, ctx.out_dtype)
+    if r == 0:
+        # ONNX softmaxes need an axis; a 0-d tensor is a single-element dim 0.
+        unsqueezed = ctx.op.Unsqueeze(self, ints(ctx, [0]))
+        return ctx.op.Squeeze(getattr(ctx.op, onnx_op)(unsqueezed, axis=0), ints(ctx, [0]))
+    return getattr(ctx.op, onnx_op)(self, axis=normalize_dim(dim, r))
+
+
+@translates(aten.softmax.int)
+def softmax(ctx, self, dim, dtype=None):
+    return _normalized_exp(ctx, "Softmax", self, dim)
+
+
+@translates(aten._softmax.default)
+def _softmax(ctx, self, dim, half_to_float):
+    return _normalized_exp(ctx, "Softmax", self, dim)
+
+
+@translates(aten.log_softmax.int)
+def log_softmax(ctx, self, dim, dtype=None):
+    return _normalized_exp(ctx, "LogSoftmax", self, dim)
+
+
+@translates(aten._log_softmax.default)
+def _log_softmax(ctx, self, dim, half_to_float):
+    return _normalized_exp(ctx, "LogSoftmax", self, dim)
