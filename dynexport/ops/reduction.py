@@ -1,1 +1,283 @@
-"""(rules arrive with this family's work)"""
+"""Reductions: sums, means, extrema and their indices, variance, logical and norm reductions.
+
+Every ONNX reduction here takes its axes as an input tensor (opset 18+). PyTorch's "every dim"
+(``dim=None`` or ``[]``) and 0-d inputs leave that input out: ONNX then reduces all axes, while
+an empty axes tensor would mean all axes or none depending on ``noop_with_empty_axes``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+import torch
+
+from dynexport.ops._helpers import cast, ints, normalize_dim, normalize_dims, rank, scalar_like
+from dynexport.registry import translates
+
+aten = torch.ops.aten
+
+# PyTorch accumulates half-precision reductions in float32 (squares overflow float16 at 256).
+_HALF = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+# ReduceMax/ReduceMin take neither 16-bit integers nor (before opset 20) bool; ArgMax no bool.
+_NO_EXTREMUM = frozenset({ir.DataType.BOOL, ir.DataType.INT16, ir.DataType.UINT16})
+
+
+def _dims(self: ir.Value, dim) -> list[int]:
+    """PyTorch's ``dim`` as sorted dims of ``self``; a 0-d tensor has none to reduce."""
+    return normalize_dims(dim, rank(self)) if rank(self) else []
+
+
+def _axes(ctx, self: ir.Value, dim) -> list[ir.Value]:
+    """The optional axes input of an ONNX reduction over ``dim``: none when every dim goes."""
+    dims = _dims(self, dim)
+    return [] if len(dims) == rank(self) else [ints(ctx, dims)]
+
+
+def _drop_reduced(ctx, value: ir.Value, self: ir.Value, dim) -> ir.Value:
+    """``value``, reduced over ``dim`` of ``self`` with keepdims=1, without those dims."""
+    dims = _dims(self, dim)
+    return ctx.op.Squeeze(value, ints(ctx, dims)) if dims else value
+
+
+def _accumulator(ctx, self: ir.Value, dtype: ir.DataType) -> ir.Value:
+    """``self`` as ``dtype``, or as float32 where ``dtype`` is a half type."""
+    return cast(ctx, self, ir.DataType.FLOAT if dtype in _HALF else dtype)
+
+
+def _count(ctx, self: ir.Value, dim) -> int | ir.Value:
+    """How many elements of ``self`` each reduction over ``dim`` sees (an int64 scalar if dynamic)."""
+    dims = _dims(self, dim)
+    sizes = [self.shape[d] for d in dims]
+    symbolic = [s for s in sizes if not isinstance(s, int)]
+    if not symbolic:
+        return math.prod(sizes)
+    if len(dims) == rank(self):
+        return ctx.op.Size(self)
+    return ctx.op.ReduceProd(ctx.op.Gather(ctx.op.Shape(self), ints(ctx, dims)), keepdims=0)
+
+
+def _nonzero(ctx, self: ir.Value) -> ir.Value:
+    if self.dtype == ir.DataType.BOOL:
+        return self
+    return ctx.op.Not(ctx.op.Equal(self, scalar_like(ctx, 0, self)))
+
+
+# -- sums and means -----------------------------------------------------------------------
+
+
+@translates(aten.sum.default, aten.sum.dim_IntList)
+def sum(ctx, self, dim=None, keepdim=False, *, dtype=None):
+    # ctx.out_dtype is dtype, else int64 for bool and integer inputs, as PyTorch sums them.
+    x = _accumulator(ctx, self, ctx.out_dtype)
+    return cast(ctx, ctx.op.ReduceSum(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+
+
+@translates(aten.cumsum.default)
+def cumsum(ctx, self, dim, *, dtype=None):
+    # CumSum has no bool or 8/16-bit integer kernels; the result dtype (int64 for integer and bool
+    # inputs, as PyTorch) or float32 for half types accumulates instead.
+    x = _accumulator(ctx, self, ctx.out_dtype)
+    axis = ctx.constant(normalize_dim(dim, rank(self)), ir.DataType.INT64) if rank(self) else None
+    if axis is None:
+        return cast(ctx, x, ctx.out_dtype)
+    return cast(ctx, ctx.op.CumSum(x, axis), ctx.out_dtype)
+
+
+@translates(aten.mean.default, aten.mean.dim)
+def mean(ctx, self, dim=None, keepdim=False, *, dtype=None):
+    x = _accumulator(ctx, self, ctx.out_dtype)
+    return cast(ctx, ctx.op.ReduceMean(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+
+
+@translates(aten.prod.default, aten.prod.dim_int)
+def prod(ctx, self, dim=None, keepdim=False, *, dtype=None):
+    x = _accumulator(ctx, self, ctx.out_dtype)
+    return cast(ctx, ctx.op.ReduceProd(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+
+
+@translates(aten.logsumexp.default)
+def logsumexp(ctx, self, dim, keepdim=False):
+    x = _accumulator(ctx, self, ctx.out_dtype)
+    axes = _axes(ctx, self, dim)
+    peak = ctx.op.ReduceMax(x, *axes, keepdims=1)
+    # Shifting an all-infinite slice by its peak would give inf - inf = NaN; shift it by 0.
+    peak = ctx.op.Where(ctx.op.IsInf(peak), ctx.constant(0.0, peak.dtype), peak)
+    total = ctx.op.ReduceSum(ctx.op.Exp(ctx.op.Sub(x, peak)), *axes, keepdims=1)
+    result = ctx.op.Add(ctx.op.Log(total), peak)
+    result = result if keepdim else _drop_reduced(ctx, result, self, dim)
+    return cast(ctx, result, ctx.out_dtype)
+
+
+@translates(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
+def count_nonzero(ctx, self, dim=None):
+    flags = cast(ctx, _nonzero(ctx, self), ir.DataType.INT64)
+    return ctx.op.ReduceSum(flags, *_axes(ctx, self, dim), keepdims=0)
+
+
+# -- extrema ------------------------------------------------------------------------------
+
+
+def _extremum(ctx, op_type: str, self: ir.Value, dim, keepdim: bool) -> ir.Value:
+    x = cast(ctx, self, ir.DataType.INT32) if self.dtype in _NO_EXTREMUM else self
+    result = getattr(ctx.op, op_type)(x, *_axes(ctx, self, dim), keepdims=int(keepdim))
+    return cast(ctx, result, self.dtype)
+
+
+def _index_of_extremum(ctx, op_type: str, self: ir.Value, dim, keepdim: bool) -> ir.Value:
+    x = cast(ctx, self, ir.DataType.INT32) if self.dtype in _NO_EXTREMUM else self
+    if dim is None or rank(self) == 0:
+        index = getattr(ctx.op, op_type)(ctx.op.Reshape(x, ints(ctx, [-1])), axis=0, keepdims=0)
+        return ctx.op.Reshape(index, ints(ctx, [1] * rank(self))) if keepdim and rank(self) else index
+    # PyTorch returns the first of tied indices, which is select_last_index=0.
+    axis = normalize_dim(dim, rank(self))
+    return getattr(ctx.op, op_type)(x, axis=axis, keepdims=int(keepdim), select_last_index=0)
+
+
+@translates(aten.amax.default, aten.max.default)
+def amax(ctx, self, dim=(), keepdim=False):
+    return _extremum(ctx, "ReduceMax", self, dim, keepdim)
+
+
+@translates(aten.amin.default, aten.min.default)
+def amin(ctx, self, dim=(), keepdim=False):
+    return _extremum(ctx, "ReduceMin", self, dim, keepdim)
+
+
+@translates(aten.max.dim)
+def max_dim(ctx, self, dim, keepdim=False):
+    values = _extremum(ctx, "ReduceMax", self, [dim], keepdim)
+    return values, _index_of_extremum(ctx, "ArgMax", self, dim, keepdim)
+
+
+@translates(aten.min.dim)
+def min_dim(ctx, self, dim, keepdim=False):
+    values = _extremum(ctx, "ReduceMin", self, [dim], keepdim)
+    return values, _index_of_extremum(ctx, "ArgMin", self, dim, keepdim)
+
+
+@translates(aten.argmax.default)
+def argmax(ctx, self, dim=None, keepdim=False):
+    return _index_of_extremum(ctx, "ArgMax", self, dim, keepdim)
+
+
+@translates(aten.argmin.default)
+def argmin(ctx, self, dim=None, keepdim=False):
+    return _index_of_extremum(ctx, "ArgMin", self, dim, keepdim)
+
+
+# -- logical ------------------------------------------------------------------------------
+
+
+def _truth(ctx, op_type: str, self: ir.Value, dim, keepdim: bool) -> ir.Value:
+    # As int32 flags; over no elements ReduceMax gives INT32_MIN and ReduceMin INT32_MAX, so
+    # "> 0" makes an empty any() False and an empty all() True, as in PyTorch.
+    flags = cast(ctx, _nonzero(ctx, self), ir.DataType.INT32)
+    reduced = getattr(ctx.op, op_type)(flags, *_axes(ctx, self, dim), keepdims=int(keepdim))
+    return cast(ctx, ctx.op.Greater(reduced, ctx.constant(0, ir.DataType.INT32)), ctx.out_dtype)
+
+
+@translates(aten.any.default, aten.any.dim, aten.any.dims)
+def any(ctx, self, dim=None, keepdim=False):
+    return _truth(ctx, "ReduceMax", self, dim, keepdim)
+
+
+@translates(aten.all.default, aten.all.dim, aten.all.dims)
+def all(ctx, self, dim=None, keepdim=False):
+    return _truth(ctx, "ReduceMin", self, dim, keepdim)
+
+
+# -- variance -----------------------------------------------------------------------------
+
+
+def _var_mean(ctx, self: ir.Value, dim, correction, keepdim: bool) -> tuple[ir.Value, ir.Value]:
+    """Variance and mean in the accumulation dtype; PyTorch divides by max(N - correction, 0)."""
+    x = _accumulator(ctx, self, self.dtype)
+    axes = _axes(ctx, self, dim)
+    mean = ctx.op.ReduceMean(x, *axes, keepdims=1)
+    squares = ctx.op.ReduceSumSquare(ctx.op.Sub(x, mean), *axes, keepdims=int(keepdim))
+    count = _count(ctx, self, dim)
+    if isinstance(count, int):
+        dof = ctx.constant(float(max(count - correction, 0)), x.dtype)
+    else:
+        dof = ctx.op.Sub(cast(ctx, count, x.dtype), ctx.constant(float(correction), x.dtype))
+        dof = ctx.op.Max(dof, ctx.constant(0.0, x.dtype))
+    variance = ctx.op.Div(squares, dof)
+    return variance, mean if keepdim else _drop_reduced(ctx, mean, self, dim)
+
+
+def _correction(unbiased: bool, correction) -> float:
+    if correction is not None:
+        return correction
+    return 1 if unbiased else 0
+
+
+@translates(aten.var.correction, aten.var.dim)
+def var(ctx, self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+    variance, _ = _var_mean(ctx, self, dim, _correction(unbiased, correction), keepdim)
+    return cast(ctx, variance, self.dtype)
+
+
+@translates(aten.std.correction, aten.std.dim)
+def std(ctx, self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+    variance, _ = _var_mean(ctx, self, dim, _correction(unbiased, correction), keepdim)
+    return cast(ctx, ctx.op.Sqrt(variance), self.dtype)
+
+
+@translates(aten.var_mean.correction, aten.var_mean.dim)
+def var_mean(ctx, self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+    variance, mean = _var_mean(ctx, self, dim, _correction(unbiased, correction), keepdim)
+    return cast(ctx, variance, self.dtype), cast(ctx, mean, self.dtype)
+
+
+@translates(aten.std_mean.correction, aten.std_mean.dim)
+def std_mean(ctx, self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+    variance, mean = _var_mean(ctx, self, dim, _correction(unbiased, correction), keepdim)
+    return cast(ctx, ctx.op.Sqrt(variance), self.dtype), cast(ctx, mean, self.dtype)
+
+
+# The .default overloads take only ``unbiased`` and reduce every dim.
+
+
+@translates(aten.var.default)
+def var_default(ctx, self, unbiased=True):
+    return var(ctx, self, None, unbiased)
+
+
+@translates(aten.std.default)
+def std_default(ctx, self, unbiased=True):
+    return std(ctx, self, None, unbiased)
+
+
+@translates(aten.var_mean.default)
+def var_mean_default(ctx, self, unbiased=True):
+    return var_mean(ctx, self, None, unbiased)
+
+
+@translates(aten.std_mean.default)
+def std_mean_default(ctx, self, unbiased=True):
+    return std_mean(ctx, self, None, unbiased)
+
+
+# -- norms --------------------------------------------------------------------------------
+
+
+@translates(aten.linalg_vector_norm.default)
+def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, *, dtype=None):
+    x = _accumulator(ctx, self, ctx.out_dtype)
+    axes, keepdims = _axes(ctx, self, dim), int(keepdim)
+    if ord == 2:
+        norm = ctx.op.ReduceL2(x, *axes, keepdims=keepdims)
+    elif ord == 1:
+        norm = ctx.op.ReduceL1(x, *axes, keepdims=keepdims)
+    elif ord == math.inf:
+        norm = ctx.op.ReduceMax(ctx.op.Abs(x), *axes, keepdims=keepdims)
+    elif ord == -math.inf:
+        norm = ctx.op.ReduceMin(ctx.op.Abs(x), *axes, keepdims=keepdims)
+    elif ord == 0:
+        norm = ctx.op.ReduceSum(cast(ctx, _nonzero(ctx, x), x.dtype), *axes, keepdims=keepdims)
+    else:
+        powers = ctx.op.Pow(ctx.op.Abs(x), ctx.constant(float(ord), x.dtype))
+        total = ctx.op.ReduceSum(powers, *axes, keepdims=keepdims)
+        norm = ctx.op.Pow(total, ctx.constant(1.0 / ord, x.dtype))
+    return cast(ctx, norm, ctx.out_dtype)
