@@ -149,7 +149,9 @@ def trace_decomposition(
         args, kwargs = pytree.tree_unflatten(
             [next(values) if isinstance(leaf, torch.fx.Node) else leaf for leaf in flat], spec
         )
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        # torch.return_types named tuples would be traced as a call; plain tuples are outputs.
+        return tuple(result) if isinstance(result, tuple) else result
 
     examples = [leaf.meta["val"] for leaf in leaves]
     tracer = make_fx(run, decomposition_table=table)

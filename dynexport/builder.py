@@ -55,6 +55,10 @@ def _element_type(node: ir.Node) -> list[ir.DataType | None]:
         dtype = node.inputs[1].dtype
     elif op in ("TopK", "MaxPool"):
         return [first, ir.DataType.INT64][: len(node.outputs)]
+    elif op == "LayerNormalization":
+        # Mean and InvStdDev are kept in stash_type, float32 by default.
+        stash = ir.DataType(attrs["stash_type"].as_int()) if "stash_type" in attrs else ir.DataType.FLOAT
+        return [first, stash, stash][: len(node.outputs)]
     elif "dtype" in attrs:
         dtype = ir.DataType(attrs["dtype"].as_int())
     else:
@@ -107,6 +111,14 @@ class ModelBuilder(GraphBuilder):
         if version is None:
             return None
         return _schema(op_type, domain, version)
+
+    def _cast_inputs(self, schema, inputs):
+        inputs = list(super()._cast_inputs(schema, inputs))
+        # A trailing absent optional input is left out, not written as an empty name (some
+        # onnxruntime kernels, e.g. LayerNormalization's bias, misread the empty name).
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        return inputs
 
     def _infer_shapes(self, node: ir.Node) -> None:
         for value, dtype in zip(node.outputs, _element_type(node)):

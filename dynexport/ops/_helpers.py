@@ -6,10 +6,11 @@ int64 scalars (SymInts); :func:`shape_tensor` turns it into the 1-D int64 tensor
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import Any
 
 import onnx_ir as ir
+import torch
 
 from dynexport.dtypes import FLOATING
 
@@ -19,6 +20,7 @@ __all__ = [
     "is_floating",
     "normalize_dim",
     "normalize_dims",
+    "only_first_output_used",
     "rank",
     "scalar_like",
     "shape_tensor",
@@ -62,7 +64,18 @@ def scalar_like(ctx, value: float | int | bool, like: ir.Value) -> ir.Value:
 
 
 def cast(ctx, x: ir.Value, dtype: ir.DataType) -> ir.Value:
-    return x if x.dtype == dtype else ctx.op.Cast(x, to=dtype)
+    if x.dtype == dtype:
+        return x
+    result = ctx.op.Cast(x, to=dtype)
+    result.shape = x.shape
+    return result
+
+
+def only_first_output_used(node: torch.fx.Node) -> bool:
+    """Checker for multi-output ops whose other outputs (saved statistics) only feed backward."""
+    return all(
+        user.target is operator.getitem and (user.args[1] == 0 or not user.users) for user in node.users
+    )
 
 
 def _as_1d(ctx, value: ir.Value) -> ir.Value:
@@ -99,7 +112,3 @@ def size_of(ctx, x: ir.Value, dim: int) -> int | ir.Value:
     if isinstance(size, int):
         return size
     return ctx.sym_size(x, dim)
-
-
-def is_static(value: Any) -> bool:
-    return isinstance(value, (int, float, bool))
