@@ -141,7 +141,7 @@ def export(
             optimize_model(onnx_model, fold_constants=do_constant_folding)
     result = ONNXProgram(onnx_model, program, timings=timings, capture_strategy=strategy)
     if f is not None:
-        with _phase(timings, "serialize"):
+        with _phase(result.timings, "serialize"):
             result.save(f)
     if verbose:
         print(onnx_model)

@@ -78,10 +78,13 @@ class ONNXProgram:
             self._session = ort.InferenceSession(
                 self.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
-        feeds = self._feeds(args, kwargs)
-        results = self._session.run(None, feeds)
-        tensors = [torch.from_numpy(r) if not isinstance(r, list) else r for r in results]
-        return self._structure(tensors)
+        feeds = {name: _ort_value(array) for name, array in self._feeds(args, kwargs).items()}
+        results = self._session.run_with_ort_values(None, feeds)
+        # DLPack hands every dtype over without a copy (numpy has no bfloat16); bool arrives as
+        # uint8 and is viewed back.
+        tensors = [torch.from_dlpack(r) for r in results]
+        dtypes = [to_torch_dtype(v.dtype) for v in self.model.graph.outputs]
+        return self._structure([t.view(d) if t.dtype != d else t for t, d in zip(tensors, dtypes)])
 
     def _feeds(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         from dynexport.signature import split_legacy_args
@@ -99,7 +102,7 @@ class ONNXProgram:
                 expected = to_torch_dtype(value.dtype)
                 if leaf.dtype != expected:
                     raise TypeError(f"input {name!r} must be {expected}, got {leaf.dtype}")
-                feeds[name] = leaf.detach().cpu().contiguous().numpy() if leaf.dtype != torch.bfloat16 else _bf16_numpy(leaf)
+                feeds[name] = _numpy(leaf)
             else:
                 feeds[name] = torch.tensor(leaf).numpy()
         return feeds
@@ -148,10 +151,22 @@ class ONNXProgram:
         return pytree.tree_unflatten(leaves, spec) if spec is not None else leaves
 
 
-def _bf16_numpy(tensor: torch.Tensor):
-    import ml_dtypes
+def _numpy(tensor: torch.Tensor):
+    """A numpy array of ``tensor``'s data; bfloat16 as ml_dtypes.bfloat16."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
 
-    return tensor.detach().cpu().contiguous().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _ort_value(array):
+    import onnxruntime as ort
+
+    if array.dtype.name == "bfloat16":
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view("uint16"), 16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
 
 
 def _describe(value: ir.Value) -> str:

@@ -71,7 +71,13 @@ def run_reference(program: dynexport.ONNXProgram, *args: Any, **kwargs: Any) -> 
     evaluator = ReferenceEvaluator(program.model_proto)
     feeds = program._feeds(args, kwargs)
     results = evaluator.run(None, feeds)
-    return program._structure([torch.from_numpy(np.asarray(r)) for r in results])
+    return program._structure([_to_torch(np.asarray(r)) for r in results])
+
+
+def _to_torch(array: np.ndarray) -> torch.Tensor:
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def _runner(program: dynexport.ONNXProgram, runtime: str):

@@ -303,3 +303,12 @@ def test_program_call_checks_its_inputs():
         program(torch.randn(2, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="leaves"):
         program(torch.randn(2, 4), torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.bool, torch.uint8, torch.int8])
+def test_program_runs_every_dtype_through_onnxruntime(dtype):
+    x = (torch.randn(2, 3) * 3).to(dtype)
+    program = dynexport.export(lambda a: (a, a.to(torch.float32)), (x,))
+    out, as_float = program(x)
+    assert out.dtype == dtype and torch.equal(out, x)
+    torch.testing.assert_close(as_float, x.float())
