@@ -1,1 +1,291 @@
-"""(rules arrive with this family's work)"""
+"""Indexing: lookups and gathers, advanced indexing and its writes, scatters, masked fills, and
+the ops that move elements within a tensor (triangles, repeat, roll, flip)."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import torch
+
+from dynexport.ops._helpers import cast, ints, normalize_dim, rank, scalar, shape_tensor, size_of
+from dynexport.registry import Promote, translates
+
+aten = torch.ops.aten
+
+_INT64 = ir.DataType.INT64
+_MASKS = (ir.DataType.BOOL, ir.DataType.UINT8)
+
+
+def _transpose(ctx, x: ir.Value, perm: list[int]) -> ir.Value:
+    return x if perm == sorted(perm) else ctx.op.Transpose(x, perm=perm)
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    return sorted(range(len(perm)), key=perm.__getitem__)
+
+
+# -- lookups and gathers ----------------------------------------------------------------------
+
+
+@translates(aten.embedding.default)
+def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    # padding_idx only stops its row's gradient; the forward pass is a plain lookup.
+    return ctx.op.Gather(weight, indices, axis=0)
+
+
+@translates(aten.index_select.default)
+def index_select(ctx, self, dim, index):
+    if rank(index) == 0:
+        # A 0-d index still keeps the dim, with size 1.
+        index = ctx.op.Reshape(index, ints(ctx, [1]))
+    return ctx.op.Gather(self, index, axis=normalize_dim(dim, rank(self)))
+
+
+@translates(aten.gather.default)
+def gather(ctx, self, dim, index, *, sparse_grad=False):
+    return ctx.op.GatherElements(self, index, axis=normalize_dim(dim, rank(self)))
+
+
+# -- advanced indexing ------------------------------------------------------------------------
+
+
+def _no_masks(node: torch.fx.Node) -> bool:
+    # A boolean mask index makes the output's size data-dependent.
+    return all(
+        index is None or index.meta["val"].dtype not in (torch.bool, torch.uint8) for index in node.args[1]
+    )
+
+
+def _index_tensors(ctx, indices) -> tuple[list[int], list[ir.Value]]:
+    """The indexed dims and an int64 index tensor for each; a boolean mask indexes as many dims
+    as it has, with the coordinates of its True entries."""
+    dims, tensors, dim = [], [], 0
+    for index in indices:
+        if index is None:
+            dim += 1
+        elif index.dtype in _MASKS:
+            coordinates = ctx.op.NonZero(index)
+            for i in range(rank(index)):
+                dims.append(dim + i)
+                tensors.append(ctx.op.Gather(coordinates, ctx.constant(i, _INT64), axis=0))
+            dim += rank(index)
+        else:
+            dims.append(dim)
+            tensors.append(cast(ctx, index, _INT64))
+            dim += 1
+    return dims, tensors
+
+
+def _stacked(ctx, indices, tensors: list[ir.Value]) -> ir.Value:
+    """The index tensors broadcast together and stacked on a new last axis (GatherND's layout)."""
+    given = [index for index in indices if index is not None]
+    same_shapes = all(i.dtype not in _MASKS and i.shape == given[0].shape for i in given)
+    if len(given) > 1 and not same_shapes:
+        total = tensors[0]
+        for tensor in tensors[1:]:
+            total = ctx.op.Add(total, tensor)
+        tensors = [ctx.op.Expand(tensor, ctx.op.Shape(total)) for tensor in tensors]
+    last = ints(ctx, [-1])
+    return ctx.op.Concat(*(ctx.op.Unsqueeze(tensor, last) for tensor in tensors), axis=-1)
+
+
+def _index_layout(indices) -> tuple[int, int | None]:
+    """(rank of the broadcast index, dim where the indexed dims' result goes or None for the
+    front): PyTorch keeps the result in place only when the index tensors are adjacent."""
+    given = [d for d, index in enumerate(indices) if index is not None]
+    index_rank = max(1 if indices[d].dtype in _MASKS else rank(indices[d]) for d in given)
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    return index_rank, given[0] if adjacent else None
+
+
+@translates(aten.index.Tensor, aten._unsafe_index.Tensor, checker=_no_masks)
+def index(ctx, self, indices):
+    given = [d for d, index in enumerate(indices) if index is not None]
+    if len(given) == 1:
+        return ctx.op.Gather(self, indices[given[0]], axis=given[0])
+    dims, tensors = _index_tensors(ctx, indices)
+    perm = dims + [d for d in range(rank(self)) if d not in dims]
+    result = ctx.op.GatherND(_transpose(ctx, self, perm), _stacked(ctx, indices, tensors))
+    index_rank, position = _index_layout(indices)
+    if not position:
+        return result
+    rest = ctx.out_rank - index_rank
+    front = [index_rank + i for i in range(position)]
+    back = [index_rank + i for i in range(position, rest)]
+    return ctx.op.Transpose(result, perm=front + list(range(index_rank)) + back)
+
+
+@translates(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(ctx, self, indices, values, accumulate=False):
+    dims, tensors = _index_tensors(ctx, indices)
+    perm = dims + [d for d in range(rank(self)) if d not in dims]
+    moved = _transpose(ctx, self, perm)
+    stacked = _stacked(ctx, indices, tensors)
+    index_rank, position = _index_layout(indices)
+    if position:
+        values = _index_dims_first(ctx, values, position, index_rank, rank(self) - dims[-1] - 1)
+    shape = ctx.op.Concat(ctx.op.Shape(stacked, end=-1), ctx.op.Shape(moved, start=len(dims)), axis=0)
+    updates = ctx.op.Expand(values, shape)
+    written = _reduced(ctx, "ScatterND", moved, stacked, updates, "add" if accumulate else "none")
+    return _transpose(ctx, written, _inverse(perm))
+
+
+def _index_dims_first(ctx, values, position: int, index_rank: int, trailing: int) -> ir.Value:
+    """``values``, laid out like ``self[indices]`` with the index's dims at ``position``, with
+    those dims moved to the front."""
+    total = position + index_rank + trailing
+    if rank(values) < total:
+        values = ctx.op.Unsqueeze(values, ints(ctx, range(total - rank(values))))
+    perm = [*range(position, position + index_rank), *range(position), *range(position + index_rank, total)]
+    return ctx.op.Transpose(values, perm=perm)
+
+
+@translates(aten.masked_fill.Scalar, aten.masked_fill.Tensor, promote=Promote.RESULT, promoted=("value",))
+def masked_fill(ctx, self, mask, value):
+    return ctx.op.Where(mask, value, self)
+
+
+# -- scatters ---------------------------------------------------------------------------------
+
+
+def _scatter(ctx, self, dim, index, src, reduction: str) -> ir.Value:
+    if src.shape != index.shape:
+        # PyTorch reads only the leading index-shaped block of a larger src.
+        zeros = ints(ctx, [0] * rank(index))
+        src = ctx.op.Slice(src, zeros, ctx.op.Shape(index))
+    return _reduced(ctx, "ScatterElements", self, index, src, reduction, axis=normalize_dim(dim, rank(self)))
+
+
+def _reduced(ctx, op_type: str, self, index, updates, reduction: str, **attributes) -> ir.Value:
+    """A ScatterND/ScatterElements; reductions run in float for 16-bit floats, which
+    onnxruntime's CPU kernels only scatter with reduction "none"."""
+    dtype = self.dtype
+    if reduction != "none" and dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        dtype = ir.DataType.FLOAT
+    scatter = getattr(ctx.op, op_type)
+    result = scatter(cast(ctx, self, dtype), index, cast(ctx, updates, dtype), reduction=reduction, **attributes)
+    return cast(ctx, result, self.dtype)
+
+
+@translates(aten.scatter.src)
+def scatter(ctx, self, dim, index, src):
+    return _scatter(ctx, self, dim, index, src, "none")
+
+
+@translates(aten.scatter.value, promote=Promote.RESULT, promoted=("value",))
+def scatter_value(ctx, self, dim, index, value):
+    src = ctx.op.Expand(value, ctx.op.Shape(index))
+    return ctx.op.ScatterElements(self, index, src, axis=normalize_dim(dim, rank(self)))
+
+
+@translates(aten.scatter_add.default)
+def scatter_add(ctx, self, dim, index, src):
+    return _scatter(ctx, self, dim, index, src, "add")
+
+
+_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+@translates(
+    aten.scatter_reduce.two,
+    checker=lambda node: node.args[4] in _REDUCTIONS and node.kwargs.get("include_self", True),
+)
+def scatter_reduce(ctx, self, dim, index, src, reduce, *, include_self=True):
+    return _scatter(ctx, self, dim, index, src, _REDUCTIONS[reduce])
+
+
+@translates(aten.slice_scatter.default)
+def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
+    dim = normalize_dim(dim, rank(self))
+    if start in (None, 0) and step == 1 and src.shape == self.shape:
+        return cast(ctx, src, self.dtype)
+    first = _slice_start(ctx, self, dim, start)
+    zero, one = ctx.constant(0, _INT64), ctx.constant(1, _INT64)
+    offsets = ctx.op.Range(zero, scalar(ctx, size_of(ctx, src, dim), _INT64), one)
+    positions = ctx.op.Add(first, ctx.op.Mul(offsets, scalar(ctx, step, _INT64)))
+    along = [1] * rank(self)
+    along[dim] = -1
+    index = ctx.op.Expand(ctx.op.Reshape(positions, ints(ctx, along)), ctx.op.Shape(src))
+    return ctx.op.ScatterElements(self, index, cast(ctx, src, self.dtype), axis=dim)
+
+
+def _slice_start(ctx, self, dim: int, start) -> ir.Value:
+    """The first position a slice starting at ``start`` reads, clamped like PyTorch's."""
+    if start is None:
+        start = 0
+    if isinstance(start, ir.Value) or start >= 0:
+        return scalar(ctx, start, _INT64)
+    size = self.shape[dim]
+    if isinstance(size, int):
+        return ctx.constant(max(start + size, 0), _INT64)
+    from_end = ctx.op.Add(ctx.sym_size(self, dim), ctx.constant(start, _INT64))
+    return ctx.op.Max(from_end, ctx.constant(0, _INT64))
+
+
+@translates(aten.select_scatter.default)
+def select_scatter(ctx, self, src, dim, index):
+    dim = normalize_dim(dim, rank(self))
+    updates = ctx.op.Unsqueeze(cast(ctx, src, self.dtype), ints(ctx, [dim]))
+    # ScatterElements counts negative positions from the end, as select does.
+    positions = ctx.op.Expand(scalar(ctx, index, _INT64), ctx.op.Shape(updates))
+    return ctx.op.ScatterElements(self, positions, updates, axis=dim)
+
+
+# -- moving elements --------------------------------------------------------------------------
+
+
+@translates(aten.tril.default)
+def tril(ctx, self, diagonal=0):
+    return ctx.op.Trilu(self, scalar(ctx, diagonal, _INT64), upper=0)
+
+
+@translates(aten.triu.default)
+def triu(ctx, self, diagonal=0):
+    return ctx.op.Trilu(self, scalar(ctx, diagonal, _INT64), upper=1)
+
+
+@translates(aten.repeat.default)
+def repeat(ctx, self, repeats):
+    extra = len(repeats) - rank(self)
+    if extra:
+        self = ctx.op.Unsqueeze(self, ints(ctx, range(extra)))
+    return ctx.op.Tile(self, shape_tensor(ctx, repeats))
+
+
+@translates(aten.roll.default)
+def roll(ctx, self, shifts, dims=()):
+    if not dims:
+        # Without dims, roll shifts the flattened tensor.
+        numel = ctx.out.numel()
+        size = numel if isinstance(numel, int) else ctx.op.Size(self)
+        flat = _roll(ctx, ctx.op.Reshape(self, ints(ctx, [-1])), shifts[0], 0, size)
+        return ctx.op.Reshape(flat, ctx.op.Shape(self))
+    rolled = self
+    for shift, dim in zip(shifts, dims):
+        dim = normalize_dim(dim, rank(self))
+        rolled = _roll(ctx, rolled, shift, dim, size_of(ctx, self, dim))
+    return rolled
+
+
+def _roll(ctx, x, shift, dim: int, size) -> ir.Value:
+    if isinstance(shift, int) and isinstance(size, int):
+        if size == 0 or shift % size == 0:
+            return x
+        split = ints(ctx, [size - shift % size])
+    else:
+        size = scalar(ctx, size, _INT64)
+        split = shape_tensor(ctx, [ctx.op.Sub(size, ctx.op.Mod(scalar(ctx, shift, _INT64), size))])
+    axis = ints(ctx, [dim])
+    tail = ctx.op.Slice(x, split, ints(ctx, [2**63 - 1]), axis)
+    head = ctx.op.Slice(x, ints(ctx, [0]), split, axis)
+    return ctx.op.Concat(tail, head, axis=dim)
+
+
+@translates(aten.flip.default)
+def flip(ctx, self, dims):
+    dims = [normalize_dim(d, rank(self)) for d in dims]
+    if not dims:
+        return self
+    count = len(dims)
+    # Stepping back from the last element to before the first reverses each dim.
+    starts, ends = ints(ctx, [-1] * count), ints(ctx, [-(2**63)] * count)
+    return ctx.op.Slice(self, starts, ends, ints(ctx, dims), ints(ctx, [-1] * count))

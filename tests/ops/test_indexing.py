@@ -1,0 +1,352 @@
+"""Indexing rules (gathers, advanced indexing and index_put, scatters, masked_fill, tril/triu,
+repeat, roll, flip) against onnxruntime."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dynexport
+from tests.equivalence import assert_exports_equivalent, op_histogram
+
+B = torch.export.Dim("batch", min=2)
+COLUMNS = torch.export.Dim("columns", min=4)
+aten = torch.ops.aten
+DTYPES = [torch.float32, torch.float16, torch.float64, torch.int64, torch.int32]
+
+
+def _dynamic_check(fn, inputs, batched, **options):
+    """Export with a dynamic first dim on the ``batched`` inputs; check a larger and a smaller batch."""
+    def resize(factor):
+        return tuple(
+            (torch.cat([t] * factor) if factor > 1 else t[:2]) if b else t for t, b in zip(inputs, batched)
+        )
+
+    dynamic = tuple({0: B} if b else None for b in batched)
+    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resize(3), resize(1)], **options)
+
+
+def _data(dtype, *shape):
+    return (torch.randn(shape) * 10).to(dtype)
+
+
+# -- lookups and gathers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_embedding_with_dynamic_token_batch(dtype, index_dtype):
+    weight = _data(dtype, 10, 4)
+    tokens = torch.tensor([[1, 2, 9], [0, 0, 5], [3, 4, 4]], dtype=index_dtype)
+    program = _dynamic_check(lambda w, t: F.embedding(t, w, padding_idx=0), (weight, tokens), (False, True))
+    assert op_histogram(program)["Gather"] == 1
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_select(dim):
+    x = torch.randn(4, 5)
+    _dynamic_check(
+        lambda x: (x.index_select(dim, torch.tensor([1, 0, 1, 1])), x.index_select(dim, torch.tensor(1))),
+        (x,), (True,),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_gather(dtype, dim):
+    x = _data(dtype, 3, 4)
+    index = torch.tensor([[0, 1], [1, 1], [1, 0]])
+    _dynamic_check(lambda x, i: torch.gather(x, dim, i), (x, index), (True, True))
+
+
+def test_gather_with_index_smaller_than_input():
+    index = torch.tensor([[5, 0], [1, 3]])
+    _dynamic_check(lambda x, i: torch.gather(x, 1, i), (torch.randn(4, 6), index), (True, False))
+
+
+# -- advanced indexing ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, i: x[i],
+        lambda x, i: x[:, i],
+        lambda x, i: x[..., i],
+        lambda x, i: x[i.view(2, 2)],
+        lambda x, i: x[:, i.view(2, 2), 1:],
+        lambda x, i: x[i, i],
+        lambda x, i: x[:, i, i],
+        lambda x, i: x[i, :, i],
+        lambda x, i: x[i.view(4, 1), i[:3]],
+        lambda x, i: x[:, i.view(4, 1), i[:3]],
+        lambda x, i: x[1:, i.view(4, 1)][..., i[:2]],
+        lambda x, i: x[i, 1],
+        lambda x, i: x[:, 2, i],
+    ],
+    ids=["first", "second", "last", "2d_index", "2d_index_middle", "pair_front", "pair_middle",
+         "split_pair", "broadcast_front", "broadcast_middle", "two_steps", "tensor_and_int",
+         "int_and_tensor_middle"],
+)
+def test_index_tensor_with_negative_indices(fn, dtype):
+    x = _data(dtype, 4, 4, 3) if dtype is not torch.bool else torch.randn(4, 4, 3) > 0
+    i = torch.tensor([1, -1, 0, -3])
+    assert_exports_equivalent(fn, (x, i), dynamic_shapes=({1: COLUMNS}, None), resized=[(torch.cat([x] * 2, 1), i)])
+
+
+def test_index_tensor_with_dynamic_index_length():
+    x = torch.randn(5, 6)
+    i = torch.tensor([0, 4, -2])
+    j = torch.tensor([1, 5, -6])
+    assert_exports_equivalent(
+        lambda x, i, j: (x[i, j], x[:, j], x[i]),
+        (x, i, j),
+        dynamic_shapes=(None, {0: B}, {0: B}),
+        resized=[(x, torch.tensor([4, 3, 2, 1, 0, -1]), torch.tensor([0, 1, 2, 3, 4, 5])), (x, i[:2], j[:2])],
+    )
+
+
+def test_unsafe_index_and_index_put():
+    x = torch.randn(3, 4, 5)
+    i = torch.tensor([3, 0, -1])
+    _dynamic_check(
+        lambda x, i: (
+            aten._unsafe_index(x, [None, i.view(3, 1), i[:2]]),
+            aten._unsafe_index(x, [None, i]),
+            aten._unsafe_index_put(x, [None, i], torch.tensor(2.0), True),
+        ),
+        (x, i), (True, False),
+    )
+
+
+def test_boolean_mask_index_is_declined():
+    with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="aten.index.Tensor"):
+        dynexport.export(lambda x: x[x > 0], (torch.randn(3, 4),))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize(
+    "indices, values_shape",
+    [
+        (lambda i: [i], (3, 5, 3)),
+        (lambda i: [i], (5, 1)),
+        (lambda i: [i], ()),
+        (lambda i: [None, i], (4, 3, 3)),
+        (lambda i: [None, i], (3, 1)),
+        (lambda i: [i, i + 1], (3, 3)),
+        (lambda i: [i, None, i.view(3, 1)], (3, 3, 5)),
+        (lambda i: [i, None, i.view(3, 1)], (5,)),
+        (lambda i: [None, i, i + 1], (4, 3)),
+        (lambda i: [None, i.view(3, 1), i[:2]], (2,)),
+        (lambda i: [None, None, i[1:].abs()], (4, 1, 2)),
+    ],
+    ids=["rows", "rows_broadcast", "scalar", "columns", "columns_broadcast", "pairs", "split",
+         "split_broadcast", "middle", "middle_broadcast", "last"],
+)
+def test_index_put(indices, values_shape, accumulate, dtype):
+    x = _data(dtype, 4, 5, 3)
+    i = torch.tensor([0, -2, 1])
+    v = _data(dtype, *values_shape)
+    assert_exports_equivalent(lambda x, i, v: torch.ops.aten.index_put(x, indices(i), v, accumulate), (x, i, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_index_put_accumulates_duplicates(dtype):
+    x = _data(dtype, 4, 3)
+    i = torch.tensor([0, 2, 0, -4, 1])
+    v = _data(dtype, 5, 3)
+    _dynamic_check(lambda x, i, v: x.index_put((i,), v, accumulate=True), (x, i, v), (False, True, True))
+
+
+def test_setitem_with_dynamic_batch():
+    def fn(x, i, v, w):
+        x = x.clone()
+        x[i] = v
+        x[:, i] = 0.5
+        x[x > 1] = w
+        x[:, 1, 1:] = -7.0
+        return x
+
+    x = torch.randn(3, 5, 4)
+    i = torch.tensor([1, -1])
+    _dynamic_check(fn, (x, i, torch.randn(2, 5, 4), torch.tensor(3.0)), (True, False, False, False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize(
+    "indices, values_shape",
+    [
+        (lambda m, c: [m], ()),
+        (lambda m, c: [None, c], (2,)),
+        (lambda m, c: [m[:, :, 0]], (2,)),
+        (lambda m, c: [m[:, 0, 0], torch.tensor([3])], ()),
+    ],
+    ids=["full_mask", "column_mask", "leading_mask", "mask_and_tensor"],
+)
+def test_index_put_with_boolean_masks(indices, values_shape, dtype):
+    x = _data(dtype, 4, 5, 2)
+    mask = x > 0
+    columns = torch.tensor([True, False, True, True, False])
+    values = _data(dtype, *values_shape)
+
+    def fn(x, m, c, v):
+        return torch.ops.aten.index_put(x, indices(m, c), v), torch.ops.aten.index_put(x, indices(m, c), v, True)
+
+    _dynamic_check(fn, (x, mask, columns, values), (True, True, False, False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
+def test_masked_fill(dtype):
+    x = _data(dtype, 3, 4) if dtype is not torch.bool else torch.randn(3, 4) > 0
+    mask = torch.randn(3, 4) > 0
+    row_mask = torch.tensor([True, False, False, True])
+    _dynamic_check(
+        lambda x, m, r: (
+            x.masked_fill(m, 1), x.masked_fill(r, 0), x.masked_fill(m, x[0, 0]), x.masked_fill(~m, torch.tensor(2.0))
+        ),
+        (x, mask, row_mask), (True, True, False),
+    )
+
+
+def test_masked_fill_with_infinities_in_half():
+    x = torch.randn(2, 3, dtype=torch.float16)
+    _dynamic_check(lambda x: x.masked_fill(x > 0, float("-inf")), (x,), (True,))
+
+
+# -- scatters ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_src_value_and_add(dtype, dim):
+    x = _data(dtype, 3, 4)
+    index = torch.tensor([[0, 2], [1, 0], [2, 1]]) if dim == 0 else torch.tensor([[0, -1], [2, 1], [3, 3]])
+    index = index.clamp(min=0)
+    src = _data(dtype, 3, 2)
+    _dynamic_check(
+        lambda x, i, s: (x.scatter(dim, i, s), x.scatter(dim, i, 5), x.scatter_add(dim, i, s)),
+        (x, index, src), (False, False, False),
+    )
+
+
+def test_scatter_with_dynamic_rows_and_larger_src():
+    x = torch.zeros(3, 6)
+    index = torch.tensor([[5, 1], [0, 2], [3, 3]])
+    src = torch.randn(3, 4)
+    _dynamic_check(lambda x, i, s: (x.scatter(1, i, s), x.scatter_add(1, i, s)), (x, index, src), (True, True, True))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
+def test_scatter_reduce(reduce):
+    x = torch.randn(3, 5)
+    index = torch.tensor([[0, 1, 0, 4], [2, 2, 2, 2], [1, 3, 1, 0]])
+    src = torch.randn(3, 4)
+    _dynamic_check(lambda x, i, s: x.scatter_reduce(1, i, s, reduce), (x, index, src), (True, True, True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize(
+    "target",
+    [
+        lambda x: x[:, 1],
+        lambda x: x[:, -1],
+        lambda x: x[1],
+        lambda x: x[:, 1:3],
+        lambda x: x[:, -3:],
+        lambda x: x[:, ::2],
+        lambda x: x[:, 1:-1:2],
+        lambda x: x[:, :, 1],
+        lambda x: x[:, 3:10],
+    ],
+    ids=["select", "select_negative", "select_batch", "slice", "slice_negative", "slice_step",
+         "slice_step_bounds", "select_last", "slice_clamped"],
+)
+def test_functionalized_slice_and_select_assignment(target, dtype):
+    def fn(x, y):
+        x = x.clone()
+        view = target(x)
+        view.copy_(view * 3 - 1)
+        x[:, 0] = y
+        return x
+
+    _dynamic_check(fn, (_data(dtype, 3, 5, 2), _data(dtype, 3, 2)), (True, True))
+
+
+def test_functionalized_slice_fill():
+    def fn(x):
+        x = x.clone()
+        x[:, 1:3] = 2.0
+        x[-1] = 1.0
+        return x
+
+    _dynamic_check(fn, (torch.randn(3, 4),), (True,))
+
+
+def test_slice_scatter_and_select_scatter_ops():
+    x = torch.randn(4, 6)
+    _dynamic_check(
+        lambda x, s, r: (
+            torch.slice_scatter(x, s, 1, 1, 5, 2),
+            torch.slice_scatter(x, s, 1, -5, -1, 2),
+            torch.slice_scatter(x, s[:, :1], 1, 9 - 10, None),
+            torch.select_scatter(x, r, 1, -2),
+            torch.select_scatter(x, s[:, 0], 1, 0),
+            torch.slice_scatter(x, x * 2),
+        ),
+        (x, torch.randn(4, 2), torch.randn(4)), (True, True, True),
+    )
+
+
+# -- moving elements --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
+@pytest.mark.parametrize("diagonal", [0, 1, -2])
+def test_tril_triu(dtype, diagonal):
+    x = _data(dtype, 2, 4, 5) if dtype is not torch.bool else torch.randn(2, 4, 5) > -1
+    _dynamic_check(lambda x: (x.tril(diagonal), x.triu(diagonal)), (x,), (True,))
+
+
+def test_triu_with_symbolic_diagonal():
+    _dynamic_check(lambda x: torch.ones(5, 6).triu(x.shape[0]) + x.sum(), (torch.randn(2, 3),), (True,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_repeat(dtype):
+    x = _data(dtype, 2, 3) if dtype is not torch.bool else torch.randn(2, 3) > 0
+    _dynamic_check(
+        lambda x: (
+            x.repeat(2, 1), x.repeat(1, 1, 3), x.repeat(2, 3, 1, 2), x.repeat(x.shape[0], 1), x[0, 0].repeat(3)
+        ),
+        (x,), (True,),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_roll(dtype):
+    x = _data(dtype, 4, 5)
+    _dynamic_check(
+        lambda x: (x.roll(1, 0), x.roll(-2, 1), x.roll(7, -1), x.roll((1, 3), (0, 1)), x.roll(3), x.roll(5, 1),
+                   x.roll(x.shape[0], 1)),
+        (x,), (True,),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_flip(dtype):
+    x = _data(dtype, 3, 4, 2) if dtype is not torch.bool else torch.randn(3, 4, 2) > 0
+    _dynamic_check(lambda x: (x.flip(0), x.flip(-1), x.flip((0, 2)), x.flip(1, 0, 2)), (x,), (True,))
+
+
+@pytest.mark.parametrize("opset", [18, 19, 21, 22, 23])
+def test_indexing_across_opsets(opset):
+    x = torch.randn(4, 5)
+    i = torch.tensor([0, -1, 1])
+    _dynamic_check(
+        lambda x, i: (x[:, i], x[i, i], x.index_put((i,), torch.tensor(1.0)), x.masked_fill(x > 0, 0),
+                      x.tril(), x.roll(1, 0), x.flip(1), x.scatter(1, i.abs().view(1, 3).expand(x.shape[0], 3), 2.0)),
+        (x, i), (True, False), opset_version=opset,
+    )
