@@ -18,7 +18,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim
 from torch.export.graph_signature import (
-    ConstantArgument,
     InputKind,
     OutputKind,
     SymBoolArgument,

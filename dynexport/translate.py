@@ -92,7 +92,9 @@ class TranslationContext:
 
     def sym_size(self, x: ir.Value, dim: int) -> ir.Value:
         """Size of ``x`` along ``dim`` as an int64 scalar."""
-        return self.op.Squeeze(self.op.Shape(x, start=dim, end=dim + 1 if dim != -1 else None))
+        size = self.op.Shape(x, start=dim, end=dim + 1 if dim != -1 else None)
+        size.shape = ir.Shape([1])
+        return self.op.Squeeze(size)
 
 
 def _symbolic_dtype(val: Any) -> ir.DataType:
@@ -101,7 +103,8 @@ def _symbolic_dtype(val: Any) -> ir.DataType:
     if isinstance(val, (int, torch.SymInt)):
         return ir.DataType.INT64
     if isinstance(val, (float, torch.SymFloat)):
-        return ir.DataType.FLOAT
+        # Python floats are doubles, and so is SymFloat arithmetic in PyTorch.
+        return ir.DataType.DOUBLE
     raise TypeError(f"no ONNX type for {type(val).__name__} value {val!r}")
 
 
@@ -335,7 +338,11 @@ def _result_type(vals: Sequence[Any]) -> torch.dtype:
 
 def _cast_to(ctx: TranslationContext, value: Any, dtype: ir.DataType) -> Any:
     if isinstance(value, ir.Value):
-        return value if value.dtype == dtype else ctx.op.Cast(value, to=dtype)
+        if value.dtype == dtype:
+            return value
+        result = ctx.op.Cast(value, to=dtype)
+        result.shape = value.shape
+        return result
     if isinstance(value, (int, float, bool)):
         return ctx.constant(value, dtype)
     return value

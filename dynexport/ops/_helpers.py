@@ -15,6 +15,7 @@ import torch
 from dynexport.dtypes import FLOATING
 
 __all__ = [
+    "argument",
     "cast",
     "ints",
     "is_floating",
@@ -22,6 +23,7 @@ __all__ = [
     "normalize_dims",
     "only_first_output_used",
     "rank",
+    "scalar",
     "scalar_like",
     "shape_tensor",
     "size_of",
@@ -69,6 +71,24 @@ def cast(ctx, x: ir.Value, dtype: ir.DataType) -> ir.Value:
     result = ctx.op.Cast(x, to=dtype)
     result.shape = x.shape
     return result
+
+
+def scalar(ctx, value: int | float | bool | ir.Value, dtype: ir.DataType) -> ir.Value:
+    """A Python number, or an ONNX scalar (a SymInt, a promoted argument), as ``dtype``."""
+    if isinstance(value, ir.Value):
+        return cast(ctx, value, dtype)
+    return ctx.constant(value, dtype)
+
+
+def argument(node: torch.fx.Node, name: str):
+    """The value ``node`` passes for its schema argument ``name`` (positionally, by keyword or
+    by default): for checkers, which see FX nodes."""
+    for position, schema_argument in enumerate(node.target._schema.arguments):
+        if schema_argument.name == name:
+            if not schema_argument.kwarg_only and position < len(node.args):
+                return node.args[position]
+            return node.kwargs.get(name, schema_argument.default_value)
+    raise KeyError(name)
 
 
 def only_first_output_used(node: torch.fx.Node) -> bool:

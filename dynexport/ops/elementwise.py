@@ -7,7 +7,7 @@ import math
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, is_floating, scalar_like
+from dynexport.ops._helpers import cast, is_floating, scalar, scalar_like
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -52,7 +52,7 @@ def div(ctx, self, other):
 @translates(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(ctx, self, other, *, rounding_mode=None):
     dtype = ctx.out_dtype
-    self, other = _to(ctx, self, dtype), _to(ctx, other, dtype)
+    self, other = scalar(ctx, self, dtype), scalar(ctx, other, dtype)
     if rounding_mode is None:
         return ctx.op.Div(self, other)
     if rounding_mode == "floor":
@@ -83,12 +83,6 @@ def _floor_divide(ctx, self, other):
 def _trunc(ctx, x):
     # Trunc is not an ONNX op: floor the magnitude and restore the sign.
     return ctx.op.Mul(ctx.op.Sign(x), ctx.op.Floor(ctx.op.Abs(x)))
-
-
-def _to(ctx, x, dtype):
-    if isinstance(x, ir.Value):
-        return cast(ctx, x, dtype)
-    return ctx.constant(x, dtype)
 
 
 @translates(aten.remainder.Tensor, aten.remainder.Scalar, promote=Promote.RESULT)

@@ -1,4 +1,4 @@
-"""SymInt, SymFloat and SymBool arithmetic: int64 (or float, bool) scalar shape computations."""
+"""SymInt, SymFloat and SymBool arithmetic: int64, double and bool scalar shape computations."""
 
 from __future__ import annotations
 
@@ -8,16 +8,10 @@ import operator
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, shape_tensor
+from dynexport.ops._helpers import cast, scalar, shape_tensor
 from dynexport.registry import translates
 
 aten = torch.ops.aten
-
-
-def _scalar(ctx, x, dtype):
-    if isinstance(x, ir.Value):
-        return cast(ctx, x, dtype)
-    return ctx.constant(x, dtype)
 
 
 @translates(operator.getitem)
@@ -39,7 +33,7 @@ def sym_numel(ctx, self):
 def _binary(onnx_op: str):
     def rule(ctx, a, b):
         dtype = ctx.out_dtype
-        return getattr(ctx.op, onnx_op)(_scalar(ctx, a, dtype), _scalar(ctx, b, dtype))
+        return getattr(ctx.op, onnx_op)(scalar(ctx, a, dtype), scalar(ctx, b, dtype))
 
     rule.__name__ = rule.__qualname__ = f"sym_{onnx_op.lower()}"
     return rule
@@ -57,7 +51,7 @@ translates(torch.sym_min)(_binary("Min"))
 @translates(operator.floordiv)
 def sym_floordiv(ctx, a, b):
     dtype = ctx.out_dtype
-    a, b = _scalar(ctx, a, dtype), _scalar(ctx, b, dtype)
+    a, b = scalar(ctx, a, dtype), scalar(ctx, b, dtype)
     if dtype == ir.DataType.INT64:
         # Python floor division; ONNX Div truncates toward zero.
         quotient = ctx.op.Div(a, b)
@@ -71,7 +65,7 @@ def sym_floordiv(ctx, a, b):
 @translates(operator.mod)
 def sym_mod(ctx, a, b):
     dtype = ctx.out_dtype
-    return ctx.op.Mod(_scalar(ctx, a, dtype), _scalar(ctx, b, dtype), fmod=0 if dtype == ir.DataType.INT64 else 1)
+    return ctx.op.Mod(scalar(ctx, a, dtype), scalar(ctx, b, dtype), fmod=0 if dtype == ir.DataType.INT64 else 1)
 
 
 @translates(operator.neg)
@@ -81,10 +75,10 @@ def sym_neg(ctx, a):
 
 def _compare(onnx_op: str, negate: bool = False):
     def rule(ctx, a, b):
-        dtype = ir.DataType.FLOAT if any(
-            isinstance(v, float) or (isinstance(v, ir.Value) and v.dtype == ir.DataType.FLOAT) for v in (a, b)
+        dtype = ir.DataType.DOUBLE if any(
+            isinstance(v, float) or (isinstance(v, ir.Value) and v.dtype == ir.DataType.DOUBLE) for v in (a, b)
         ) else ir.DataType.INT64
-        result = getattr(ctx.op, onnx_op)(_scalar(ctx, a, dtype), _scalar(ctx, b, dtype))
+        result = getattr(ctx.op, onnx_op)(scalar(ctx, a, dtype), scalar(ctx, b, dtype))
         return ctx.op.Not(result) if negate else result
 
     rule.__name__ = rule.__qualname__ = f"sym_{onnx_op.lower()}"
@@ -116,7 +110,7 @@ def sym_or(ctx, a, b):
 
 @translates(torch.sym_float)
 def sym_float(ctx, a):
-    return _scalar(ctx, a, ir.DataType.FLOAT)
+    return scalar(ctx, a, ir.DataType.DOUBLE)
 
 
 @translates(torch.sym_int)
@@ -138,12 +132,12 @@ def sym_round(ctx, a):
 
 @translates(math.sqrt)
 def sym_sqrt(ctx, a):
-    return ctx.op.Sqrt(_scalar(ctx, a, ir.DataType.FLOAT))
+    return ctx.op.Sqrt(scalar(ctx, a, ir.DataType.DOUBLE))
 
 
 @translates(aten.scalar_tensor.default)
 def scalar_tensor(ctx, s, *, dtype=None):
-    return _scalar(ctx, s, ctx.out_dtype)
+    return scalar(ctx, s, ctx.out_dtype)
 
 
 @translates(aten._local_scalar_dense.default)
