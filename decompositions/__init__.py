@@ -13,6 +13,7 @@ decomposition in torch but map to a single ONNX operator, so the table translate
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -150,14 +151,20 @@ def trace_decomposition(
             [next(values) if isinstance(leaf, torch.fx.Node) else leaf for leaf in flat], spec
         )
         result = fn(*args, **kwargs)
+        if result is NotImplemented:
+            raise _Declined
         # torch.return_types named tuples would be traced as a call; plain tuples are outputs.
         return tuple(result) if isinstance(result, tuple) else result
 
     examples = [leaf.meta["val"] for leaf in leaves]
     tracer = make_fx(run, decomposition_table=table)
-    if fake_mode is None:
-        module = tracer(*examples)
-    else:
-        with fake_mode:
+    try:
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
             module = tracer(*examples)
+    except _Declined:
+        return None
     return Decomposition(module.graph, leaves)
+
+
+class _Declined(Exception):
+    """A decomposition returned NotImplemented for these arguments (e.g. uneven pooling bins)."""

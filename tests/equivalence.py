@@ -19,7 +19,17 @@ import torch.utils._pytree as pytree
 
 import dynexport
 
-__all__ = ["assert_close", "assert_exports_equivalent", "op_histogram", "run_reference", "tolerance"]
+__all__ = [
+    "BATCH",
+    "assert_batch_dynamic_equivalent",
+    "assert_close",
+    "assert_exports_equivalent",
+    "op_histogram",
+    "run_reference",
+    "tolerance",
+]
+
+BATCH = torch.export.Dim("batch")
 
 _TOLERANCES = {
     torch.float64: (1e-7, 1e-7),
@@ -143,3 +153,27 @@ def assert_exports_equivalent(
         actual = run(*call_args, **call_kwargs)
         assert_close(actual, expected, rtol=rtol, atol=atol, where="example inputs" if index == 0 else f"resized inputs #{index}")
     return program
+
+
+def assert_batch_dynamic_equivalent(
+    fn: Any,
+    *inputs: torch.Tensor,
+    batched: Sequence[bool] | None = None,
+    smaller: bool = False,
+    dim: Any = BATCH,
+    **options: Any,
+) -> dynexport.ONNXProgram:
+    """:func:`assert_exports_equivalent` with the first dim of the ``batched`` inputs dynamic
+    (``dim``; by default, those inputs whose first dim equals the first input's), checked again
+    at three times that batch (and, with ``smaller``, at its first two rows)."""
+    if batched is None:
+        batched = [t.dim() > 0 and t.shape[0] == inputs[0].shape[0] for t in inputs]
+
+    def resize(grow: bool) -> tuple:
+        return tuple(
+            (torch.cat([t, t.flip(0), t]) if grow else t[:2]) if b else t for t, b in zip(inputs, batched)
+        )
+
+    dynamic = tuple({0: dim} if b else None for b in batched)
+    resized = [resize(True), resize(False)] if smaller else [resize(True)]
+    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=resized, **options)

@@ -7,7 +7,8 @@ int64 scalars (SymInts); :func:`shape_tensor` turns it into the 1-D int64 tensor
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import onnx_ir as ir
 import torch
@@ -17,12 +18,15 @@ from dynexport.dtypes import FLOATING
 __all__ = [
     "argument",
     "cast",
+    "floating_input",
     "ints",
     "is_floating",
     "normalize_dim",
     "normalize_dims",
     "only_first_output_used",
+    "per_dim",
     "rank",
+    "run_batched",
     "scalar",
     "scalar_like",
     "shape_tensor",
@@ -132,3 +136,35 @@ def size_of(ctx, x: ir.Value, dim: int) -> int | ir.Value:
     if isinstance(size, int):
         return size
     return ctx.sym_size(x, dim)
+
+
+def per_dim(value: int | Sequence[int], n: int) -> list[int]:
+    """An ``int[n]`` schema argument as n ints (PyTorch repeats a single value)."""
+    values = [value] if isinstance(value, int) else list(value)
+    return values * n if len(values) == 1 else values
+
+
+def run_batched(ctx, x: ir.Value, spatial_rank: int, compute: Callable[[ir.Value], Any]) -> Any:
+    """``compute(x)``, where ``compute`` emits ONNX ops that need batch and channel dims.
+
+    PyTorch also takes inputs without a batch dim. Conv, ConvTranspose and the pooling ops take
+    bfloat16 only from opset 22; before it they compute in float32. ``compute`` returns a value or
+    a list of values; the (first) value is cast back to ``x``'s dtype.
+    """
+    dtype = x.dtype
+    unbatched = rank(x) == spatial_rank + 1
+    if unbatched:
+        x = ctx.op.Unsqueeze(x, ints(ctx, [0]))
+    if dtype == ir.DataType.BFLOAT16 and ctx.opset < 22:
+        x = ctx.op.Cast(x, to=ir.DataType.FLOAT)
+    results = compute(x)
+    values = [results] if isinstance(results, ir.Value) else list(results)
+    values[0] = cast(ctx, values[0], dtype)
+    if unbatched:
+        values = [ctx.op.Squeeze(v, ints(ctx, [0])) for v in values]
+    return values[0] if isinstance(results, ir.Value) else values
+
+
+def floating_input(node: torch.fx.Node) -> bool:
+    """Whether the node's first argument is floating point, as ONNX Conv and the pooling ops need."""
+    return node.args[0].meta["val"].dtype.is_floating_point

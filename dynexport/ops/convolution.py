@@ -1,1 +1,74 @@
-"""(rules arrive with this family's work)"""
+"""Convolutions and transposed convolutions: ONNX Conv and ConvTranspose."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dynexport.ops._helpers import cast, floating_input, per_dim, rank, run_batched
+from dynexport.registry import translates
+
+aten = torch.ops.aten
+
+
+def _pads(padding: str | int | Sequence[int], kernel: Sequence[int], dilation: list[int]) -> list[int]:
+    n = len(kernel)
+    if padding == "valid":
+        return [0] * 2 * n
+    if padding == "same":
+        # An odd total padding puts the extra element at the end, as PyTorch does.
+        total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        begin = [t // 2 for t in total]
+        return begin + [t - b for t, b in zip(total, begin)]
+    return per_dim(padding, n) * 2
+
+
+@translates(aten.convolution.default, checker=floating_input)
+def convolution(ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    n = rank(weight) - 2
+    dilations = per_dim(dilation, n)
+    attributes = dict(
+        strides=per_dim(stride, n),
+        pads=_pads(padding, list(weight.shape)[2:], dilations),
+        dilations=dilations,
+        group=groups,
+    )
+
+    def compute(x):
+        w = cast(ctx, weight, x.dtype)
+        b = None if bias is None else cast(ctx, bias, x.dtype)
+        if transposed:
+            return ctx.op.ConvTranspose(x, w, b, output_padding=per_dim(output_padding, n), **attributes)
+        return ctx.op.Conv(x, w, b, **attributes)
+
+    return run_batched(ctx, input, n, compute)
+
+
+@translates(aten._convolution.default, checker=floating_input)
+def _convolution(
+    ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *backend_flags
+):
+    # benchmark, deterministic, cudnn_enabled and allow_tf32 only choose among kernels.
+    return convolution(
+        ctx, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+    )
+
+
+@translates(
+    aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
+    aten.conv1d.padding, aten.conv2d.padding, aten.conv3d.padding,
+    checker=floating_input,
+)
+def conv(ctx, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return convolution(ctx, input, weight, bias, stride, padding, dilation, False, 0, groups)
+
+
+@translates(
+    aten.conv_transpose1d.default, aten.conv_transpose2d.input, aten.conv_transpose3d.input,
+    checker=floating_input,
+)
+def conv_transpose(
+    ctx, input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1
+):
+    return convolution(ctx, input, weight, bias, stride, padding, dilation, True, output_padding, groups)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import dynexport
-from tests.equivalence import assert_close, assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_batch_dynamic_equivalent, assert_close, assert_exports_equivalent, op_histogram
 
 aten = torch.ops.aten
 B = torch.export.Dim("batch")
@@ -20,15 +20,6 @@ FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
 @pytest.fixture(autouse=True)
 def _seeded():
     torch.manual_seed(0)
-
-
-def _dynamic_check(fn, *inputs, **options):
-    """Export with a dynamic first dim at the example size and check a second size too."""
-    batch = inputs[0].shape[0]
-    batched = [t.dim() > 0 and t.shape[0] == batch for t in inputs]
-    resized = tuple(torch.cat([t, t, t], 0) if b else t for t, b in zip(inputs, batched))
-    dynamic = tuple({0: B} if b else None for b in batched)
-    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resized], **options)
 
 
 def _prelu(num_parameters):
@@ -77,21 +68,21 @@ def test_activation_modules(name, dtype):
     if name == "celu" and dtype == torch.float32:
         onnx_op = "Celu"
     x = (torch.randn(2, 4, 6) * 4).to(dtype)
-    program = _dynamic_check(module, x)
+    program = assert_batch_dynamic_equivalent(module, x)
     assert op_histogram(program)[onnx_op] >= 1
 
 
 @pytest.mark.parametrize("opset", [18, 23])
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_activation_modules_at_opset_bounds(name, opset):
-    _dynamic_check(ACTIVATIONS[name][0], torch.randn(2, 4, 6) * 4, opset_version=opset)
+    assert_batch_dynamic_equivalent(ACTIVATIONS[name][0], torch.randn(2, 4, 6) * 4, opset_version=opset)
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_gelu_composed_below_opset_20(approximate, dtype):
     x = (torch.randn(3, 5) * 4).to(dtype)
-    program = _dynamic_check(nn.GELU(approximate=approximate), x, opset_version=18)
+    program = assert_batch_dynamic_equivalent(nn.GELU(approximate=approximate), x, opset_version=18)
     ops = op_histogram(program)
     assert "Gelu" not in ops
     assert ops["Erf" if approximate == "none" else "Tanh"] == 1
@@ -102,29 +93,29 @@ def test_gelu_every_opset(opset):
     def both_modes(x):
         return nn.functional.gelu(x), nn.functional.gelu(x, approximate="tanh")
 
-    program = _dynamic_check(both_modes, torch.randn(2, 7), opset_version=opset)
+    program = assert_batch_dynamic_equivalent(both_modes, torch.randn(2, 7), opset_version=opset)
     assert ("Gelu" in op_histogram(program)) == (opset >= 20)
 
 
 def test_softplus_threshold_boundary():
     # beta * x lands on both sides of the threshold, and exactly on it.
     x = torch.tensor([[-30.0, -1.0, 0.0, 0.74, 0.75, 0.76, 5.0, 40.0]])
-    _dynamic_check(lambda a: (nn.functional.softplus(a, beta=2, threshold=1.5), nn.functional.softplus(a)), x)
+    assert_batch_dynamic_equivalent(lambda a: (nn.functional.softplus(a, beta=2, threshold=1.5), nn.functional.softplus(a)), x)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_elu_scale_and_input_scale(dtype):
     x = (torch.randn(2, 9) * 3).to(dtype)
-    program = _dynamic_check(lambda a: (aten.elu(a, 1.5, 2.0, 0.5), aten.elu(a, 0.3, 1.7)), x)
+    program = assert_batch_dynamic_equivalent(lambda a: (aten.elu(a, 1.5, 2.0, 0.5), aten.elu(a, 0.3, 1.7)), x)
     assert op_histogram(program)["Elu"] == 1
 
 
 def test_log_sigmoid_is_finite_for_large_magnitudes():
-    _dynamic_check(nn.functional.logsigmoid, torch.tensor([[-80.0, -20.0, 0.0, 20.0, 80.0]]))
+    assert_batch_dynamic_equivalent(nn.functional.logsigmoid, torch.tensor([[-80.0, -20.0, 0.0, 20.0, 80.0]]))
 
 
 def test_log_sigmoid_forward_output():
-    program = _dynamic_check(lambda a: aten.log_sigmoid_forward(a)[0], torch.randn(3, 4) * 5)
+    program = assert_batch_dynamic_equivalent(lambda a: aten.log_sigmoid_forward(a)[0], torch.randn(3, 4) * 5)
     assert op_histogram(program)["Softplus"] == 1
 
 
@@ -132,7 +123,7 @@ def test_log_sigmoid_forward_output():
 def test_prelu_kernel_and_prelu_ranks(dtype):
     two_d, three_d = torch.randn(4, 3, dtype=dtype) * 3, torch.randn(4, 3, 5, dtype=dtype) * 3
     weight = torch.tensor([0.25, -0.5, 2.0], dtype=dtype)
-    program = _dynamic_check(
+    program = assert_batch_dynamic_equivalent(
         lambda a, b: (
             torch.prelu(a, weight), torch.prelu(b, weight), aten._prelu_kernel(b, weight.view(3, 1))
         ),
@@ -150,7 +141,7 @@ def test_prelu_on_0d_and_1d_inputs():
 
 def test_nan_propagates_like_pytorch():
     x = torch.tensor([[float("nan"), -2.0, 0.5, 8.0]])
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda a: (
             torch.relu(a), nn.functional.relu6(a), nn.functional.hardtanh(a), nn.functional.threshold(a, 0.0, 5.0)
         ),
@@ -160,7 +151,7 @@ def test_nan_propagates_like_pytorch():
 
 def test_integer_inputs():
     x = torch.arange(-4, 8).reshape(2, 6)
-    program = _dynamic_check(
+    program = assert_batch_dynamic_equivalent(
         lambda a: (
             torch.relu(a), torch.sigmoid(a), nn.functional.threshold(a, 1.5, -7), nn.functional.relu6(a),
             nn.functional.hardtanh(a, -2, 3),
@@ -173,7 +164,7 @@ def test_integer_inputs():
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_softmax_dtype_argument(dtype):
     x = (torch.randn(2, 3, 5) * 3).to(dtype)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda a: (
             nn.functional.softmax(a, -1, dtype=torch.float64),
             nn.functional.log_softmax(a, 1, dtype=torch.float32),
@@ -185,7 +176,7 @@ def test_softmax_dtype_argument(dtype):
 
 def test_core_softmax_overloads():
     x = torch.randn(2, 3, 5) * 3
-    program = _dynamic_check(lambda a: (aten._softmax(a, -1, False), aten._log_softmax(a, 1, False)), x)
+    program = assert_batch_dynamic_equivalent(lambda a: (aten._softmax(a, -1, False), aten._log_softmax(a, 1, False)), x)
     assert op_histogram(program)["Softmax"] == op_histogram(program)["LogSoftmax"] == 1
 
 

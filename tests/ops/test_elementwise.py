@@ -5,20 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.equivalence import assert_exports_equivalent
+from tests.equivalence import assert_batch_dynamic_equivalent
 
-B = torch.export.Dim("batch")
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
 INT_DTYPES = [torch.int32, torch.int64]
-
-
-def _dynamic_check(fn, *inputs, **options):
-    """Export with a dynamic first dim at the example size and check a second size too."""
-    batch = inputs[0].shape[0]
-    batched = [t.dim() > 0 and t.shape[0] == batch for t in inputs]
-    resized = tuple(torch.cat([t, t, t], 0) if b else t for t, b in zip(inputs, batched))
-    dynamic = tuple({0: B} if b else None for b in batched)
-    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resized], **options)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES)
@@ -42,7 +32,7 @@ def _dynamic_check(fn, *inputs, **options):
 def test_arithmetic(fn, dtype):
     x = (torch.randn(2, 3) * 10).to(dtype)
     y = (torch.randn(2, 3) * 10).to(dtype)
-    _dynamic_check(fn, x, y)
+    assert_batch_dynamic_equivalent(fn, x, y)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES)
@@ -50,19 +40,19 @@ def test_arithmetic(fn, dtype):
 def test_div_rounding_modes(dtype, rounding_mode):
     x = torch.tensor([[7, -7, 6, -6, 0, 5]], dtype=dtype)
     y = torch.tensor([[2, 2, -4, -4, 3, -5]], dtype=dtype)
-    _dynamic_check(lambda a, b: torch.div(a, b, rounding_mode=rounding_mode), x, y)
+    assert_batch_dynamic_equivalent(lambda a, b: torch.div(a, b, rounding_mode=rounding_mode), x, y)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_remainder_and_fmod_follow_pytorch_signs(dtype):
     x = torch.tensor([[7, -7, 7, -7, 0]], dtype=dtype)
     y = torch.tensor([[3, 3, -3, -3, 2]], dtype=dtype)
-    _dynamic_check(lambda a, b: (torch.remainder(a, b), torch.fmod(a, b), a // b), x, y)
+    assert_batch_dynamic_equivalent(lambda a, b: (torch.remainder(a, b), torch.fmod(a, b), a // b), x, y)
 
 
 def test_int_tensor_times_float_scalar_promotes():
     x = torch.arange(6).reshape(2, 3)
-    program = _dynamic_check(lambda a: a * 1.5 + a / 2, x)
+    program = assert_batch_dynamic_equivalent(lambda a: a * 1.5 + a / 2, x)
     assert program.model.graph.outputs[0].dtype.name == "FLOAT"
 
 
@@ -70,7 +60,7 @@ def test_mixed_dtypes_promote_like_pytorch():
     x = torch.randn(2, 3, dtype=torch.float16)
     y = torch.randn(2, 3, dtype=torch.float32)
     i = torch.randint(0, 5, (2, 3), dtype=torch.int32)
-    _dynamic_check(lambda a, b, c: (a + b, a * c, c + 1, c > a), x, y, i)
+    assert_batch_dynamic_equivalent(lambda a, b, c: (a + b, a * c, c + 1, c > a), x, y, i)
 
 
 @pytest.mark.parametrize(
@@ -86,32 +76,32 @@ def test_unary_math(fn, dtype):
     x = torch.rand(3, 4, dtype=dtype) * 3 + 0.1
     if fn in (torch.floor, torch.ceil, torch.round, torch.trunc, torch.abs, torch.neg, torch.sign, torch.sin, torch.tanh, torch.atan, torch.erf):
         x = x - 1.7
-    _dynamic_check(fn, x)
+    assert_batch_dynamic_equivalent(fn, x)
 
 
 @pytest.mark.parametrize("fn", [torch.asin, torch.acos, torch.atanh])
 def test_unary_math_unit_domain(fn):
-    _dynamic_check(fn, torch.rand(3, 4) * 1.8 - 0.9)
+    assert_batch_dynamic_equivalent(fn, torch.rand(3, 4) * 1.8 - 0.9)
 
 
 def test_unary_math_on_integers_computes_in_float():
-    _dynamic_check(lambda x: (torch.sqrt(x), torch.exp(x), torch.abs(-x), x.sign()), torch.arange(8).reshape(2, 4))
+    assert_batch_dynamic_equivalent(lambda x: (torch.sqrt(x), torch.exp(x), torch.abs(-x), x.sign()), torch.arange(8).reshape(2, 4))
 
 
 def test_round_half_to_even():
-    _dynamic_check(torch.round, torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 2.4]]))
+    assert_batch_dynamic_equivalent(torch.round, torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 2.4]]))
 
 
 def test_atan2_all_quadrants():
     y = torch.tensor([[1.0, 1.0, -1.0, -1.0, 0.0, 1.0, -1.0]])
     x = torch.tensor([[1.0, -1.0, -1.0, 1.0, -1.0, 0.0, 0.0]])
-    _dynamic_check(torch.atan2, y, x)
+    assert_batch_dynamic_equivalent(torch.atan2, y, x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_pow(dtype):
     x = torch.tensor([[1, 2, 3, 4]], dtype=dtype)
-    _dynamic_check(lambda a: (a**2, torch.pow(a, a), 2**a), x)
+    assert_batch_dynamic_equivalent(lambda a: (a**2, torch.pow(a, a), 2**a), x)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES)
@@ -119,14 +109,14 @@ def test_clamp_scalar_and_tensor_bounds(dtype):
     x = (torch.randn(2, 5) * 5).to(dtype)
     low = torch.full((1, 5), -2).to(dtype)
     high = torch.full((2, 1), 3).to(dtype)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda a, lo, hi: (a.clamp(-1, 2), a.clamp(min=0), a.clamp(max=1), torch.clamp(a, lo, hi)),
         x, low, high,
     )
 
 
 def test_clamp_propagates_nan():
-    _dynamic_check(lambda a: a.clamp(-1, 1), torch.tensor([[float("nan"), 3.0, -3.0, 0.5]]))
+    assert_batch_dynamic_equivalent(lambda a: a.clamp(-1, 1), torch.tensor([[float("nan"), 3.0, -3.0, 0.5]]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
@@ -135,11 +125,11 @@ def test_comparisons(op, dtype):
     x = torch.tensor([[1, 2, 3, 0]]).to(dtype)
     y = torch.tensor([[3, 2, 1, 0]]).to(dtype)
     compare = getattr(torch, op)
-    _dynamic_check(lambda a, b: (compare(a, b), compare(a, 1)), x, y)
+    assert_batch_dynamic_equivalent(lambda a, b: (compare(a, b), compare(a, 1)), x, y)
 
 
 def test_comparison_promotes_int_tensor_against_float_scalar():
-    _dynamic_check(lambda a: (a > 1.5, a == 2.0), torch.tensor([[1, 2, 3]]))
+    assert_batch_dynamic_equivalent(lambda a: (a > 1.5, a == 2.0), torch.tensor([[1, 2, 3]]))
 
 
 def test_logical_and_bitwise():
@@ -147,7 +137,7 @@ def test_logical_and_bitwise():
     b = torch.tensor([[True, True, False, False]])
     i = torch.tensor([[12, 10, 7, -3]])
     j = torch.tensor([[10, 6, 1, 5]])
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda a, b, i, j: (
             a & b, a | b, a ^ b, ~a, torch.logical_and(i, j), torch.logical_or(i, a),
             torch.logical_not(i), torch.logical_xor(i, j), i & j, i | j, i ^ j, ~i,
@@ -160,17 +150,17 @@ def test_where_with_tensors_and_scalars():
     cond = torch.tensor([[True, False, True]])
     x = torch.randn(1, 3)
     y = torch.randn(1, 3)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda c, a, b: (torch.where(c, a, b), torch.where(c, a, 0.0), torch.where(c, 1.0, b), torch.where(a > 0, 1, 0)),
         cond, x, y,
     )
 
 
 def test_isnan():
-    _dynamic_check(lambda a: (torch.isnan(a), torch.isnan(a.long())), torch.tensor([[1.0, float("nan"), 0.0]]))
+    assert_batch_dynamic_equivalent(lambda a: (torch.isnan(a), torch.isnan(a.long())), torch.tensor([[1.0, float("nan"), 0.0]]))
 
 
 def test_bool_arithmetic():
     a = torch.tensor([[True, False, True]])
     b = torch.tensor([[False, False, True]])
-    _dynamic_check(lambda a, b: (a * b, torch.maximum(a, b), torch.minimum(a, b), a + b), a, b)
+    assert_batch_dynamic_equivalent(lambda a, b: (a * b, torch.maximum(a, b), torch.minimum(a, b), a + b), a, b)

@@ -6,22 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
 
-# min=2: a dynamic dim that could be 1 would broadcast, and torch.export refuses to guess.
-B = torch.export.Dim("batch", min=2)
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
 INT_DTYPES = [torch.int32, torch.int64]
 
 
-def _dynamic_check(fn, *inputs, batched=None, **options):
-    """Export with a dynamic first dim on the ``batched`` inputs (by default those sharing the
-    first input's first dim) and check a second batch size too."""
-    if batched is None:
-        batched = [t.dim() > 0 and t.shape[0] == inputs[0].shape[0] for t in inputs]
-    resized = tuple(torch.cat([t, t.flip(0), t], 0) if b else t for t, b in zip(inputs, batched))
-    dynamic = tuple({0: B} if b else None for b in batched)
-    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resized], **options)
+def _batch_dynamic(fn, *inputs, **options):
+    # min=2: a dynamic dim that could be 1 would broadcast, and torch.export refuses to guess.
+    return assert_batch_dynamic_equivalent(fn, *inputs, dim=torch.export.Dim("batch", min=2), **options)
 
 
 def _sample(dtype, *shape):
@@ -51,7 +44,7 @@ def _sample(dtype, *shape):
 )
 def test_matmul_shapes(shapes, batched):
     a, b = (torch.randn(s) for s in shapes)
-    _dynamic_check(torch.matmul, a, b, batched=batched)
+    _batch_dynamic(torch.matmul, a, b, batched=batched)
 
 
 def test_matmul_of_two_vectors():
@@ -61,7 +54,7 @@ def test_matmul_of_two_vectors():
 def test_transposed_matrix_times_vector():
     # onnxruntime 1.31 fuses Transpose into a MatMul with a 1-D second operand wrongly.
     m, batch, v = torch.randn(4, 3), torch.randn(3, 4, 5), torch.randn(4)
-    _dynamic_check(
+    _batch_dynamic(
         lambda m, batch, v: (m.T @ v, torch.mv(m.T, v), batch.transpose(1, 2) @ v, torch.addmv(v[:1], m.T, v), F.linear(m.T, v)),
         m, batch, v, batched=[False, True, False],
     )
@@ -70,19 +63,19 @@ def test_transposed_matrix_times_vector():
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES + [torch.int8, torch.uint8, torch.int16])
 def test_matmul_dtypes(dtype):
     a, b = _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5)
-    _dynamic_check(lambda a, b: (a @ b, a @ b[0], a[:, 0] @ b[0, :, 0]), a, b)
+    _batch_dynamic(lambda a, b: (a @ b, a @ b[0], a[:, 0] @ b[0, :, 0]), a, b)
 
 
 def test_narrow_integer_products_wrap_like_pytorch():
     a = torch.full((2, 3), 100, dtype=torch.int8)
     b = torch.full((3, 2), 90, dtype=torch.int8)
-    _dynamic_check(lambda a, b: (a @ b, torch.einsum("ij,jk->ik", a, b)), a, b, batched=[True, False])
+    _batch_dynamic(lambda a, b: (a @ b, torch.einsum("ij,jk->ik", a, b)), a, b, batched=[True, False])
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES)
 def test_mm_bmm_mv_dot(dtype):
     m, batch, v = _sample(dtype, 3, 4), _sample(dtype, 3, 4, 5), _sample(dtype, 4)
-    _dynamic_check(
+    _batch_dynamic(
         lambda m, batch, v: (
             torch.mm(m, batch[0]), torch.bmm(batch.transpose(1, 2), batch), torch.mv(m, v), torch.dot(v, v), torch.vdot(v, v),
         ),
@@ -99,7 +92,7 @@ def test_mm_bmm_mv_dot(dtype):
 def test_addmm(dtype, bias_shape, beta, alpha):
     bias, m1, m2 = _sample(dtype, *bias_shape), _sample(dtype, 3, 4), _sample(dtype, 4, 5)
     batched = [len(bias_shape) == 2 and bias_shape[0] == 3, True, False]
-    program = _dynamic_check(lambda c, a, b: torch.addmm(c, a, b, beta=beta, alpha=alpha), bias, m1, m2, batched=batched)
+    program = _batch_dynamic(lambda c, a, b: torch.addmm(c, a, b, beta=beta, alpha=alpha), bias, m1, m2, batched=batched)
     assert op_histogram(program)["Gemm"] == 1
 
 
@@ -109,7 +102,7 @@ def test_zero_beta_ignores_nan_in_self(runtime):
     nan = float("nan")
     bias, m1, m2 = torch.full((3, 5), nan), torch.randn(3, 4), torch.randn(4, 5)
     batch1, batch2 = torch.randn(3, 2, 4), torch.randn(3, 4, 5)
-    _dynamic_check(
+    _batch_dynamic(
         lambda c, a, b, x, y: (
             torch.addmm(c, a, b, beta=0), torch.addmm(c, a, b, beta=0, alpha=0.5),
             torch.addmm(c.double(), a.double(), b.double(), beta=0, alpha=0.1),
@@ -123,7 +116,7 @@ def test_zero_beta_ignores_nan_in_self(runtime):
 def test_addmm_float64_with_inexact_scalars_avoids_gemm():
     # Gemm's float32 alpha would round 0.1; MatMul keeps float64 exact.
     bias, m1, m2 = (torch.randn(s, dtype=torch.float64) for s in [(5,), (3, 4), (4, 5)])
-    program = _dynamic_check(
+    program = _batch_dynamic(
         lambda c, a, b: torch.addmm(c, a, b, beta=0.3, alpha=0.1), bias, m1, m2, batched=[False, True, False]
     )
     assert op_histogram(program)["Gemm"] == 0
@@ -132,7 +125,7 @@ def test_addmm_float64_with_inexact_scalars_avoids_gemm():
 @pytest.mark.parametrize("dtype", INT_DTYPES)
 def test_addmm_integers(dtype):
     bias, m1, m2 = _sample(dtype, 5), _sample(dtype, 3, 4), _sample(dtype, 4, 5)
-    _dynamic_check(
+    _batch_dynamic(
         lambda c, a, b: (torch.addmm(c, a, b), torch.addmm(c, a, b, beta=2, alpha=3), torch.addmm(c, a, b, beta=0)),
         bias, m1, m2, batched=[False, True, False],
     )
@@ -141,7 +134,7 @@ def test_addmm_integers(dtype):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_linear_module(dtype):
     layer = torch.nn.Linear(4, 6).to(dtype).eval()
-    program = _dynamic_check(layer, _sample(dtype, 3, 4))
+    program = _batch_dynamic(layer, _sample(dtype, 3, 4))
     assert op_histogram(program)["Gemm"] == 1
 
 
@@ -149,7 +142,7 @@ def test_linear_module(dtype):
 def test_linear_functional(dtype):
     weight, bias = _sample(dtype, 6, 4), _sample(dtype, 6)
     vector_weight = _sample(dtype, 4)
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (
             F.linear(x, weight, bias), F.linear(x, weight), F.linear(x[0], weight, bias), F.linear(x[:, 0], weight),
             F.linear(x, vector_weight), F.linear(x, vector_weight, bias[0]), F.linear(x[:, 0], weight, bias),
@@ -166,7 +159,7 @@ def test_linear_functional(dtype):
 def test_baddbmm_addbmm_addmv(dtype, beta, alpha):
     b1, b2 = _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5)
     bias, mat, vec = _sample(dtype, 1, 5), _sample(dtype, 2, 4), _sample(dtype, 4)
-    _dynamic_check(
+    _batch_dynamic(
         lambda b1, b2, bias, mat, vec: (
             torch.baddbmm(bias, b1, b2, beta=beta, alpha=alpha), torch.addbmm(bias, b1, b2, beta=beta, alpha=alpha),
             torch.addmv(bias[0, :2], mat, vec, beta=beta, alpha=alpha),
@@ -177,13 +170,13 @@ def test_baddbmm_addbmm_addmv(dtype, beta, alpha):
 
 def test_baddbmm_float_scalars_and_batched_bias():
     b1, b2, bias = torch.randn(3, 2, 4), torch.randn(3, 4, 5), torch.randn(3, 2, 5)
-    _dynamic_check(lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=-1.5), bias, b1, b2)
+    _batch_dynamic(lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=-1.5), bias, b1, b2)
 
 
 def test_outer():
     v, w = torch.randn(3), torch.randn(4)
     i, flags = torch.arange(3), torch.tensor([True, False, True])
-    _dynamic_check(
+    _batch_dynamic(
         lambda v, w, i, flags: (torch.outer(v, w), torch.outer(i, w), torch.outer(flags, flags), torch.outer(i, i)),
         v, w, i, flags, batched=[True, False, True, True],
     )
@@ -210,13 +203,13 @@ def test_outer():
 def test_einsum(equation, shapes):
     operands = [torch.randn(s) for s in shapes]
     unary, binary = (lambda a: torch.einsum(equation, a)), (lambda a, b: torch.einsum(equation, a, b))
-    program = _dynamic_check(binary if len(operands) == 2 else unary, *operands)
+    program = _batch_dynamic(binary if len(operands) == 2 else unary, *operands)
     assert op_histogram(program)["Einsum"] == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.int32, torch.int64])
 def test_einsum_dtypes(dtype):
-    _dynamic_check(lambda a, b: torch.einsum("bij,bjk->bik", a, b), _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5))
+    _batch_dynamic(lambda a, b: torch.einsum("bij,bjk->bik", a, b), _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5))
 
 
 # -- opsets -------------------------------------------------------------------------------
@@ -234,4 +227,4 @@ def test_opsets(opset):
             torch.mv(x, weight[0]),
         )
 
-    _dynamic_check(fn, torch.randn(3, 4), torch.randn(3, 2, 4), opset_version=opset)
+    _batch_dynamic(fn, torch.randn(3, 4), torch.randn(3, 2, 4), opset_version=opset)

@@ -6,25 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_batch_dynamic_equivalent, op_histogram
 
 aten = torch.ops.aten
-B = torch.export.Dim("batch")
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
 
 
 @pytest.fixture(autouse=True)
 def _seeded():
     torch.manual_seed(0)
-
-
-def _dynamic_check(fn, *inputs, **options):
-    """Export with a dynamic first dim at the example size and check a second size too."""
-    batch = inputs[0].shape[0]
-    batched = [t.dim() > 0 and t.shape[0] == batch for t in inputs]
-    resized = tuple(torch.cat([t, t, t], 0) if b else t for t, b in zip(inputs, batched))
-    dynamic = tuple({0: B} if b else None for b in batched)
-    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resized], **options)
 
 
 def _randomized(module, dtype=torch.float32):
@@ -60,14 +50,14 @@ def _input(*shape, dtype=torch.float32, offset=0.5):
     ids=["1d_nc", "1d_ncl", "2d", "3d", "2d_no_affine"],
 )
 def test_batch_norm_inference(module, shape, dtype):
-    program = _dynamic_check(_randomized(module, dtype), _input(*shape, dtype=dtype))
+    program = assert_batch_dynamic_equivalent(_randomized(module, dtype), _input(*shape, dtype=dtype))
     assert op_histogram(program)["BatchNormalization"] == 1
 
 
 def test_batch_norm_without_running_stats_uses_batch_statistics():
     # training=True in the graph: the inference rule declines and the node decomposes.
     module = _randomized(nn.BatchNorm2d(3, track_running_stats=False))
-    program = _dynamic_check(module, _input(4, 3, 2, 2))
+    program = assert_batch_dynamic_equivalent(module, _input(4, 3, 2, 2))
     assert "BatchNormalization" not in op_histogram(program)
 
 
@@ -81,7 +71,7 @@ def test_core_batch_norm_overloads(affine):
         native = aten.native_batch_norm(x, weight, bias, mean, var, False, 0.1, 1e-3)
         return no_training[0], native[0]
 
-    program = _dynamic_check(fn, _input(2, 3, 4, 5))
+    program = assert_batch_dynamic_equivalent(fn, _input(2, 3, 4, 5))
     assert op_histogram(program)["BatchNormalization"] == 2
 
 
@@ -100,14 +90,14 @@ def test_core_batch_norm_overloads(affine):
     ids=["last_dim", "last_two_dims", "no_affine", "no_bias"],
 )
 def test_layer_norm(module, dtype):
-    program = _dynamic_check(_randomized(module, dtype), _input(2, 4, 6, dtype=dtype))
+    program = assert_batch_dynamic_equivalent(_randomized(module, dtype), _input(2, 4, 6, dtype=dtype))
     assert op_histogram(program)["LayerNormalization"] == 1
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_native_layer_norm_returns_mean_and_rstd(dtype):
     weight, bias = torch.rand(5, dtype=dtype) + 0.5, torch.randn(5, dtype=dtype)
-    program = _dynamic_check(
+    program = assert_batch_dynamic_equivalent(
         lambda x: (
             aten.native_layer_norm(x, [5], weight, bias, 1e-5),
             aten.native_layer_norm(x, [3, 5], None, None, 1e-5),
@@ -119,14 +109,14 @@ def test_native_layer_norm_returns_mean_and_rstd(dtype):
 
 def test_batch_norm_half_input_with_float_statistics():
     weight, bias, mean, var = torch.rand(3) + 0.5, torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: nn.functional.batch_norm(x, mean, var, weight, bias), _input(2, 3, 4, dtype=torch.float16)
     )
 
 
 def test_layer_norm_half_input_with_float_parameters():
     weight, bias = torch.rand(6) + 0.5, torch.randn(6)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: nn.functional.layer_norm(x, [6], weight, bias), _input(2, 6, dtype=torch.float16)
     )
 
@@ -147,7 +137,7 @@ def test_layer_norm_half_input_with_float_parameters():
     ids=["two_groups", "one_group", "instance_no_affine", "rank2"],
 )
 def test_group_norm(module, shape, dtype, opset):
-    program = _dynamic_check(_randomized(module, dtype), _input(*shape, dtype=dtype), opset_version=opset)
+    program = assert_batch_dynamic_equivalent(_randomized(module, dtype), _input(*shape, dtype=dtype), opset_version=opset)
     assert op_histogram(program)["LayerNormalization"] == 1
 
 
@@ -155,7 +145,7 @@ def test_group_norm_input_with_large_mean():
     # ONNX GroupNormalization-21 computes E[x^2] - E[x]^2 and misses this by ~5x the tolerance.
     module = _randomized(nn.GroupNorm(2, 4))
     x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)) + 30.0
-    _dynamic_check(module, x, opset_version=21)
+    assert_batch_dynamic_equivalent(module, x, opset_version=21)
 
 
 def test_native_group_norm():
@@ -165,7 +155,7 @@ def test_native_group_norm():
         n, c, h, w = x.shape
         return aten.native_group_norm(x, weight, bias, n, c, h * w, 3, 1e-5)[0]
 
-    program = _dynamic_check(fn, _input(2, 6, 3, 4))
+    program = assert_batch_dynamic_equivalent(fn, _input(2, 6, 3, 4))
     assert op_histogram(program)["LayerNormalization"] == 1
 
 
@@ -180,14 +170,14 @@ def test_native_group_norm():
     ids=["2d", "1d_affine", "3d_affine"],
 )
 def test_instance_norm_input_statistics(module, shape, dtype):
-    program = _dynamic_check(_randomized(module, dtype), _input(*shape, dtype=dtype))
+    program = assert_batch_dynamic_equivalent(_randomized(module, dtype), _input(*shape, dtype=dtype))
     assert op_histogram(program)["LayerNormalization"] == 1
 
 
 @pytest.mark.parametrize("affine", [True, False])
 def test_instance_norm_running_statistics(affine):
     module = _randomized(nn.InstanceNorm2d(3, affine=affine, track_running_stats=True))
-    program = _dynamic_check(module, _input(2, 3, 4, 5))
+    program = assert_batch_dynamic_equivalent(module, _input(2, 3, 4, 5))
     assert op_histogram(program)["BatchNormalization"] == 1
 
 
@@ -202,7 +192,7 @@ def test_instance_norm_running_statistics(affine):
     ids=["last_dim", "last_two_dims_eps", "no_weight"],
 )
 def test_rms_norm(module, dtype, opset):
-    program = _dynamic_check(_randomized(module, dtype), _input(2, 4, 6, dtype=dtype), opset_version=opset)
+    program = assert_batch_dynamic_equivalent(_randomized(module, dtype), _input(2, 4, 6, dtype=dtype), opset_version=opset)
     assert ("RMSNormalization" in op_histogram(program)) == (opset >= 23)
 
 
@@ -212,7 +202,7 @@ def test_rms_norm_default_eps_dominates_tiny_inputs(opset):
     # eps=None means float32's machine epsilon for a float16 input, so it is visible here.
     x = torch.full((2, 3), 1e-4, dtype=torch.float16) * torch.tensor([1.0, -2.0, 3.0], dtype=torch.float16)
     weight = torch.tensor([0.5, 1.0, 2.0])
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda a: (nn.functional.rms_norm(a, [3]), nn.functional.rms_norm(a, [3], weight)), x, opset_version=opset
     )
 
@@ -226,4 +216,4 @@ def test_every_opset(opset):
         _randomized(nn.LayerNorm(6)),
         _randomized(nn.RMSNorm(6)),
     )
-    _dynamic_check(model, _input(2, 4, 6), opset_version=opset)
+    assert_batch_dynamic_equivalent(model, _input(2, 4, 6), opset_version=opset)

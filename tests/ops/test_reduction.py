@@ -8,20 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
 
-B = torch.export.Dim("batch")
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
 INT_DTYPES = [torch.int32, torch.int64]
-
-
-def _dynamic_check(fn, *inputs, **options):
-    """Export with a dynamic first dim at the example size and check a second size too."""
-    batch = inputs[0].shape[0]
-    batched = [t.dim() > 0 and t.shape[0] == batch for t in inputs]
-    resized = tuple(torch.cat([t, t.flip(0), t], 0) if b else t for t, b in zip(inputs, batched))
-    dynamic = tuple({0: B} if b else None for b in batched)
-    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resized], **options)
 
 
 def _sample(dtype, *shape):
@@ -38,19 +28,19 @@ def _nodes(program, op_type):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES + [torch.int8, torch.bool])
 def test_sum(dtype):
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (x.sum(), x.sum(1), x.sum((0, 2), keepdim=True), x.sum(-1), x.sum([]), x.sum((-1, -2))),
         _sample(dtype, 3, 4, 5),
     )
 
 
 def test_sum_of_bool_and_int32_is_int64():
-    program = _dynamic_check(lambda b, i: (b.sum(1), i.sum()), _sample(torch.bool, 3, 4), _sample(torch.int32, 3, 4))
+    program = assert_batch_dynamic_equivalent(lambda b, i: (b.sum(1), i.sum()), _sample(torch.bool, 3, 4), _sample(torch.int32, 3, 4))
     assert [v.dtype.name for v in program.model.graph.outputs] == ["INT64", "INT64"]
 
 
 def test_sum_with_dtype():
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x, i: (x.sum(1, dtype=torch.float64), i.sum(dtype=torch.float32), i.sum(0, dtype=torch.int32)),
         torch.randn(3, 4), _sample(torch.int32, 3, 4),
     )
@@ -58,28 +48,28 @@ def test_sum_with_dtype():
 
 def test_reducing_every_dim_omits_the_axes_input():
     # With an axes input, an empty axes list would depend on noop_with_empty_axes.
-    program = _dynamic_check(lambda x: (x.sum(), x.sum([]), x.amax(), x.mean((0, 1, 2))), torch.randn(2, 3, 4))
+    program = assert_batch_dynamic_equivalent(lambda x: (x.sum(), x.sum([]), x.amax(), x.mean((0, 1, 2))), torch.randn(2, 3, 4))
     for op_type in ("ReduceSum", "ReduceMax", "ReduceMean"):
         assert [len(node.inputs) for node in _nodes(program, op_type)] == [1] * len(_nodes(program, op_type))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_mean(dtype):
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (x.mean(), x.mean(-1), x.mean((0, 1), keepdim=True), x.mean([1, 2])),
         torch.randn(3, 4, 5, dtype=dtype),
     )
 
 
 def test_mean_of_integers_with_dtype():
-    _dynamic_check(lambda i: (i.mean(1, dtype=torch.float32), i.mean(dtype=torch.float64)), _sample(torch.int64, 3, 4))
+    assert_batch_dynamic_equivalent(lambda i: (i.mean(1, dtype=torch.float32), i.mean(dtype=torch.float64)), _sample(torch.int64, 3, 4))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES + [torch.bool])
 def test_prod(dtype):
     # Few small factors: onnxruntime saturates an overflowing integer product, PyTorch wraps it.
     x = _sample(dtype, 2, 3, 2).clamp(-2, 2)
-    _dynamic_check(lambda x: (x.prod(), x.prod(1), x.prod(-1, keepdim=True), x.prod(0, dtype=torch.float64)), x)
+    assert_batch_dynamic_equivalent(lambda x: (x.prod(), x.prod(1), x.prod(-1, keepdim=True), x.prod(0, dtype=torch.float64)), x)
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "reference"])
@@ -88,7 +78,7 @@ def test_half_precision_accumulates_in_float32_like_pytorch(runtime):
     # CPU kernels accumulate in float32 anyway; the reference evaluator does not.)
     x = torch.full((2, 8), 300.0, dtype=torch.float16)
     x[:, ::2] = -300.0
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             x.norm(dim=1), x.std(1, correction=0), x.std(), torch.linalg.vector_norm(x, 3, 1), torch.cat([x, -x], 1).sum(1),
         ),
@@ -102,7 +92,7 @@ def test_bfloat16_accumulating_reductions_run_in_onnxruntime():
         x = x.bfloat16()
         return tuple(r.float() for r in (x.sum(1), x.mean(), x.var(1), x.norm(dim=0), torch.logsumexp(x, 1)))
 
-    _dynamic_check(fn, torch.randn(3, 4), runtime="onnxruntime", rtol=2e-2, atol=1e-2)
+    assert_batch_dynamic_equivalent(fn, torch.randn(3, 4), runtime="onnxruntime", rtol=2e-2, atol=1e-2)
 
 
 # -- extrema and their indices ------------------------------------------------------------
@@ -111,7 +101,7 @@ def test_bfloat16_accumulating_reductions_run_in_onnxruntime():
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES + [torch.int16, torch.uint8, torch.bool])
 def test_amax_amin_max_min(dtype):
     x = _sample(dtype, 3, 4, 5).abs() if dtype == torch.uint8 else _sample(dtype, 3, 4, 5)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (x.amax(1), x.amin((0, 2)), x.amax((-1,), keepdim=True), x.amin(), x.max(), x.min()),
         x,
     )
@@ -120,7 +110,7 @@ def test_amax_amin_max_min(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
 def test_max_min_dim_return_first_index_of_ties(dtype):
     x = torch.tensor([[1, 3, 3, 0], [2, 2, 0, 0], [0, 0, 0, 0]]).to(dtype)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (x.max(1), x.min(1), x.max(0, keepdim=True), x.min(-1, keepdim=True)),
         x,
     )
@@ -129,7 +119,7 @@ def test_max_min_dim_return_first_index_of_ties(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
 def test_argmax_argmin(dtype):
     x = torch.tensor([[[1, 5, 5], [5, 0, 0]], [[2, 2, 0], [0, 1, 5]]]).to(dtype)
-    program = _dynamic_check(
+    program = assert_batch_dynamic_equivalent(
         lambda x: (
             x.argmax(), x.argmin(), x.argmax(1), x.argmin(-1), x.argmax(2, keepdim=True),
             x.argmin(0, keepdim=True), x.argmax(keepdim=True), x.argmin(keepdim=True),
@@ -146,7 +136,7 @@ def test_argmax_argmin(dtype):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_var_std(dtype):
     x = torch.randn(3, 4, 5, dtype=dtype)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             x.var(), x.std(), x.var(1), x.std(-1, unbiased=False), x.var(0),
             x.var((0, 2), correction=2, keepdim=True), x.std(1, correction=0.5),
@@ -159,7 +149,7 @@ def test_var_std(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_var_mean_std_mean(dtype):
     x = torch.randn(3, 4, 5, dtype=dtype)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             torch.var_mean(x, 1), torch.std_mean(x), torch.var_mean(x, (0, -1), keepdim=True),
             torch.std_mean(x, 2, correction=0), torch.var_mean(x, unbiased=False),
@@ -173,7 +163,7 @@ def test_var_mean_std_mean(dtype):
 def test_var_with_too_few_elements_is_nan_or_inf_like_pytorch():
     x = torch.randn(3, 1)
     # Dim 0 is dynamic: 3 rows leave max(3 - 5, 0) = 0 degrees of freedom, 9 rows leave 4.
-    _dynamic_check(lambda x: (x.var(1), x.std(1, correction=2), x.var(1, correction=0), x.var(0, correction=5)), x)
+    assert_batch_dynamic_equivalent(lambda x: (x.var(1), x.std(1, correction=2), x.var(1, correction=0), x.var(0, correction=5)), x)
 
 
 # -- logical ------------------------------------------------------------------------------
@@ -182,7 +172,7 @@ def test_var_with_too_few_elements_is_nan_or_inf_like_pytorch():
 @pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.int64, torch.uint8])
 def test_any_all(dtype):
     x = torch.tensor([[[1, 0], [0, 0]], [[1, 1], [2, 3]], [[0, 0], [0, 0]]]).to(dtype)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             x.any(), x.all(), x.any(1), x.all(-1), x.any(2, keepdim=True), x.all(0, keepdim=True),
             x.any((0, 1)), x.all((1, 2)), torch.any(x, (0, 2), keepdim=True),
@@ -198,7 +188,7 @@ def test_any_all_over_no_elements():
 
 def test_count_nonzero():
     x = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [2.0, 3.0]], [[0.0, -1.0], [0.0, 0.0]]])
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             torch.count_nonzero(x), torch.count_nonzero(x, 1), torch.count_nonzero(x, (0, -1)), torch.count_nonzero(x > 0, 2),
         ),
@@ -212,7 +202,7 @@ def test_count_nonzero():
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_logsumexp(dtype):
     x = torch.randn(3, 4, 5, dtype=dtype) * 4
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (torch.logsumexp(x, 1), torch.logsumexp(x, -1, keepdim=True), torch.logsumexp(x, (0, 2))),
         x,
     )
@@ -221,18 +211,18 @@ def test_logsumexp(dtype):
 def test_logsumexp_is_stable_with_large_and_infinite_inputs():
     inf = math.inf
     x = torch.tensor([[1000.0, 1000.0, 999.0], [-inf, -inf, -inf], [inf, 1.0, 2.0], [-inf, 0.0, -1000.0]])
-    _dynamic_check(lambda x: (torch.logsumexp(x, 1), torch.logsumexp(x, 0, keepdim=True)), x)
+    assert_batch_dynamic_equivalent(lambda x: (torch.logsumexp(x, 1), torch.logsumexp(x, 0, keepdim=True)), x)
 
 
 def test_logsumexp_of_integers_is_float():
-    _dynamic_check(lambda i: torch.logsumexp(i, 1), _sample(torch.int64, 3, 4))
+    assert_batch_dynamic_equivalent(lambda i: torch.logsumexp(i, 1), _sample(torch.int64, 3, 4))
 
 
 @pytest.mark.parametrize("ord", [2, 1, math.inf, -math.inf, 0, 3, 0.5, -1])
 def test_linalg_vector_norm(ord):
     x = torch.randn(3, 4, 5)
     x[0, 0, :2] = 0
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             torch.linalg.vector_norm(x, ord), torch.linalg.vector_norm(x, ord, dim=1),
             torch.linalg.vector_norm(x, ord, dim=(-1, 0), keepdim=True), torch.linalg.vector_norm(x, ord, dim=-1),
@@ -244,7 +234,7 @@ def test_linalg_vector_norm(ord):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
 def test_norm_variants_in_models(dtype):
     x = torch.randn(3, 4, 5, dtype=dtype)
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             x.norm(), x.norm(dim=1), torch.norm(x, p=3, dim=1, keepdim=True), F.normalize(x, dim=-1),
             torch.linalg.norm(x, dim=-1),
@@ -254,7 +244,7 @@ def test_norm_variants_in_models(dtype):
 
 
 def test_vector_norm_with_dtype():
-    _dynamic_check(lambda x: torch.linalg.vector_norm(x, 2, dim=1, dtype=torch.float64), torch.randn(3, 4))
+    assert_batch_dynamic_equivalent(lambda x: torch.linalg.vector_norm(x, 2, dim=1, dtype=torch.float64), torch.randn(3, 4))
 
 
 # -- 0-d inputs and opsets ----------------------------------------------------------------
@@ -278,7 +268,7 @@ def test_zero_dim_inputs():
 @pytest.mark.parametrize("opset", range(18, 24))
 def test_opsets(opset):
     x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 4.0, 4.0], [2.0, -1.0, 0.0, 7.0]])
-    _dynamic_check(
+    assert_batch_dynamic_equivalent(
         lambda x: (
             x.sum(1), x.mean(0), x.amax(1), (x > 0).amin(1), x.max(1), x.argmin(), x.var(1),
             torch.std_mean(x, 0), x.prod(1), (x > 0).all(1), torch.logsumexp(x, 1),
@@ -295,7 +285,7 @@ def test_module_with_reductions_uses_direct_rules():
             scores = x.mean(-1) + x.var(-1, keepdim=False) + x.amax(-1)
             return scores.argmax(-1), F.normalize(x, dim=-1).sum((1, 2))
 
-    program = _dynamic_check(Pool().eval(), torch.randn(3, 4, 5))
+    program = assert_batch_dynamic_equivalent(Pool().eval(), torch.randn(3, 4, 5))
     counts = op_histogram(program)
     assert counts["ReduceMean"] == 2 and counts["ReduceSumSquare"] == 1 and counts["ArgMax"] == 1
 
