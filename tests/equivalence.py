@@ -22,6 +22,7 @@ import dynexport
 __all__ = [
     "BATCH",
     "assert_batch_dynamic_equivalent",
+    "assert_spatial_dynamic_equivalent",
     "assert_close",
     "assert_exports_equivalent",
     "op_histogram",
@@ -177,3 +178,14 @@ def assert_batch_dynamic_equivalent(
     dynamic = tuple({0: dim} if b else None for b in batched)
     resized = [resize(True), resize(False)] if smaller else [resize(True)]
     return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=resized, **options)
+
+
+def assert_spatial_dynamic_equivalent(model: Any, x: torch.Tensor, *, spatial: bool = True, **options: Any) -> dynexport.ONNXProgram:
+    """:func:`assert_exports_equivalent` for an (N, C, *spatial) input with a dynamic batch and,
+    with ``spatial``, dynamic spatial dims; checked again at batch 3 and larger spatial sizes."""
+    dims = {0: BATCH}
+    if spatial:
+        dims.update({d: torch.export.Dim(f"size{d}", min=6) for d in range(2, x.dim())})
+    grown = [3, x.shape[1]] + [s + (3 + d if spatial else 0) for d, s in enumerate(x.shape[2:])]
+    resized = torch.randn(grown).to(x.dtype)
+    return assert_exports_equivalent(model, (x,), dynamic_shapes=(dims,), resized=[(resized,)], **options)

@@ -7,23 +7,13 @@ import torch
 from torch import nn
 
 from dynexport.errors import UnsupportedOperatorError
-from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_exports_equivalent, assert_spatial_dynamic_equivalent, op_histogram
 
 aten = torch.ops.aten
 B = torch.export.Dim("batch")
 CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 CONV_TRANSPOSE = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
 SPATIAL = {1: (16,), 2: (12, 10), 3: (7, 6, 6)}
-
-
-def _dynamic_check(model, x, *, spatial=True, **options):
-    """Export with a dynamic batch (and spatial dims) and compare at a larger size too."""
-    dims = {0: B}
-    if spatial:
-        dims.update({d: torch.export.Dim(f"size{d}", min=6) for d in range(2, x.dim())})
-    grown = [3, x.shape[1]] + [s + (3 + d if spatial else 0) for d, s in enumerate(x.shape[2:])]
-    resized = torch.randn(grown, dtype=x.dtype)
-    return assert_exports_equivalent(model, (x,), dynamic_shapes=(dims,), resized=[(resized,)], **options)
 
 
 def _per_dim(values, n):
@@ -51,7 +41,7 @@ CONV_CASES = {
 def test_conv(n, case):
     options = {"kernel_size": 3, **{k: _per_dim(v, n) for k, v in case.items()}}
     model = CONV[n](6, 12, **options).eval()
-    program = _dynamic_check(model, torch.randn(2, 6, *SPATIAL[n]))
+    program = assert_spatial_dynamic_equivalent(model, torch.randn(2, 6, *SPATIAL[n]))
     assert op_histogram(program) == {"Conv": 1}
 
 
@@ -70,7 +60,7 @@ CONV_TRANSPOSE_CASES = {
 def test_conv_transpose(n, case):
     options = {"kernel_size": 3, **{k: _per_dim(v, n) for k, v in case.items()}}
     model = CONV_TRANSPOSE[n](6, 12, **options).eval()
-    program = _dynamic_check(model, torch.randn(2, 6, *SPATIAL[n]))
+    program = assert_spatial_dynamic_equivalent(model, torch.randn(2, 6, *SPATIAL[n]))
     assert op_histogram(program) == {"ConvTranspose": 1}
 
 
@@ -81,7 +71,7 @@ def test_conv_dtypes(transposed, dtype):
     # onnxruntime has no double ConvTranspose, and onnx's reference evaluator none with groups.
     groups = 1 if transposed and dtype == torch.float64 else 2
     model = module(4, 6, 3, stride=2, padding=1, groups=groups).to(dtype).eval()
-    _dynamic_check(model, torch.randn(2, 4, 9, 8, dtype=dtype))
+    assert_spatial_dynamic_equivalent(model, torch.randn(2, 4, 9, 8, dtype=dtype))
 
 
 @pytest.mark.parametrize("opset", [20, 22])
@@ -90,7 +80,7 @@ def test_conv_dtypes(transposed, dtype):
 )
 def test_conv_bfloat16(module, opset):
     x = torch.randn(2, 3, 6, 6, dtype=torch.bfloat16)
-    program = _dynamic_check(module.to(torch.bfloat16).eval(), x, spatial=False, opset_version=opset)
+    program = assert_spatial_dynamic_equivalent(module.to(torch.bfloat16).eval(), x, spatial=False, opset_version=opset)
     # Before opset 22 Conv has no bfloat16: it computes in float32.
     assert ("Cast" in op_histogram(program)) == (opset < 22)
 
@@ -133,7 +123,7 @@ def test_core_convolution(case, op, bias):
     def convolve(x):
         return op(x, weight, bias, *case, *backend_flags)
 
-    _dynamic_check(convolve, torch.randn(2, 4, 8, 7))
+    assert_spatial_dynamic_equivalent(convolve, torch.randn(2, 4, 8, 7))
 
 
 class SmallCNN(nn.Module):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_exports_equivalent, assert_spatial_dynamic_equivalent, op_histogram
 
 aten = torch.ops.aten
 B = torch.export.Dim("batch")
@@ -17,16 +17,6 @@ ADAPTIVE_MAX_POOL = {1: nn.AdaptiveMaxPool1d, 2: nn.AdaptiveMaxPool2d, 3: nn.Ada
 # Odd sizes put the last ceil-mode window of kernel 2, stride 2, padding 1 in the padding; even
 # ones make a kernel-3, stride-2 window overhang the end.
 SPATIAL = {1: (9,), 2: (9, 8), 3: (9, 8, 7)}
-
-
-def _dynamic_check(model, x, *, spatial=True, **options):
-    """Export with a dynamic batch (and spatial dims) and compare at a larger size too."""
-    dims = {0: B}
-    if spatial:
-        dims.update({d: torch.export.Dim(f"size{d}", min=6) for d in range(2, x.dim())})
-    grown = [3, x.shape[1]] + [s + (3 + d if spatial else 0) for d, s in enumerate(x.shape[2:])]
-    resized = torch.randn(grown).to(x.dtype)
-    return assert_exports_equivalent(model, (x,), dynamic_shapes=(dims,), resized=[(resized,)], **options)
 
 
 def _per_dim(values, n):
@@ -61,13 +51,13 @@ def test_max_pool(n, case, return_indices):
     x = torch.randn(2, 3, *SPATIAL[n])
     # torch.export cannot keep a ceil-mode dim dynamic (its size formula branches on it), nor
     # max_pool1d's length.
-    program = _dynamic_check(model.eval(), x, spatial=n > 1 and not case.get("ceil_mode"))
+    program = assert_spatial_dynamic_equivalent(model.eval(), x, spatial=n > 1 and not case.get("ceil_mode"))
     assert ("Mod" in op_histogram(program)) == return_indices
 
 
 def test_max_pool_indices_pick_the_first_of_ties():
     x = torch.randint(0, 2, (2, 3, 8, 8)).float()
-    _dynamic_check(nn.MaxPool2d(3, stride=1, padding=1, return_indices=True), x)
+    assert_spatial_dynamic_equivalent(nn.MaxPool2d(3, stride=1, padding=1, return_indices=True), x)
 
 
 AVG_POOL_CASES = {
@@ -89,7 +79,7 @@ AVG_POOL_CASES = {
 )
 def test_avg_pool(n, case):
     model = AVG_POOL[n](**{k: _per_dim(v, n) for k, v in case.items()})
-    _dynamic_check(model.eval(), torch.randn(2, 3, *SPATIAL[n]), spatial=not case.get("ceil_mode"))
+    assert_spatial_dynamic_equivalent(model.eval(), torch.randn(2, 3, *SPATIAL[n]), spatial=not case.get("ceil_mode"))
 
 
 ADAPTIVE_SIZES = {"global": 1, "divisible": (4, 5, 2), "uneven": (5, 3, 3), "global_and_uneven": (1, 3, 4)}
@@ -100,7 +90,7 @@ ADAPTIVE_SPATIAL = {1: (12,), 2: (12, 10), 3: (8, 10, 8)}
 @pytest.mark.parametrize(("n", "size"), _cases(ADAPTIVE_SIZES))
 def test_adaptive_avg_pool(n, size, dynamic_spatial):
     model = ADAPTIVE_AVG_POOL[n](_per_dim(size, n)).eval()
-    program = _dynamic_check(model, torch.randn(2, 3, *ADAPTIVE_SPATIAL[n]), spatial=dynamic_spatial)
+    program = assert_spatial_dynamic_equivalent(model, torch.randn(2, 3, *ADAPTIVE_SPATIAL[n]), spatial=dynamic_spatial)
     ops, output_size = op_histogram(program), model.output_size
     if output_size in (1, (1,)):
         assert ops == {"GlobalAveragePool": 1}
@@ -114,14 +104,14 @@ def test_adaptive_avg_pool(n, size, dynamic_spatial):
 @pytest.mark.parametrize(("n", "size"), _cases({"global": 1, "divisible": (4, 5, 2)}))
 def test_adaptive_max_pool_evenly_divided(n, size, return_indices):
     model = ADAPTIVE_MAX_POOL[n](_per_dim(size, n), return_indices=return_indices).eval()
-    program = _dynamic_check(model, torch.randn(2, 3, *ADAPTIVE_SPATIAL[n]), spatial=False)
+    program = assert_spatial_dynamic_equivalent(model, torch.randn(2, 3, *ADAPTIVE_SPATIAL[n]), spatial=False)
     assert op_histogram(program)["MaxPool"] == 1
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_adaptive_max_pool_uneven_values(n):
     model = ADAPTIVE_MAX_POOL[n](_per_dim((5, 3, 3), n)).eval()
-    program = _dynamic_check(model, torch.randn(2, 3, *ADAPTIVE_SPATIAL[n]), spatial=False)
+    program = assert_spatial_dynamic_equivalent(model, torch.randn(2, 3, *ADAPTIVE_SPATIAL[n]), spatial=False)
     assert op_histogram(program)["ReduceMax"] == n
 
 
@@ -136,14 +126,14 @@ POOLS = {
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
 @pytest.mark.parametrize("model", POOLS.values(), ids=POOLS.keys())
 def test_pool_dtypes(model, dtype):
-    _dynamic_check(model.eval(), torch.randn(2, 3, 9, 8, dtype=dtype), spatial=False)
+    assert_spatial_dynamic_equivalent(model.eval(), torch.randn(2, 3, 9, 8, dtype=dtype), spatial=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
 @pytest.mark.parametrize("return_indices", [False, True], ids=["values", "indices"])
 def test_max_pool_small_integers(return_indices, dtype):
     x = torch.randint(0, 100, (2, 3, 9, 8), dtype=dtype)
-    _dynamic_check(nn.MaxPool2d(2, ceil_mode=True, return_indices=return_indices), x, spatial=False)
+    assert_spatial_dynamic_equivalent(nn.MaxPool2d(2, ceil_mode=True, return_indices=return_indices), x, spatial=False)
 
 
 @pytest.mark.parametrize("opset", [20, 22])
@@ -152,7 +142,7 @@ def test_max_pool_small_integers(return_indices, dtype):
 )
 def test_pool_bfloat16(model, opset):
     x = torch.randn(2, 3, 8, 8, dtype=torch.bfloat16)
-    program = _dynamic_check(model, x, spatial=False, opset_version=opset)
+    program = assert_spatial_dynamic_equivalent(model, x, spatial=False, opset_version=opset)
     # Before opset 22 the pooling ops have no bfloat16: they compute in float32.
     assert ("Cast" in op_histogram(program)) == (opset < 22)
 
@@ -188,7 +178,7 @@ class Pools(nn.Module):
 
 @pytest.mark.parametrize("opset", range(18, 24))
 def test_pools_at_every_opset(opset):
-    _dynamic_check(Pools(), torch.randn(2, 3, 9, 8), spatial=False, opset_version=opset)
+    assert_spatial_dynamic_equivalent(Pools(), torch.randn(2, 3, 9, 8), spatial=False, opset_version=opset)
 
 
 def test_pools_after_core_decompositions():
@@ -198,4 +188,4 @@ def test_pools_after_core_decompositions():
     assert targets >= {
         aten.max_pool2d_with_indices.default, aten.avg_pool2d.default, aten._adaptive_avg_pool2d.default
     }
-    _dynamic_check(decomposed.module(), x, spatial=False)
+    assert_spatial_dynamic_equivalent(decomposed.module(), x, spatial=False)
