@@ -127,15 +127,15 @@ def export(
     with _phase(timings, "decompose"):
         program = _functionalized(program)
     io_names = signature.graph_io(program, input_names, output_names, requested_dims)
-    with _phase(timings, "translate"):
-        onnx_model = translate_program(
-            program,
-            io_names,
-            table=table,
-            opset=opset,
-            export_params=export_params,
-            keep_initializers_as_inputs=keep_initializers_as_inputs,
-        )
+    onnx_model = translate_program(
+        program,
+        io_names,
+        table=table,
+        opset=opset,
+        export_params=export_params,
+        keep_initializers_as_inputs=keep_initializers_as_inputs,
+        timings=timings,
+    )
     with _phase(timings, "optimize"):
         if optimize:
             optimize_model(onnx_model, fold_constants=do_constant_folding)

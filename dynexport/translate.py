@@ -11,6 +11,7 @@ SymInts are ONNX int64 scalars (0-d); ``sym_size`` reads them from ``Shape``.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -356,31 +357,39 @@ def translate_program(
     opset: int,
     export_params: bool = True,
     keep_initializers_as_inputs: bool = False,
+    timings: dict[str, float] | None = None,
 ) -> ir.Model:
-    """Translate ``program`` into an ONNX model (no optimization, no file)."""
+    """Translate ``program`` into an ONNX model (no optimization, no file).
+
+    First every node gets its rule or its traced decomposition (the "decompose" phase in
+    ``timings``), so that all unsupported operators are reported before anything is emitted;
+    then the graph is emitted (the "translate" phase).
+    """
+    timings = {} if timings is None else timings
+    start = time.perf_counter()
     fake_mode = torch._guards.detect_fake_mode(
         [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
     )
     translator = _Translator(table, opset, io.dim_names, fake_mode)
     missing = translator.plan(program.graph)
+    timings["decompose"] = timings.get("decompose", 0.0) + time.perf_counter() - start
     if missing:
         raise UnsupportedOperatorError(_unsupported_uses(missing))
+    start = time.perf_counter()
     graph = translator.graph
     env: dict[torch.fx.Node, Any] = {}
     signature = program.graph_signature
     state = {**program.state_dict, **program.constants}
     user_names = iter(io.input_names)
-    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-    for node, spec in zip(placeholders, signature.input_specs):
-        val = node.meta.get("val")
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for spec in signature.input_specs:
+        node = placeholders.get(spec.arg.name)
         if spec.kind is InputKind.USER_INPUT:
             name = next(user_names)
-            if isinstance(val, torch.Tensor):
-                value = ir.Value(name=name)
-                translator.annotate(value, val, None)
-                graph.inputs.append(value)
-                env[node] = value
-            elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if node is None:  # a None argument has no placeholder
+                continue
+            val = node.meta.get("val")
+            if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
                 value = ir.Value(name=name)
                 translator.annotate(value, val, None)
                 graph.inputs.append(value)
@@ -403,7 +412,16 @@ def translate_program(
         env[node] = value
 
     translator.translate_graph(program.graph, env)
+    _add_outputs(translator, program, env, io.output_names)
+    timings["translate"] = timings.get("translate", 0.0) + time.perf_counter() - start
+    return ir.Model(graph, ir_version=10, producer_name="dynexport", producer_version=_version())
 
+
+def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any], names: list[str]) -> None:
+    """Make the program's user outputs the graph's outputs, named ``names``; None outputs are
+    left out, Python numbers become constants."""
+    signature = program.graph_signature
+    graph = translator.graph
     output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
     user_outputs = [
         arg
@@ -411,21 +429,21 @@ def translate_program(
         if spec.kind is OutputKind.USER_OUTPUT
     ]
     used: set[int] = set()
-    for arg, name in zip(user_outputs, io.output_names):
+    for arg, name in zip(user_outputs, names):
         value = env[arg] if isinstance(arg, torch.fx.Node) else arg
+        if value is None:
+            continue
         if not isinstance(value, ir.Value):
-            if value is None:
-                continue
-            value = translator.constant(value, _symbolic_dtype(value))
-        if id(value) in used or value.is_graph_input() or value.is_initializer() or value.producer() is None or value.name.startswith("const_"):
-            translator.builder.set_origin(arg, {}) if isinstance(arg, torch.fx.Node) else None
+            # As torch.tensor(value) would hold it: float32 for a Python float.
+            value = translator.constant(value, to_onnx_dtype(torch.tensor(value).dtype))
+        if id(value) in used or value.is_graph_input() or value.is_initializer():
+            # One value cannot carry two names, nor be renamed when it is an input or weight.
             identity = translator.builder.op.Identity(value)
             identity.type, identity.shape = value.type, value.shape
             value = identity
         used.add(id(value))
         value.name = name
         graph.outputs.append(value)
-    return ir.Model(graph, ir_version=10, producer_name="dynexport", producer_version=_version())
 
 
 def _unsupported_uses(missing: list[tuple[str, torch.fx.Node]]) -> list[UnsupportedUse]:

@@ -312,3 +312,14 @@ def test_program_runs_every_dtype_through_onnxruntime(dtype):
     out, as_float = program(x)
     assert out.dtype == dtype and torch.equal(out, x)
     torch.testing.assert_close(as_float, x.float())
+
+
+def test_none_argument_in_the_middle_is_skipped():
+    x, pair = torch.randn(2, 3), (torch.randn(2, 3), torch.randn(2, 3))
+    program = assert_exports_equivalent(Structured(), (x, pair, None))
+    assert [v.name for v in program.model.graph.inputs] == ["x", "pair_0", "pair_1"]
+
+
+def test_python_number_output_becomes_a_constant_output():
+    program = assert_exports_equivalent(lambda a: (a * 2, a.shape[1], 0.5), (torch.randn(2, 3),))
+    assert [v.name for v in program.model.graph.outputs] == ["output_0", "output_1", "output_2"]

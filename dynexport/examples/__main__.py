@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out_dir, exist_ok=True)
 
     failures = 0
-    print(f"{'model':<12} {'export s':>9} {'nodes':>6} {'inputs':<36} {'max error':>10} {'resized':>10}  result")
+    print(f"{'model':<20} {'export s':>9} {'nodes':>6} {'inputs':<36} {'max error':>10} {'resized':>10}  result")
     for name, factory in EXAMPLES.items():
         model, args, dynamic_shapes, resized = factory()
         path = os.path.join(out_dir, f"{name}.onnx")
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         graph = program.model.graph
         inputs = ", ".join(f"{v.name}[{','.join(str(d) for d in v.shape)}]" for v in graph.inputs)
         print(
-            f"{name:<12} {seconds:>9.2f} {len(graph):>6} {inputs:<36} {errors[0]:>10.2e} "
+            f"{name:<20} {seconds:>9.2f} {len(graph):>6} {inputs:<36} {errors[0]:>10.2e} "
             f"{errors[1]:>10.2e}  {'ok' if ok else 'MISMATCH'}"
         )
     print(f"ONNX files in {out_dir}")
