@@ -191,6 +191,11 @@ class _Translator:
             if rule is not None:
                 self._rules[node] = rule
                 continue
+            region = _inlined_region(node)
+            if region is not None:
+                self._decompositions[node] = region
+                missing += self.plan(region.graph, origin or node)
+                continue
             if self._decomposition_table is None:
                 self._decomposition_table = decomposition_table(lambda op: op in self.table)
             decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
@@ -280,12 +285,30 @@ class _Translator:
         sub_env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in decomposition.graph.nodes if n.op == "placeholder"]
         for placeholder, leaf in zip(placeholders, decomposition.leaves):
-            sub_env[placeholder] = env[leaf]
+            sub_env[placeholder] = env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
         self.translate_graph(decomposition.graph, sub_env, f"{name_prefix}{node.name}.", origin or node)
         output = next(n for n in reversed(decomposition.graph.nodes) if n.op == "output").args[0]
         result = torch.fx.node.map_arg(output, sub_env.__getitem__)
         self.builder.set_origin(node, origin_metadata(origin or node))
         return self._annotate_result(node, result, name_prefix + node.name)
+
+
+_INLINED_REGIONS = {
+    torch.ops.higher_order.wrap_with_set_grad_enabled: 2,
+    torch.ops.higher_order.wrap_with_autocast: 5,
+}
+
+
+def _inlined_region(node: torch.fx.Node) -> Decomposition | None:
+    """The body of a region marker that changes nothing at inference (a ``torch.no_grad()``
+    block, a disabled autocast), as a graph to translate in place of the node."""
+    first_operand = _INLINED_REGIONS.get(node.target)
+    if first_operand is None:
+        return None
+    if node.target is torch.ops.higher_order.wrap_with_autocast and node.args[2]:
+        return None  # an enabled autocast changes dtypes: no rule yet
+    body = node.graph.owning_module.get_submodule(node.args[first_operand - 1].target)
+    return Decomposition(body.graph, list(node.args[first_operand:]))
 
 
 def _promote(ctx: TranslationContext, rule: Rule, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -51,3 +51,24 @@ def test_export_does_not_retrace_the_program(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(inplace=True), torch.nn.LayerNorm(4)).eval()
     assert_exports_equivalent(model, (torch.randn(2, 4),))
     assert calls == []
+
+
+class NoGradRegion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor([2.0, 3.0]))
+
+    def forward(self, x):
+        with torch.no_grad():
+            factor = torch.cos(self.scale) + 1
+        with torch.autocast("cpu", enabled=False):
+            shifted = x.float() + 1
+        return shifted * factor
+
+
+def test_no_grad_and_disabled_autocast_regions_are_inlined():
+    program = assert_exports_equivalent(
+        NoGradRegion(), (torch.randn(3, 2),), dynamic_shapes=({0: torch.export.Dim("batch")},),
+        resized=[(torch.randn(5, 2),)],
+    )
+    assert "Cos" in op_histogram(program)

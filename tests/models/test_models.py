@@ -70,3 +70,17 @@ def test_examples_main_verifies_every_example(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert all(name in printed for name in EXAMPLES)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{name}.onnx" for name in EXAMPLES)
+
+
+def test_llama_from_tiny_transformers_config():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    assert_exports_equivalent(
+        model, (torch.randint(0, 128, (2, 12)),), dynamic_shapes=({0: Dim("batch"), 1: Dim("seq", max=256)},),
+        resized=[(torch.randint(0, 128, (3, 20)),)], atol=1e-4,
+    )
