@@ -5,16 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.equivalence import assert_exports_equivalent, op_histogram
-
-B = torch.export.Dim("batch", min=2)
+from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
 
 
-def _dynamic_check(fn, *inputs, **options):
-    """Export with a dynamic first dim and check the example plus a 3x larger and a smaller size."""
-    resized = [tuple(torch.cat([t] * 3) for t in inputs), tuple(t[:2] for t in inputs)]
-    dynamic = tuple({0: B} for _ in inputs)
-    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=resized, **options)
+
+BATCH_FROM_2 = torch.export.Dim("batch", min=2)
+
+
+def _batch_dynamic(fn, *inputs, **options):
+    return assert_batch_dynamic_equivalent(fn, *inputs, batched=[True] * len(inputs), smaller=True, dim=BATCH_FROM_2, **options)
 
 
 @pytest.mark.parametrize("opset", [18, 20, 23])
@@ -37,7 +36,7 @@ def _dynamic_check(fn, *inputs, **options):
          "double", "int64_from_floats", "used"],
 )
 def test_arange_follows_dynamic_bounds(fn, opset):
-    _dynamic_check(fn, torch.randn(4, 3), opset_version=opset)
+    _batch_dynamic(fn, torch.randn(4, 3), opset_version=opset)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +57,7 @@ def test_arange_static_length_and_values(fn):
     "dtype", [torch.float32, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool]
 )
 def test_full_zeros_ones_follow_symbolic_sizes(dtype):
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (
             torch.zeros(x.shape[0], 4, dtype=dtype),
             torch.ones(2, x.shape[0], dtype=dtype),
@@ -72,7 +71,7 @@ def test_full_zeros_ones_follow_symbolic_sizes(dtype):
 
 @pytest.mark.parametrize("opset", [18, 23])
 def test_full_with_default_and_symbolic_fill_values(opset):
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (
             torch.full((x.shape[0], 2), 3.5),
             torch.full((2,), 7),
@@ -89,7 +88,7 @@ def test_full_with_default_and_symbolic_fill_values(opset):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool])
 def test_like_factories_follow_input_shape_and_dtype(dtype):
     x = (torch.randn(3, 4) * 5).to(dtype)
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (
             torch.zeros_like(x),
             torch.ones_like(x),
@@ -105,7 +104,7 @@ def test_like_factories_follow_input_shape_and_dtype(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
 def test_new_factories(dtype):
     x = torch.ones(3, 4).to(dtype)
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (
             x.new_zeros(x.shape[0], 2),
             x.new_ones((x.shape[0],)),
@@ -119,7 +118,7 @@ def test_new_factories(dtype):
 
 
 def test_strided_empty_factories_follow_symbolic_sizes():
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (
             torch.empty_strided((x.shape[0], 3), (3, 1)).fill_(2),
             x.new_empty_strided((2, x.shape[0]), (x.shape[0], 1)).fill_(1) + x[:, 0],
@@ -131,7 +130,7 @@ def test_strided_empty_factories_follow_symbolic_sizes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
 def test_fill_scalar_and_tensor(dtype):
     x = (torch.randn(3, 4) * 5).to(dtype)
-    _dynamic_check(lambda x: (x.clone().fill_(2), x.clone().fill_(x[0, 1]), x.clone().fill_(x[-1, 0].double())), x)
+    _batch_dynamic(lambda x: (x.clone().fill_(2), x.clone().fill_(x[0, 1]), x.clone().fill_(x[-1, 0].double())), x)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +144,7 @@ def test_fill_scalar_and_tensor(dtype):
     ids=["square", "rectangular", "symbolic_columns", "static"],
 )
 def test_eye(fn):
-    _dynamic_check(fn, torch.randn(3, 2))
+    _batch_dynamic(fn, torch.randn(3, 2))
 
 
 @pytest.mark.parametrize(

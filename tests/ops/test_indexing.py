@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import dynexport
-from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
 
 B = torch.export.Dim("batch", min=2)
 COLUMNS = torch.export.Dim("columns", min=4)
@@ -16,15 +16,8 @@ aten = torch.ops.aten
 DTYPES = [torch.float32, torch.float16, torch.float64, torch.int64, torch.int32]
 
 
-def _dynamic_check(fn, inputs, batched, **options):
-    """Export with a dynamic first dim on the ``batched`` inputs; check a larger and a smaller batch."""
-    def resize(factor):
-        return tuple(
-            (torch.cat([t] * factor) if factor > 1 else t[:2]) if b else t for t, b in zip(inputs, batched)
-        )
-
-    dynamic = tuple({0: B} if b else None for b in batched)
-    return assert_exports_equivalent(fn, inputs, dynamic_shapes=dynamic, resized=[resize(3), resize(1)], **options)
+def _batch_dynamic(fn, inputs, batched, **options):
+    return assert_batch_dynamic_equivalent(fn, *inputs, batched=batched, smaller=True, dim=B, **options)
 
 
 def _data(dtype, *shape):
@@ -39,14 +32,14 @@ def _data(dtype, *shape):
 def test_embedding_with_dynamic_token_batch(dtype, index_dtype):
     weight = _data(dtype, 10, 4)
     tokens = torch.tensor([[1, 2, 9], [0, 0, 5], [3, 4, 4]], dtype=index_dtype)
-    program = _dynamic_check(lambda w, t: F.embedding(t, w, padding_idx=0), (weight, tokens), (False, True))
+    program = _batch_dynamic(lambda w, t: F.embedding(t, w, padding_idx=0), (weight, tokens), (False, True))
     assert op_histogram(program)["Gather"] == 1
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_index_select(dim):
     x = torch.randn(4, 5)
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (x.index_select(dim, torch.tensor([1, 0, 1, 1])), x.index_select(dim, torch.tensor(1))),
         (x,), (True,),
     )
@@ -57,12 +50,12 @@ def test_index_select(dim):
 def test_gather(dtype, dim):
     x = _data(dtype, 3, 4)
     index = torch.tensor([[0, 1], [1, 1], [1, 0]])
-    _dynamic_check(lambda x, i: torch.gather(x, dim, i), (x, index), (True, True))
+    _batch_dynamic(lambda x, i: torch.gather(x, dim, i), (x, index), (True, True))
 
 
 def test_gather_with_index_smaller_than_input():
     index = torch.tensor([[5, 0], [1, 3]])
-    _dynamic_check(lambda x, i: torch.gather(x, 1, i), (torch.randn(4, 6), index), (True, False))
+    _batch_dynamic(lambda x, i: torch.gather(x, 1, i), (torch.randn(4, 6), index), (True, False))
 
 
 # -- advanced indexing ------------------------------------------------------------------------
@@ -111,7 +104,7 @@ def test_index_tensor_with_dynamic_index_length():
 def test_unsafe_index_and_index_put():
     x = torch.randn(3, 4, 5)
     i = torch.tensor([3, 0, -1])
-    _dynamic_check(
+    _batch_dynamic(
         lambda x, i: (
             aten._unsafe_index(x, [None, i.view(3, 1), i[:2]]),
             aten._unsafe_index(x, [None, i]),
@@ -158,7 +151,7 @@ def test_index_put_accumulates_duplicates(dtype):
     x = _data(dtype, 4, 3)
     i = torch.tensor([0, 2, 0, -4, 1])
     v = _data(dtype, 5, 3)
-    _dynamic_check(lambda x, i, v: x.index_put((i,), v, accumulate=True), (x, i, v), (False, True, True))
+    _batch_dynamic(lambda x, i, v: x.index_put((i,), v, accumulate=True), (x, i, v), (False, True, True))
 
 
 def test_setitem_with_dynamic_batch():
@@ -172,7 +165,7 @@ def test_setitem_with_dynamic_batch():
 
     x = torch.randn(3, 5, 4)
     i = torch.tensor([1, -1])
-    _dynamic_check(fn, (x, i, torch.randn(2, 5, 4), torch.tensor(3.0)), (True, False, False, False))
+    _batch_dynamic(fn, (x, i, torch.randn(2, 5, 4), torch.tensor(3.0)), (True, False, False, False))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
@@ -195,7 +188,7 @@ def test_index_put_with_boolean_masks(indices, values_shape, dtype):
     def fn(x, m, c, v):
         return torch.ops.aten.index_put(x, indices(m, c), v), torch.ops.aten.index_put(x, indices(m, c), v, True)
 
-    _dynamic_check(fn, (x, mask, columns, values), (True, True, False, False))
+    _batch_dynamic(fn, (x, mask, columns, values), (True, True, False, False))
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
@@ -203,7 +196,7 @@ def test_masked_fill(dtype):
     x = _data(dtype, 3, 4) if dtype is not torch.bool else torch.randn(3, 4) > 0
     mask = torch.randn(3, 4) > 0
     row_mask = torch.tensor([True, False, False, True])
-    _dynamic_check(
+    _batch_dynamic(
         lambda x, m, r: (
             x.masked_fill(m, 1), x.masked_fill(r, 0), x.masked_fill(m, x[0, 0]), x.masked_fill(~m, torch.tensor(2.0))
         ),
@@ -213,7 +206,7 @@ def test_masked_fill(dtype):
 
 def test_masked_fill_with_infinities_in_half():
     x = torch.randn(2, 3, dtype=torch.float16)
-    _dynamic_check(lambda x: x.masked_fill(x > 0, float("-inf")), (x,), (True,))
+    _batch_dynamic(lambda x: x.masked_fill(x > 0, float("-inf")), (x,), (True,))
 
 
 # -- scatters ---------------------------------------------------------------------------------
@@ -226,7 +219,7 @@ def test_scatter_src_value_and_add(dtype, dim):
     index = torch.tensor([[0, 2], [1, 0], [2, 1]]) if dim == 0 else torch.tensor([[0, -1], [2, 1], [3, 3]])
     index = index.clamp(min=0)
     src = _data(dtype, 3, 2)
-    _dynamic_check(
+    _batch_dynamic(
         lambda x, i, s: (x.scatter(dim, i, s), x.scatter(dim, i, 5), x.scatter_add(dim, i, s)),
         (x, index, src), (False, False, False),
     )
@@ -236,7 +229,7 @@ def test_scatter_with_dynamic_rows_and_larger_src():
     x = torch.zeros(3, 6)
     index = torch.tensor([[5, 1], [0, 2], [3, 3]])
     src = torch.randn(3, 4)
-    _dynamic_check(lambda x, i, s: (x.scatter(1, i, s), x.scatter_add(1, i, s)), (x, index, src), (True, True, True))
+    _batch_dynamic(lambda x, i, s: (x.scatter(1, i, s), x.scatter_add(1, i, s)), (x, index, src), (True, True, True))
 
 
 @pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
@@ -244,7 +237,7 @@ def test_scatter_reduce(reduce):
     x = torch.randn(3, 5)
     index = torch.tensor([[0, 1, 0, 4], [2, 2, 2, 2], [1, 3, 1, 0]])
     src = torch.randn(3, 4)
-    _dynamic_check(lambda x, i, s: x.scatter_reduce(1, i, s, reduce), (x, index, src), (True, True, True))
+    _batch_dynamic(lambda x, i, s: x.scatter_reduce(1, i, s, reduce), (x, index, src), (True, True, True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
@@ -272,7 +265,7 @@ def test_functionalized_slice_and_select_assignment(target, dtype):
         x[:, 0] = y
         return x
 
-    _dynamic_check(fn, (_data(dtype, 3, 5, 2), _data(dtype, 3, 2)), (True, True))
+    _batch_dynamic(fn, (_data(dtype, 3, 5, 2), _data(dtype, 3, 2)), (True, True))
 
 
 def test_functionalized_slice_fill():
@@ -282,12 +275,12 @@ def test_functionalized_slice_fill():
         x[-1] = 1.0
         return x
 
-    _dynamic_check(fn, (torch.randn(3, 4),), (True,))
+    _batch_dynamic(fn, (torch.randn(3, 4),), (True,))
 
 
 def test_slice_scatter_and_select_scatter_ops():
     x = torch.randn(4, 6)
-    _dynamic_check(
+    _batch_dynamic(
         lambda x, s, r: (
             torch.slice_scatter(x, s, 1, 1, 5, 2),
             torch.slice_scatter(x, s, 1, -5, -1, 2),
@@ -307,17 +300,17 @@ def test_slice_scatter_and_select_scatter_ops():
 @pytest.mark.parametrize("diagonal", [0, 1, -2])
 def test_tril_triu(dtype, diagonal):
     x = _data(dtype, 2, 4, 5) if dtype is not torch.bool else torch.randn(2, 4, 5) > -1
-    _dynamic_check(lambda x: (x.tril(diagonal), x.triu(diagonal)), (x,), (True,))
+    _batch_dynamic(lambda x: (x.tril(diagonal), x.triu(diagonal)), (x,), (True,))
 
 
 def test_triu_with_symbolic_diagonal():
-    _dynamic_check(lambda x: torch.ones(5, 6).triu(x.shape[0]) + x.sum(), (torch.randn(2, 3),), (True,))
+    _batch_dynamic(lambda x: torch.ones(5, 6).triu(x.shape[0]) + x.sum(), (torch.randn(2, 3),), (True,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_repeat(dtype):
     x = _data(dtype, 2, 3) if dtype is not torch.bool else torch.randn(2, 3) > 0
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (
             x.repeat(2, 1), x.repeat(1, 1, 3), x.repeat(2, 3, 1, 2), x.repeat(x.shape[0], 1), x[0, 0].repeat(3)
         ),
@@ -328,7 +321,7 @@ def test_repeat(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_roll(dtype):
     x = _data(dtype, 4, 5)
-    _dynamic_check(
+    _batch_dynamic(
         lambda x: (x.roll(1, 0), x.roll(-2, 1), x.roll(7, -1), x.roll((1, 3), (0, 1)), x.roll(3), x.roll(5, 1),
                    x.roll(x.shape[0], 1)),
         (x,), (True,),
@@ -338,14 +331,14 @@ def test_roll(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_flip(dtype):
     x = _data(dtype, 3, 4, 2) if dtype is not torch.bool else torch.randn(3, 4, 2) > 0
-    _dynamic_check(lambda x: (x.flip(0), x.flip(-1), x.flip((0, 2)), x.flip(1, 0, 2)), (x,), (True,))
+    _batch_dynamic(lambda x: (x.flip(0), x.flip(-1), x.flip((0, 2)), x.flip(1, 0, 2)), (x,), (True,))
 
 
 @pytest.mark.parametrize("opset", [18, 19, 21, 22, 23])
 def test_indexing_across_opsets(opset):
     x = torch.randn(4, 5)
     i = torch.tensor([0, -1, 1])
-    _dynamic_check(
+    _batch_dynamic(
         lambda x, i: (x[:, i], x[i, i], x.index_put((i,), torch.tensor(1.0)), x.masked_fill(x > 0, 0),
                       x.tril(), x.roll(1, 0), x.flip(1), x.scatter(1, i.abs().view(1, 3).expand(x.shape[0], 3), 2.0)),
         (x, i), (True, False), opset_version=opset,
