@@ -113,7 +113,7 @@ class _DimNamer:
     """Names symbolic dims after the user's dim names (``s0`` -> ``batch``, ``2*s0`` -> ``2*batch``)."""
 
     def __init__(self, dim_names: dict[str, str]):
-        self._renames = {sympy.Symbol(k, integer=True, positive=True): sympy.Symbol(v) for k, v in dim_names.items()}
+        self._names = dim_names
         self._cache: dict[Any, str] = {}
 
     def dim(self, size: int | torch.SymInt) -> int | str:
@@ -124,7 +124,9 @@ class _DimNamer:
             return int(expr)
         name = self._cache.get(expr)
         if name is None:
-            renamed = expr.xreplace({s: self._renames.get(s, s) for s in expr.free_symbols})
+            renamed = expr.xreplace(
+                {s: sympy.Symbol(self._names[s.name]) for s in expr.free_symbols if s.name in self._names}
+            )
             name = self._cache[expr] = str(renamed)
         return name
 
