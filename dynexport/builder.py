@@ -103,6 +103,11 @@ class ModelBuilder(GraphBuilder):
         self._origin_name = "graph"
         self._origin_props: dict[str, str] = {}
 
+    @property
+    def origin_name(self) -> str:
+        """The name of the FX node being translated (new value names start with it)."""
+        return self._origin_name
+
     def set_origin(self, fx_node: torch.fx.Node, props: dict[str, str] | None = None) -> None:
         self._origin_name = fx_node.name
         self._origin_props = props if props is not None else origin_metadata(fx_node)

@@ -176,7 +176,7 @@ class _Translator:
             value.type = ir.TensorType(_symbolic_dtype(val))
             value.shape = ir.Shape([])
         if name is not None and value.producer() is not None and not value.is_graph_input():
-            if value.name is None or value.name.startswith(f"{self.builder._origin_name}."):
+            if value.name is None or value.name.startswith(f"{self.builder.origin_name}."):
                 value.name = name
 
     # -- planning -------------------------------------------------------------------------
