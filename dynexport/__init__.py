@@ -6,7 +6,13 @@
 from dynexport import errors
 from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
 from dynexport.program import ONNXProgram
-from dynexport.registry import Promote, TranslationTable, translates
+from dynexport.registry import (
+    Promote,
+    TranslationTable,
+    register_translation,
+    translates,
+    unregister_translation,
+)
 from dynexport.translate import TranslationContext
 
 __all__ = [
@@ -18,7 +24,9 @@ __all__ = [
     "TranslationTable",
     "errors",
     "export",
+    "register_translation",
     "translates",
+    "unregister_translation",
 ]
 
 __version__ = "0.1.0"

@@ -175,7 +175,7 @@ def _table(custom: Mapping[Any, Callable[..., Any]] | None) -> TranslationTable:
     for op, rule in custom.items():
         if not callable(rule):
             raise TypeError(f"custom_translation_table[{op}] must be callable, got {type(rule).__name__}")
-    return default_table.merged(dict(custom))
+    return default_table.with_overrides(dict(custom))
 
 
 def _check_names(argument: str, names: Sequence[str] | None) -> None:

@@ -28,8 +28,10 @@ __all__ = [
     "Rule",
     "TranslationTable",
     "default_table",
+    "register_translation",
     "target_name",
     "translates",
+    "unregister_translation",
 ]
 
 
@@ -69,10 +71,16 @@ def target_name(target: Any) -> str:
 
 
 class TranslationTable:
-    """Maps FX call targets (OpOverloads, ``operator.*``, ``torch.sym_*``) to rules."""
+    """Maps FX call targets (OpOverloads, ``operator.*``, ``torch.sym_*``) to rules.
 
-    def __init__(self, rules: Iterable[Rule] = ()):
+    User rules (``register_translation``, or an export's ``custom_translation_table``) sit in a
+    layer above the built-in ones: they win, and removing them brings the built-in rule back.
+    """
+
+    def __init__(self, rules: Iterable[Rule] = (), *, parent: TranslationTable | None = None):
         self._rules: dict[Any, list[Rule]] = {}
+        self._user_rules: dict[Any, Rule] = {}
+        self._parent = parent
         for rule in rules:
             self.add(rule)
 
@@ -82,31 +90,39 @@ class TranslationTable:
             candidates.append(rule)
             candidates.sort(key=lambda r: r.min_opset, reverse=True)
 
-    def remove(self, target: Any) -> None:
-        self._rules.pop(target, None)
+    def override(self, target: Any, fn: Callable[..., Any]) -> None:
+        """Make ``fn`` the rule for ``target``, above any built-in rule."""
+        self._user_rules[target] = Rule(fn=fn, targets=(target,))
+
+    def remove_override(self, target: Any) -> bool:
+        """Drop the user rule for ``target``; True when there was one."""
+        return self._user_rules.pop(target, None) is not None
 
     def __contains__(self, target: Any) -> bool:
-        return target in self._rules
-
-    def targets(self) -> list[Any]:
-        return list(self._rules)
+        return (
+            target in self._user_rules
+            or target in self._rules
+            or (self._parent is not None and target in self._parent)
+        )
 
     def lookup(self, target: Any, node: torch.fx.Node | None, opset: int) -> Rule | None:
         """The rule for ``target`` at ``opset`` that accepts ``node``, or None."""
+        user_rule = self._user_rules.get(target)
+        if user_rule is not None:
+            return user_rule
         for rule in self._rules.get(target, ()):
             if rule.min_opset > opset:
                 continue
             if rule.checker is not None and node is not None and not rule.checker(node):
                 continue
             return rule
-        return None
+        return self._parent.lookup(target, node, opset) if self._parent is not None else None
 
-    def merged(self, overrides: dict[Any, Callable[..., Any]] | None) -> TranslationTable:
-        """A copy of this table where ``overrides`` (target -> rule function) take precedence."""
-        table = TranslationTable()
-        table._rules = {target: list(rules) for target, rules in self._rules.items()}
-        for target, fn in (overrides or {}).items():
-            table._rules[target] = [Rule(fn=fn, targets=(target,))]
+    def with_overrides(self, overrides: dict[Any, Callable[..., Any]]) -> TranslationTable:
+        """A table that looks up ``overrides`` (target -> rule function) first, then this one."""
+        table = TranslationTable(parent=self)
+        for target, fn in overrides.items():
+            table.override(target, fn)
         return table
 
 
@@ -142,3 +158,26 @@ def translates(
         return fn
 
     return register
+
+
+def register_translation(target: Any, fn: Callable[..., Any]) -> None:
+    """Translate ``target`` (an OpOverload such as ``torch.ops.mylib.foo.default``) with ``fn``
+    in every export from now on, in place of any built-in rule.
+
+    ``fn(ctx, *args, **kwargs)`` receives the translation context and the operator's arguments
+    (ONNX values for tensors) and returns ONNX values; emit ops with ``ctx.op.<Op>(...)``, in a
+    custom domain with ``ctx.op.<Op>(..., _domain="my.domain")``.
+    """
+    if not callable(fn):
+        raise TypeError(f"the translation for {target_name(target)} must be callable, got {type(fn).__name__}")
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        raise TypeError(
+            f"register_translation needs an overload such as {target}.default, not the packet {target}"
+        )
+    default_table.override(target, fn)
+
+
+def unregister_translation(target: Any) -> None:
+    """Undo :func:`register_translation` for ``target``: the built-in rule (if any) applies again."""
+    if not default_table.remove_override(target):
+        raise KeyError(f"no translation was registered for {target_name(target)}")
