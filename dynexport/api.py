@@ -42,6 +42,8 @@ def export(
     do_constant_folding: bool = True,
     optimize: bool = True,
     custom_translation_table: Mapping[Any, Callable[..., Any]] | None = None,
+    custom_opsets: Mapping[str, int] | None = None,
+    fallback: str | None = None,
     dynamo: bool = True,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
@@ -69,6 +71,12 @@ def export(
         do_constant_folding: fold constant subgraphs.
         optimize: run the ONNX optimization passes at all.
         custom_translation_table: ``{op_overload: rule}``; these rules take precedence.
+        custom_opsets: ``{domain: version}`` for the custom domains rules emit into; a domain
+            used without an entry is imported at version 1.
+        fallback: ``"custom_domain"`` exports each operator that has neither a rule nor a
+            decomposition as one node in the domain ``pkg.torch.<namespace>`` (its non-tensor
+            arguments as attributes) with a warning, instead of raising
+            ``UnsupportedOperatorError``.
         dynamo: must be True (the TorchScript path is not available yet).
 
     Returns:
@@ -95,6 +103,9 @@ def export(
     _check_names("input_names", input_names)
     _check_names("output_names", output_names)
     _check_destination(f)
+    _check_custom_opsets(custom_opsets)
+    if fallback not in (None, "custom_domain"):
+        raise ValueError(f"fallback={fallback!r} is not supported; use None (raise) or 'custom_domain'")
     table = _table(custom_translation_table)
 
     timings: dict[str, float] = {}
@@ -135,6 +146,8 @@ def export(
         export_params=export_params,
         keep_initializers_as_inputs=keep_initializers_as_inputs,
         timings=timings,
+        fallback_to_custom_domain=fallback == "custom_domain",
+        custom_opsets=dict(custom_opsets or {}),
     )
     with _phase(timings, "optimize"):
         if optimize:
@@ -176,6 +189,21 @@ def _table(custom: Mapping[Any, Callable[..., Any]] | None) -> TranslationTable:
         if not callable(rule):
             raise TypeError(f"custom_translation_table[{op}] must be callable, got {type(rule).__name__}")
     return default_table.with_overrides(dict(custom))
+
+
+def _check_custom_opsets(custom_opsets: Mapping[str, int] | None) -> None:
+    if custom_opsets is None:
+        return
+    if not isinstance(custom_opsets, Mapping):
+        raise TypeError("custom_opsets must be a dict {domain: version}")
+    for domain, version in custom_opsets.items():
+        if not isinstance(domain, str) or domain in ("", "ai.onnx"):
+            raise ValueError(
+                f"custom_opsets names domain {domain!r}; the default ONNX domain's version is "
+                "opset_version, custom_opsets is for custom domains"
+            )
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"custom_opsets[{domain!r}] must be a positive int, got {version!r}")
 
 
 def _check_names(argument: str, names: Sequence[str] | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -135,8 +136,17 @@ class _DimNamer:
 
 
 class _Translator:
-    def __init__(self, table: TranslationTable, opset: int, dim_names: dict[str, str], fake_mode):
+    def __init__(
+        self,
+        table: TranslationTable,
+        opset: int,
+        dim_names: dict[str, str],
+        fake_mode,
+        fallback_to_custom_domain: bool = False,
+    ):
         self.table = table
+        self.fallback_to_custom_domain = fallback_to_custom_domain
+        self.fallbacks: dict[torch.fx.Node, Any] = {}
         self.fake_mode = fake_mode
         self._decomposition_table: dict[Any, Callable[..., Any]] | None = None
         self._decompositions: dict[torch.fx.Node, Decomposition] = {}
@@ -202,7 +212,10 @@ class _Translator:
                 self._decomposition_table = decomposition_table(lambda op: op in self.table)
             decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
             if decomposition is None:
-                missing.append((target_name(target), origin or node))
+                if self.fallback_to_custom_domain and isinstance(target, torch._ops.OpOverload):
+                    self.fallbacks[node] = target
+                else:
+                    missing.append((target_name(target), origin or node))
                 continue
             self._decompositions[node] = decomposition
             missing += self.plan(decomposition.graph, origin or node)
@@ -241,6 +254,8 @@ class _Translator:
         origin: torch.fx.Node | None,
     ) -> Any:
         rule = self._rules.get(node)
+        if node in self.fallbacks:
+            return self.custom_domain_node(node, env, origin)
         if rule is None:
             return self.decompose(node, env, name_prefix, origin)
         self.builder.set_origin(node, origin_metadata(origin or node))
@@ -265,6 +280,31 @@ class _Translator:
                 "this is a bug in dynexport's rule; please report it with the model.",
             ) from error
         return self._annotate_result(node, result, name_prefix + node.name)
+
+    def custom_domain_node(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], origin: torch.fx.Node | None) -> Any:
+        """One node in the domain ``pkg.torch.<namespace>`` standing for an operator with no
+        translation: tensor arguments are its inputs, the others its attributes."""
+        target = self.fallbacks[node]
+        self.builder.set_origin(node, origin_metadata(origin or node))
+        inputs: list[ir.Value] = []
+        attributes: dict[str, Any] = {}
+        schema = target._schema.arguments
+        bound = list(zip(schema, node.args)) + [(a, node.kwargs[a.name]) for a in schema if a.name in node.kwargs]
+        for argument, value in bound:
+            translated = torch.fx.node.map_arg(value, env.__getitem__)
+            if isinstance(translated, ir.Value):
+                inputs.append(translated)
+            elif isinstance(translated, (list, tuple)) and any(isinstance(v, ir.Value) for v in translated):
+                inputs.extend(v for v in translated if isinstance(v, ir.Value))
+            elif translated is not None and argument.name not in _PLACEMENT_KWARGS:
+                attributes[argument.name] = _attribute_value(translated)
+        val = node.meta.get("val")
+        count = len(val) if isinstance(val, (tuple, list)) else 1
+        name = target._opname if target._overloadname == "default" else f"{target._opname}.{target._overloadname}"
+        result = self.builder.call_op(
+            name, inputs, attributes, domain=f"pkg.torch.{target.namespace}", version=1, outputs=count
+        )
+        return self._annotate_result(node, list(result) if count > 1 else result, node.name)
 
     def _annotate_result(self, node: torch.fx.Node, result: Any, name: str) -> Any:
         val = node.meta.get("val")
@@ -311,6 +351,19 @@ def _inlined_region(node: torch.fx.Node) -> Decomposition | None:
         return None  # an enabled autocast changes dtypes: no rule yet
     body = node.graph.owning_module.get_submodule(node.args[first_operand - 1].target)
     return Decomposition(body.graph, list(node.args[first_operand:]))
+
+
+def _attribute_value(value: Any) -> Any:
+    """A non-tensor operator argument as an ONNX attribute value."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return int(to_onnx_dtype(value))
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return str(value)
 
 
 def _promote(ctx: TranslationContext, rule: Rule, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -383,6 +436,8 @@ def translate_program(
     export_params: bool = True,
     keep_initializers_as_inputs: bool = False,
     timings: dict[str, float] | None = None,
+    fallback_to_custom_domain: bool = False,
+    custom_opsets: dict[str, int] | None = None,
 ) -> ir.Model:
     """Translate ``program`` into an ONNX model (no optimization, no file).
 
@@ -395,7 +450,7 @@ def translate_program(
     fake_mode = torch._guards.detect_fake_mode(
         [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
     )
-    translator = _Translator(table, opset, io.dim_names, fake_mode)
+    translator = _Translator(table, opset, io.dim_names, fake_mode, fallback_to_custom_domain)
     missing = translator.plan(program.graph)
     timings["decompose"] = timings.get("decompose", 0.0) + time.perf_counter() - start
     if missing:
@@ -438,8 +493,31 @@ def translate_program(
 
     translator.translate_graph(program.graph, env)
     _add_outputs(translator, program, env, io.output_names)
+    _import_custom_domains(graph, custom_opsets or {})
+    if translator.fallbacks:
+        names = sorted({target_name(t) for t in translator.fallbacks.values()})
+        warnings.warn(
+            f"{len(names)} operator(s) have no ONNX translation and were exported as custom-domain "
+            f"nodes (pkg.torch.<namespace>), which a runtime must implement: {', '.join(names)}",
+            stacklevel=3,
+        )
     timings["translate"] = timings.get("translate", 0.0) + time.perf_counter() - start
-    return ir.Model(graph, ir_version=10, producer_name="dynexport", producer_version=_version())
+    return ir.Model(
+        graph,
+        ir_version=10,
+        producer_name="dynexport",
+        producer_version=_version(),
+        functions=list(translator.builder.functions.values()),
+    )
+
+
+def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int]) -> None:
+    """Declare every domain the nodes use: at ``custom_opsets``' version, else 1."""
+    for node in graph.all_nodes():
+        if node.domain not in graph.opset_imports:
+            graph.opset_imports[node.domain] = custom_opsets.get(node.domain, 1)
+    for domain, version in custom_opsets.items():
+        graph.opset_imports.setdefault(domain, version)
 
 
 def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any], names: list[str]) -> None:
