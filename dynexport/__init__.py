@@ -5,6 +5,7 @@
 
 from dynexport import errors
 from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
+from dynexport.modes import TrainingMode, is_in_onnx_export, select_model_mode_for_export, shape_as_tensor
 from dynexport.program import ONNXProgram
 from dynexport.registry import (
     Promote,
@@ -21,10 +22,14 @@ __all__ = [
     "Promote",
     "SUPPORTED_OPSETS",
     "TranslationContext",
+    "TrainingMode",
     "TranslationTable",
     "errors",
     "export",
+    "is_in_onnx_export",
     "register_translation",
+    "select_model_mode_for_export",
+    "shape_as_tensor",
     "translates",
     "unregister_translation",
 ]

@@ -13,6 +13,7 @@ import torch
 
 from dynexport import capture as capture_stage
 from dynexport import signature
+from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
@@ -44,6 +45,7 @@ def export(
     custom_translation_table: Mapping[Any, Callable[..., Any]] | None = None,
     custom_opsets: Mapping[str, int] | None = None,
     fallback: str | None = None,
+    training: TrainingMode = TrainingMode.EVAL,
     dynamo: bool = True,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
@@ -77,6 +79,9 @@ def export(
             decomposition as one node in the domain ``pkg.torch.<namespace>`` (its non-tensor
             arguments as attributes) with a warning, instead of raising
             ``UnsupportedOperatorError``.
+        training: ``torch.onnx.TrainingMode``: EVAL (default) exports the model in eval mode,
+            TRAINING in train mode (dropout stays random), PRESERVE as it is; the model's own
+            mode is restored afterwards.
         dynamo: must be True (the TorchScript path is not available yet).
 
     Returns:
@@ -104,6 +109,8 @@ def export(
     _check_names("output_names", output_names)
     _check_destination(f)
     _check_custom_opsets(custom_opsets)
+    if not isinstance(training, TrainingMode):
+        raise TypeError(f"training must be a torch.onnx.TrainingMode, got {training!r}")
     if fallback not in (None, "custom_domain"):
         raise ValueError(f"fallback={fallback!r} is not supported; use None (raise) or 'custom_domain'")
     table = _table(custom_translation_table)
@@ -132,7 +139,7 @@ def export(
             )
         else:
             requested_dims = signature.named_dims(dynamic_shapes, bound)
-        with _phase(timings, "capture"):
+        with _phase(timings, "capture"), exporting(), select_model_mode_for_export(module, training):
             program, strategy = capture_stage.capture(module, args, kwargs, dynamic_shapes)
 
     with _phase(timings, "decompose"):
