@@ -4,7 +4,7 @@
 """
 
 from dynexport import errors
-from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
+from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export, export_to_pretty_string
 from dynexport.modes import TrainingMode, is_in_onnx_export, select_model_mode_for_export, shape_as_tensor
 from dynexport.program import ONNXProgram
 from dynexport.registry import (
@@ -15,6 +15,7 @@ from dynexport.registry import (
     unregister_translation,
 )
 from dynexport.translate import TranslationContext
+from dynexport.verification import VerificationReport, verify
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -26,12 +27,15 @@ __all__ = [
     "TranslationTable",
     "errors",
     "export",
+    "export_to_pretty_string",
     "is_in_onnx_export",
     "register_translation",
     "select_model_mode_for_export",
     "shape_as_tensor",
     "translates",
     "unregister_translation",
+    "VerificationReport",
+    "verify",
 ]
 
 __version__ = "0.1.0"

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import torch
 
 from dynexport import capture as capture_stage
+from dynexport import report as report_stage
 from dynexport import signature
+from dynexport.module_functions import module_selector
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
+from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
 from dynexport.registry import TranslationTable, default_table
 from dynexport.translate import translate_program
 
-__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "export"]
+__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "export", "export_to_pretty_string", "phase_listener"]
 
 DEFAULT_OPSET = 20
 SUPPORTED_OPSETS = range(18, 24)
@@ -46,7 +51,11 @@ def export(
     custom_opsets: Mapping[str, int] | None = None,
     fallback: str | None = None,
     training: TrainingMode = TrainingMode.EVAL,
+    export_modules_as_functions: bool | Collection[type[torch.nn.Module]] = False,
     dynamo: bool = True,
+    example_inputs: Sequence[Any] | None = None,
+    report: bool | str | os.PathLike = False,
+    verify: bool = False,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
 
@@ -82,7 +91,21 @@ def export(
         training: ``torch.onnx.TrainingMode``: EVAL (default) exports the model in eval mode,
             TRAINING in train mode (dropout stays random), PRESERVE as it is; the model's own
             mode is restored afterwards.
+        export_modules_as_functions: True, or a set of module classes: each call of such a
+            module becomes a call of an ONNX local function named after its class (nested for
+            nested modules; calls with identical bodies share one definition).
         dynamo: must be True (the TorchScript path is not available yet).
+        example_inputs: with ``dynamic_shapes="auto"``: further example calls (``(args,
+            kwargs)`` pairs or argument tuples); every dim whose size differs between them and
+            ``args`` becomes dynamic (``batch``, ``sequence``, ``<input>_dim_<axis>``). With
+            ``args=()`` the first example is the export call.
+        report: write a markdown report of the export (capture, timings, how each operator was
+            translated, the ONNX op histogram, verification), on success and on failure:
+            True (next to ``f`` as ``<name>.report.md``, else ``<model>.report.md`` here) or a
+            path. ``program.report_path`` says where; a failed export's error says so too.
+        verify: run the model in PyTorch and onnxruntime on ``args`` and compare the outputs
+            (``program.verification``); raises ``VerificationError`` (after writing ``f``) when
+            they differ.
 
     Returns:
         An :class:`ONNXProgram`.
@@ -91,6 +114,7 @@ def export(
         ValueError, TypeError: inconsistent or unsupported arguments, before any work is done.
         dynexport.errors.CaptureError: torch.export could not capture the model.
         dynexport.errors.UnsupportedOperatorError: operators with no translation, all listed.
+        dynexport.verification.VerificationError: with ``verify=True``, outputs that differ.
     """
     opset = DEFAULT_OPSET if opset_version is None else opset_version
     if isinstance(opset, bool) or not isinstance(opset, int) or opset not in SUPPORTED_OPSETS:
@@ -109,63 +133,130 @@ def export(
     _check_names("output_names", output_names)
     _check_destination(f)
     _check_custom_opsets(custom_opsets)
+    module_functions = _module_selection(export_modules_as_functions)
     if not isinstance(training, TrainingMode):
         raise TypeError(f"training must be a torch.onnx.TrainingMode, got {training!r}")
     if fallback not in (None, "custom_domain"):
         raise ValueError(f"fallback={fallback!r} is not supported; use None (raise) or 'custom_domain'")
     table = _table(custom_translation_table)
 
-    timings: dict[str, float] = {}
-    if isinstance(model, torch.export.ExportedProgram):
-        if dynamic_shapes is not None or dynamic_axes is not None:
-            raise ValueError(
-                "an ExportedProgram's dynamic shapes were fixed when it was captured; pass "
-                "dynamic_shapes to torch.export.export instead of to dynexport.export"
-            )
-        program, strategy, requested_dims = model, "given ExportedProgram", {}
-        if input_names is not None:
-            _check_input_count(input_names, _count_tensor_inputs(program))
-    else:
-        args, kwargs = signature.split_legacy_args(args, kwargs)
-        module = capture_stage.as_module(model, args)
-        signature.check_argument_types(args, kwargs)
-        bound = signature.bind_arguments(module.forward, args, kwargs)
-        tensor_leaves = sum(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((args, kwargs)))
-        if input_names is not None:
-            _check_input_count(input_names, tensor_leaves)
-        if dynamic_axes is not None:
-            dynamic_shapes, requested_dims = signature.dynamic_shapes_from_axes(
-                dynamic_axes, bound, input_names, output_names
-            )
-        else:
-            requested_dims = signature.named_dims(dynamic_shapes, bound)
-        with _phase(timings, "capture"), exporting(), select_model_mode_for_export(module, training):
-            program, strategy = capture_stage.capture(module, args, kwargs, dynamic_shapes)
-
-    with _phase(timings, "decompose"):
-        program = _functionalized(program)
-    io_names = signature.graph_io(program, input_names, output_names, requested_dims)
-    onnx_model = translate_program(
-        program,
-        io_names,
-        table=table,
-        opset=opset,
-        export_params=export_params,
-        keep_initializers_as_inputs=keep_initializers_as_inputs,
-        timings=timings,
-        fallback_to_custom_domain=fallback == "custom_domain",
-        custom_opsets=dict(custom_opsets or {}),
+    if isinstance(dynamic_shapes, str) and dynamic_shapes != "auto":
+        raise ValueError(f"dynamic_shapes={dynamic_shapes!r}: the only string accepted is 'auto'")
+    auto_dims = isinstance(dynamic_shapes, str)
+    if auto_dims and isinstance(model, torch.export.ExportedProgram):
+        raise ValueError("dynamic_shapes='auto' needs a model to capture, not an ExportedProgram")
+    if example_inputs is not None and not auto_dims:
+        raise ValueError("example_inputs is only used with dynamic_shapes='auto'")
+    if auto_dims and not example_inputs:
+        raise ValueError(
+            "dynamic_shapes='auto' needs example_inputs: a list of further calls (args tuples or "
+            "(args, kwargs) pairs) whose sizes differ where the model is dynamic"
+        )
+    if auto_dims and not args and not kwargs:
+        (args, kwargs), example_inputs = signature.as_call(example_inputs[0]), example_inputs[1:]
+        if not example_inputs:
+            raise ValueError("dynamic_shapes='auto' needs at least two example calls")
+    model_name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
+    report_file = _report_file(report, f, model_name)
+    record = report_stage.ExportRecord(
+        model_name, opset, destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
     )
-    with _phase(timings, "optimize"):
-        if optimize:
-            optimize_model(onnx_model, fold_constants=do_constant_folding)
-    result = ONNXProgram(onnx_model, program, timings=timings, capture_strategy=strategy)
-    if f is not None:
-        with _phase(result.timings, "serialize"):
-            result.save(f)
-    if verbose:
-        print(onnx_model)
-    return result
+    with report_stage.reporting(report_file, record):
+        timings = record.timings
+        if isinstance(model, torch.export.ExportedProgram):
+            if dynamic_shapes is not None or dynamic_axes is not None:
+                raise ValueError(
+                    "an ExportedProgram's dynamic shapes were fixed when it was captured; pass "
+                    "dynamic_shapes to torch.export.export instead of to dynexport.export"
+                )
+            program, strategy, requested_dims = model, "given ExportedProgram", {}
+            args, kwargs = (), {}
+            if input_names is not None:
+                _check_input_count(input_names, _count_tensor_inputs(program))
+        else:
+            args, kwargs = signature.split_legacy_args(args, kwargs)
+            module = capture_stage.as_module(model, args)
+            signature.check_argument_types(args, kwargs)
+            bound = signature.bind_arguments(module.forward, args, kwargs)
+            tensor_leaves = sum(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((args, kwargs)))
+            if input_names is not None:
+                _check_input_count(input_names, tensor_leaves)
+            if dynamic_axes is not None:
+                dynamic_shapes, requested_dims = signature.dynamic_shapes_from_axes(
+                    dynamic_axes, bound, input_names, output_names
+                )
+            elif auto_dims:
+                dynamic_shapes, requested_dims = signature.dynamic_shapes_from_examples(
+                    module.forward, bound, example_inputs
+                )
+            else:
+                requested_dims = signature.named_dims(dynamic_shapes, bound)
+            with _phase(timings, "capture"), exporting(), select_model_mode_for_export(module, training):
+                program, strategy = capture_stage.capture(module, args, kwargs, dynamic_shapes)
+            if auto_dims:
+                _warn_fixed_dims(program, requested_dims)
+        record.strategy, record.exported_program = strategy, program
+
+        with _phase(timings, "decompose"):
+            program = _functionalized(program)
+        record.exported_program = program
+        io_names = signature.graph_io(program, input_names, output_names, requested_dims)
+        onnx_model = translate_program(
+            program,
+            io_names,
+            table=table,
+            opset=opset,
+            export_params=export_params,
+            keep_initializers_as_inputs=keep_initializers_as_inputs,
+            timings=timings,
+            summary=record.summary,
+            fallback_to_custom_domain=fallback == "custom_domain",
+            custom_opsets=dict(custom_opsets or {}),
+            module_functions=module_functions,
+            simplifications=simplify_program(program, fold_constants=do_constant_folding) if optimize else None,
+        )
+        _notify("translate", timings.get("translate", 0.0))
+        with _phase(timings, "optimize"):
+            if optimize:
+                with _dataless_weights_hidden(onnx_model):
+                    optimize_model(onnx_model, fold_constants=do_constant_folding)
+        record.onnx_model = onnx_model
+        result = ONNXProgram(onnx_model, program, timings=timings, capture_strategy=strategy)
+        timings = record.timings = result.timings
+        result.report_path = report_file
+        if verify:
+            with _phase(timings, "verify"):
+                eager = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+                record.verification = result.verify(*args, model=eager, kwargs=kwargs)
+        if f is not None:
+            with _phase(result.timings, "serialize"):
+                result.save(f)
+        if verbose:
+            print(result.to_text())
+        if record.verification is not None:
+            record.verification.raise_on_failure()
+        return result
+
+
+_phase_listener: contextvars.ContextVar[Callable[[str, float], None] | None] = contextvars.ContextVar(
+    "dynexport_phase_listener", default=None
+)
+
+
+@contextlib.contextmanager
+def phase_listener(callback: Callable[[str, float], None]) -> Iterator[None]:
+    """Call ``callback(phase, seconds)`` as each export phase ends (the CLI prints them)."""
+    token = _phase_listener.set(callback)
+    try:
+        yield
+    finally:
+        _phase_listener.reset(token)
+
+
+def _notify(name: str, seconds: float) -> None:
+    callback = _phase_listener.get()
+    if callback is not None:
+        callback(name, seconds)
 
 
 @contextlib.contextmanager
@@ -174,7 +265,56 @@ def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        timings[name] = timings.get(name, 0.0) + seconds
+        _notify(name, seconds)
+
+
+@contextlib.contextmanager
+def _dataless_weights_hidden(model: Any) -> Iterator[None]:
+    """Weights on the meta device or fake have no values to fold: the passes see them as
+    initializers of unknown value (their data comes later, by name, through apply_weights)."""
+    from dynexport.program import _has_data
+
+    hidden = [
+        (value, value.const_value)
+        for value in model.graph.initializers.values()
+        if value.const_value is not None and not _has_data(value.const_value)
+    ]
+    for value, _ in hidden:
+        value.const_value = None
+    try:
+        yield
+    finally:
+        for value, tensor in hidden:
+            value.const_value = tensor
+
+
+def _report_file(report: Any, f: Any, model_name: str) -> str | None:
+    if report is None or report is False:
+        return None
+    if report is True:
+        return report_stage.default_report_path(f, model_name)
+    if not isinstance(report, (str, os.PathLike)):
+        raise TypeError(f"report must be True, False or a path, got {type(report).__name__}")
+    path = os.fspath(report)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write the report {path!r}: directory {directory!r} does not exist")
+    return path
+
+
+def _warn_fixed_dims(program: torch.export.ExportedProgram, requested_dims: dict[tuple[str, int], str]) -> None:
+    """Warn about dims that differ between the example inputs but that the model fixes."""
+    placeholders = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    for (name, axis), dim in requested_dims.items():
+        val = placeholders.get(name)
+        if isinstance(val, torch.Tensor) and isinstance(val.shape[axis], int):
+            warnings.warn(
+                f"dim {axis} of input {name!r} differs between the example inputs, but the model "
+                f"fixes it to {val.shape[axis]}: the ONNX model accepts only that size",
+                stacklevel=3,
+            )
 
 
 def _functionalized(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -196,6 +336,20 @@ def _table(custom: Mapping[Any, Callable[..., Any]] | None) -> TranslationTable:
         if not callable(rule):
             raise TypeError(f"custom_translation_table[{op}] must be callable, got {type(rule).__name__}")
     return default_table.with_overrides(dict(custom))
+
+
+def _module_selection(selection: Any) -> Callable[[str], bool] | None:
+    if selection is False or selection is None:
+        return None
+    if selection is not True:
+        if isinstance(selection, (str, type)) or not all(
+            isinstance(cls, type) and issubclass(cls, torch.nn.Module) for cls in selection
+        ):
+            raise TypeError(
+                "export_modules_as_functions must be True or a set of nn.Module classes, "
+                f"got {selection!r}"
+            )
+    return module_selector(selection)
 
 
 def _check_custom_opsets(custom_opsets: Mapping[str, int] | None) -> None:
@@ -250,3 +404,12 @@ def _check_destination(f: Any) -> None:
         return
     if isinstance(f, io.TextIOBase) or not hasattr(f, "write"):
         raise TypeError(f"f must be a path or a binary file object, got {type(f).__name__}")
+
+
+def export_to_pretty_string(model: Any, args: Any = (), **export_options: Any) -> str:
+    """Export ``model`` (same arguments as :func:`export`, without ``f``) and return the graph's
+    text form: inputs with types and shapes, then one line per node with its op, attributes,
+    outputs and module (see :meth:`ONNXProgram.to_text`)."""
+    if "f" in export_options:
+        raise TypeError("export_to_pretty_string writes no file; drop f")
+    return export(model, args, **export_options).to_text()

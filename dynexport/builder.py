@@ -20,7 +20,7 @@ from onnxscript import BuilderFeature, GraphBuilder
 
 from dynexport.errors import source_line
 
-__all__ = ["ModelBuilder", "origin_metadata"]
+__all__ = ["ModelBuilder", "module_calls", "origin_metadata"]
 
 _BOOL_RESULT = frozenset(
     {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
@@ -53,6 +53,11 @@ def _element_type(node: ir.Node) -> list[ir.DataType | None]:
         dtype = ir.DataType.INT64
     elif op == "Where":
         dtype = node.inputs[1].dtype
+    elif op == "QuantizeLinear":
+        # The zero point's type, uint8 without one.
+        dtype = node.inputs[2].dtype if len(node.inputs) > 2 and node.inputs[2] is not None else ir.DataType.UINT8
+    elif op == "DequantizeLinear":
+        dtype = node.inputs[1].dtype
     elif op in ("TopK", "MaxPool"):
         return [first, ir.DataType.INT64][: len(node.outputs)]
     elif op == "LayerNormalization":
@@ -64,6 +69,18 @@ def _element_type(node: ir.Node) -> list[ir.DataType | None]:
     else:
         dtype = first
     return [dtype] * len(node.outputs)
+
+
+def module_calls(fx_node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
+    """The module calls an FX node runs inside, outermost first, without the root module: one
+    ``(call key, module path, qualified class name)`` per call (a module called twice has two
+    keys)."""
+    stack = fx_node.meta.get("nn_module_stack") or {}
+    return tuple(
+        (key, path, cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}")
+        for key, (path, cls) in stack.items()
+        if path
+    )
 
 
 def origin_metadata(fx_node: torch.fx.Node) -> dict[str, str]:
@@ -102,15 +119,25 @@ class ModelBuilder(GraphBuilder):
         self._features = BuilderFeature.CAST_INPUTS | BuilderFeature.INFER_SHAPES
         self._origin_name = "graph"
         self._origin_props: dict[str, str] = {}
+        self._origin_calls: tuple[tuple[str, str, str], ...] = ()
+        self._origins: dict[torch.fx.Node, tuple[dict[str, str], tuple[tuple[str, str, str], ...]]] = {}
+        # The module calls each emitted node belongs to, for export_modules_as_functions.
+        self.node_module_calls: dict[ir.Node, tuple[tuple[str, str, str], ...]] = {}
 
     @property
     def origin_name(self) -> str:
         """The name of the FX node being translated (new value names start with it)."""
         return self._origin_name
 
-    def set_origin(self, fx_node: torch.fx.Node, props: dict[str, str] | None = None) -> None:
+    def set_origin(self, fx_node: torch.fx.Node, origin: torch.fx.Node | None = None) -> None:
+        """Name and annotate what is built next after ``fx_node``; the metadata (module, source
+        line) comes from ``origin``, the model's node that ``fx_node`` decomposes, if any."""
         self._origin_name = fx_node.name
-        self._origin_props = props if props is not None else origin_metadata(fx_node)
+        source = origin or fx_node
+        cached = self._origins.get(source)
+        if cached is None:
+            cached = self._origins[source] = (origin_metadata(source), module_calls(source))
+        self._origin_props, self._origin_calls = cached
 
     def _get_schema(self, op_type, domain, version):
         if version is None:
@@ -132,6 +159,7 @@ class ModelBuilder(GraphBuilder):
 
     def _annotate_node(self, node: ir.Node) -> None:
         node.metadata_props.update(self._origin_props)
+        self.node_module_calls[node] = self._origin_calls
 
     def _generate_node_name(self, op_type: str) -> str:
         return f"{self._origin_name}/{op_type}_{self.graph.num_nodes()}"

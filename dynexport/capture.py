@@ -121,3 +121,19 @@ def _size_oblivious(enabled: bool):
         return
     with fx_config.patch(backed_size_oblivious=True):
         yield
+
+
+def _fake_quantize_shapes(self, *args):
+    return torch.empty_like(self), torch.empty_like(self, dtype=torch.bool)
+
+
+# torch has no meta kernels for fake quantization: its fake tensors run the real kernel instead,
+# which only works for static shapes. The output and mask have the input's shape.
+_META = torch.library.Library("aten", "IMPL")
+for _op in (
+    "fake_quantize_per_tensor_affine_cachemask",
+    "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams",
+    "fake_quantize_per_channel_affine_cachemask",
+):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_op}", "Meta"):
+        _META.impl(_op, _fake_quantize_shapes, "Meta")

@@ -50,7 +50,11 @@ def select_model_mode_for_export(model: torch.nn.Module, mode: TrainingMode) -> 
         yield
         return
     flags = [(module, module.training) for module in model.modules()]
-    model.train(mode is TrainingMode.TRAINING)
+    try:
+        model.train(mode is TrainingMode.TRAINING)
+    except NotImplementedError:  # ExportedProgram.module() refuses train(); its flags still count
+        for module, _ in flags:
+            module.training = mode is TrainingMode.TRAINING
     try:
         yield
     finally:

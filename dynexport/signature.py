@@ -32,6 +32,7 @@ __all__ = [
     "bind_arguments",
     "check_argument_types",
     "dynamic_shapes_from_axes",
+    "dynamic_shapes_from_examples",
     "graph_io",
     "split_legacy_args",
 ]
@@ -221,8 +222,13 @@ def graph_io(
                 continue
             symbol = str(size.node.expr)
             wanted = requested_dims.get((spec.arg.name, axis))
-            if wanted is not None:
-                dim_names[symbol] = wanted
+            if wanted is not None and symbol not in dim_names:
+                # Dims torch did not unify must not share a name: ONNX would read them as equal.
+                taken = set(dim_names.values())
+                unique, n = wanted, 1
+                while unique in taken:
+                    unique, n = f"{wanted}_{n}", n + 1
+                dim_names[symbol] = unique
             else:
                 dim_names.setdefault(symbol, f"{input_name}_dim_{axis}")
 
@@ -249,3 +255,92 @@ def _output_paths(program: torch.export.ExportedProgram, count: int) -> list[str
         parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
         names.append(".".join(parts) if isinstance(dummy, dict) else "output_" + "_".join(parts))
     return names
+
+
+def as_call(example: Any) -> tuple[tuple, dict]:
+    """One example call as ``(args, kwargs)``: an ``(args_tuple, kwargs_dict)`` pair, a tuple of
+    arguments (torch.onnx conventions: a trailing dict holds kwargs) or a single tensor."""
+    if (
+        isinstance(example, tuple) and len(example) == 2
+        and isinstance(example[0], (tuple, list)) and isinstance(example[1], Mapping)
+    ):
+        return tuple(example[0]), dict(example[1])
+    return split_legacy_args(example, None)
+
+
+def dynamic_shapes_from_examples(
+    forward: Any, bound: dict[str, Any], example_inputs: Sequence[Any]
+) -> tuple[dict[str, Any], dict[tuple[str, int], str]]:
+    """``dynamic_shapes`` marking every dim whose size differs between the example calls.
+
+    ``bound`` is the export call's arguments by parameter name; ``example_inputs`` further
+    calls (see :func:`as_call`). Dims that always have the same sizes share one name: the
+    first dim is ``batch``, the second dim of a 2-D tensor (token ids, masks) ``sequence``,
+    any other ``<input>_dim_<axis>``. The dims are ``Dim.AUTO``: torch.export infers their ranges.
+
+    Returns the dynamic_shapes (keyed by parameter) and the dim names, keyed by (input, axis).
+    """
+    if isinstance(example_inputs, (str, bytes)) or not isinstance(example_inputs, Sequence) or not example_inputs:
+        raise ValueError(
+            "dynamic_shapes='auto' needs example_inputs: a list of calls, each an (args, kwargs) pair "
+            "or a tuple of arguments, whose sizes differ where the model is dynamic"
+        )
+    calls = [bound]
+    for i, example in enumerate(example_inputs):
+        args, kwargs = as_call(example)
+        call = bind_arguments(forward, args, kwargs)
+        if set(call) != set(bound):
+            raise ValueError(
+                f"example_inputs[{i}] passes {sorted(call)} but the export call passes {sorted(bound)}; "
+                "every example must pass the same arguments"
+            )
+        calls.append(call)
+
+    groups: dict[tuple[int, ...], list[tuple[str, int, torch.Tensor]]] = {}
+    shapes: dict[str, Any] = {}
+    for param, value in bound.items():
+        leaves, spec = pytree.tree_flatten_with_path(value)
+        per_call = []
+        for i, call in enumerate(calls[1:]):
+            other_leaves, other_spec = pytree.tree_flatten(call[param])
+            if other_spec != spec:
+                raise ValueError(f"example_inputs[{i}] gives {param!r} another structure than the export call")
+            per_call.append(other_leaves)
+        leaf_specs = []
+        for j, (path, leaf) in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor):
+                leaf_specs.append(None)
+                continue
+            name = param + "".join(f"_{getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))}" for k in path)
+            others = [leaves_[j] for leaves_ in per_call]
+            for i, other in enumerate(others):
+                if not isinstance(other, torch.Tensor) or other.dim() != leaf.dim():
+                    raise ValueError(
+                        f"example_inputs[{i}] gives {name!r} rank "
+                        f"{getattr(other, 'ndim', None)}, the export call rank {leaf.dim()}; ranks must agree"
+                    )
+            spec_for_leaf = {}
+            for axis in range(leaf.dim()):
+                sizes = (leaf.shape[axis], *(o.shape[axis] for o in others))
+                if len(set(sizes)) > 1:
+                    spec_for_leaf[axis] = Dim.AUTO
+                    groups.setdefault(sizes, []).append((name, axis, leaf))
+            leaf_specs.append(spec_for_leaf or None)
+        shapes[param] = pytree.tree_unflatten(leaf_specs, spec)
+
+    requested: dict[tuple[str, int], str] = {}
+    used: set[str] = set()
+    for members in groups.values():
+        if any(axis == 0 for _, axis, _ in members):
+            wanted = "batch"
+        elif any(axis == 1 and t.dim() == 2 for _, axis, t in members):
+            wanted = "sequence"
+        else:
+            wanted = f"{members[0][0]}_dim_{members[0][1]}"
+        unique, n = wanted, 1
+        while unique in used:
+            unique, n = f"{wanted}_{n}", n + 1
+        used.add(unique)
+        for name, axis, _ in members:
+            requested[(name, axis)] = unique
+    return shapes, requested

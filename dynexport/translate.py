@@ -11,6 +11,7 @@ SymInts are ONNX int64 scalars (0-d); ``sym_size`` reads them from ``Shape``.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,9 +24,11 @@ from onnx_ir.tensor_adapters import TorchTensor
 from torch.export.graph_signature import InputKind, OutputKind
 
 from dynexport.decompositions import Decomposition, decomposition_table, trace_decomposition
-from dynexport.builder import ModelBuilder, origin_metadata
+from dynexport.builder import ModelBuilder
 from dynexport.dtypes import to_onnx_dtype, to_torch_dtype
+from dynexport.module_functions import extract_module_functions
 from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
+from dynexport.passes.fx.simplify import Simplifications
 from dynexport.errors import (
     ExportError,
     TranslationError,
@@ -35,7 +38,7 @@ from dynexport.errors import (
 )
 from dynexport.registry import Promote, Rule, TranslationTable, target_name
 
-__all__ = ["GraphIO", "TranslationContext", "translate_program"]
+__all__ = ["GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
 
 # Keyword arguments that place or lay out a tensor; they never change an ONNX computation.
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
@@ -143,8 +146,10 @@ class _Translator:
         dim_names: dict[str, str],
         fake_mode,
         fallback_to_custom_domain: bool = False,
+        simplifications: Simplifications | None = None,
     ):
         self.table = table
+        self.simplifications = simplifications or Simplifications()
         self.fallback_to_custom_domain = fallback_to_custom_domain
         self.fallbacks: dict[torch.fx.Node, Any] = {}
         self.fake_mode = fake_mode
@@ -163,7 +168,8 @@ class _Translator:
         if isinstance(value, (int, float, bool)) or (
             isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, bool)) for v in value)
         ):
-            key = (tuple(value) if isinstance(value, (list, tuple)) else value, type(value), dtype)
+            # repr tells -0.0 from 0.0, which compare (and hash) equal.
+            key = (repr(value), type(value), dtype)
             cached = self._constants.get(key)
             if cached is None:
                 tensor = ir.tensor(value, dtype=dtype)
@@ -198,6 +204,8 @@ class _Translator:
         for node in graph.nodes:
             if node.op != "call_function" or not (node.users or mutated_argument(node) is not None):
                 continue
+            if node in self.simplifications:
+                continue
             target = self._functional_target(node)
             rule = self.table.lookup(target, node, self.opset)
             if rule is not None:
@@ -230,6 +238,21 @@ class _Translator:
 
     # -- nodes ----------------------------------------------------------------------------
 
+    def simplified_value(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> Any:
+        """What a node that passes/fx simplified stands for: its input, or an initializer."""
+        if node in self.simplifications.aliases:
+            return env[self.simplifications.aliases[node]]
+        if node in self.simplifications.constants:
+            name, tensor = self.simplifications.constants[node]
+            value = ir.Value(name=name)
+            while value.name in self.graph.initializers:
+                value.name = f"{value.name}_"
+            self.annotate(value, tensor, None)
+            value.const_value = TorchTensor(tensor, name=value.name)
+            self.graph.register_initializer(value)
+            return value
+        return None  # dropped: nothing reads it
+
     def translate_graph(
         self,
         graph: torch.fx.Graph,
@@ -239,6 +262,9 @@ class _Translator:
     ) -> None:
         for node in graph.nodes:
             if node.op != "call_function" or not (node.users or mutated_argument(node) is not None):
+                continue
+            if node in self.simplifications:
+                env[node] = self.simplified_value(node, env)
                 continue
             env[node] = self.translate_node(node, env, name_prefix, origin)
             base = mutated_argument(node)
@@ -258,7 +284,7 @@ class _Translator:
             return self.custom_domain_node(node, env, origin)
         if rule is None:
             return self.decompose(node, env, name_prefix, origin)
-        self.builder.set_origin(node, origin_metadata(origin or node))
+        self.builder.set_origin(node, origin)
         args = torch.fx.node.map_arg(node.args, env.__getitem__)
         kwargs = {
             k: torch.fx.node.map_arg(v, env.__getitem__)
@@ -285,7 +311,7 @@ class _Translator:
         """One node in the domain ``pkg.torch.<namespace>`` standing for an operator with no
         translation: tensor arguments are its inputs, the others its attributes."""
         target = self.fallbacks[node]
-        self.builder.set_origin(node, origin_metadata(origin or node))
+        self.builder.set_origin(node, origin)
         inputs: list[ir.Value] = []
         attributes: dict[str, Any] = {}
         schema = target._schema.arguments
@@ -331,7 +357,7 @@ class _Translator:
         self.translate_graph(decomposition.graph, sub_env, f"{name_prefix}{node.name}.", origin or node)
         output = next(n for n in reversed(decomposition.graph.nodes) if n.op == "output").args[0]
         result = torch.fx.node.map_arg(output, sub_env.__getitem__)
-        self.builder.set_origin(node, origin_metadata(origin or node))
+        self.builder.set_origin(node, origin)
         return self._annotate_result(node, result, name_prefix + node.name)
 
 
@@ -427,6 +453,27 @@ def _cast_to(ctx: TranslationContext, value: Any, dtype: ir.DataType) -> Any:
     return value
 
 
+@dataclasses.dataclass
+class TranslationSummary:
+    """How the program's operators were translated, counted per operator (top-level nodes)."""
+
+    translated: Counter[str] = dataclasses.field(default_factory=Counter)
+    decomposed: Counter[str] = dataclasses.field(default_factory=Counter)
+    custom_domain: Counter[str] = dataclasses.field(default_factory=Counter)
+    unsupported: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def record(self, translator: _Translator, graph: torch.fx.Graph, missing: list[tuple[str, torch.fx.Node]]) -> None:
+        for node in graph.nodes:
+            name = target_name(node.target) if node.op == "call_function" else None
+            if node in translator._rules:
+                self.translated[name] += 1
+            elif node in getattr(translator, "fallbacks", {}):
+                self.custom_domain[name] += 1
+            elif node in translator._decompositions:
+                self.decomposed[name] += 1
+        self.unsupported.update(target for target, _ in missing)
+
+
 def translate_program(
     program: torch.export.ExportedProgram,
     io: GraphIO,
@@ -438,8 +485,15 @@ def translate_program(
     timings: dict[str, float] | None = None,
     fallback_to_custom_domain: bool = False,
     custom_opsets: dict[str, int] | None = None,
+    summary: TranslationSummary | None = None,
+    module_functions: Callable[[str], bool] | None = None,
+    simplifications: Simplifications | None = None,
 ) -> ir.Model:
     """Translate ``program`` into an ONNX model (no optimization, no file).
+
+    ``simplifications`` (from ``passes/fx/simplify.py``) name nodes to skip, read through or
+    emit as initializers. ``summary``, when given, is filled once every node has been planned (before an
+    UnsupportedOperatorError is raised): which operators went to a rule, which were decomposed.
 
     First every node gets its rule or its traced decomposition (the "decompose" phase in
     ``timings``), so that all unsupported operators are reported before anything is emitted;
@@ -450,8 +504,10 @@ def translate_program(
     fake_mode = torch._guards.detect_fake_mode(
         [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
     )
-    translator = _Translator(table, opset, io.dim_names, fake_mode, fallback_to_custom_domain)
+    translator = _Translator(table, opset, io.dim_names, fake_mode, fallback_to_custom_domain, simplifications)
     missing = translator.plan(program.graph)
+    if summary is not None:
+        summary.record(translator, program.graph, missing)
     timings["decompose"] = timings.get("decompose", 0.0) + time.perf_counter() - start
     if missing:
         raise UnsupportedOperatorError(_unsupported_uses(missing))
@@ -493,6 +549,15 @@ def translate_program(
 
     translator.translate_graph(program.graph, env)
     _add_outputs(translator, program, env, io.output_names)
+    model = ir.Model(
+        graph,
+        ir_version=10,
+        producer_name="dynexport",
+        producer_version=_version(),
+        functions=list(translator.builder.functions.values()),
+    )
+    if module_functions is not None:
+        extract_module_functions(model, translator.builder.node_module_calls, module_functions)
     _import_custom_domains(graph, custom_opsets or {})
     if translator.fallbacks:
         names = sorted({target_name(t) for t in translator.fallbacks.values()})
@@ -502,13 +567,7 @@ def translate_program(
             stacklevel=3,
         )
     timings["translate"] = timings.get("translate", 0.0) + time.perf_counter() - start
-    return ir.Model(
-        graph,
-        ir_version=10,
-        producer_name="dynexport",
-        producer_version=_version(),
-        functions=list(translator.builder.functions.values()),
-    )
+    return model
 
 
 def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int]) -> None:

@@ -9,7 +9,7 @@ input set, and compares each output with eager PyTorch under dtype-aware toleran
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,31 +18,23 @@ import torch
 import torch.utils._pytree as pytree
 
 import dynexport
+from dynexport.verification import tolerance  # the one dtype tolerance table, shared with verify()
 
 __all__ = [
     "BATCH",
+    "grown",
     "assert_batch_dynamic_equivalent",
     "assert_spatial_dynamic_equivalent",
     "assert_close",
+    "assert_dynamic_equivalent",
     "assert_exports_equivalent",
+    "assert_same_structure",
     "op_histogram",
     "run_reference",
     "tolerance",
 ]
 
 BATCH = torch.export.Dim("batch")
-
-_TOLERANCES = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-2, 1e-3),
-    torch.bfloat16: (2e-2, 1e-2),
-}
-
-
-def tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) for comparing outputs of ``dtype``; exact for integers and bools."""
-    return _TOLERANCES.get(dtype, (0.0, 0.0))
 
 
 def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, where: str = "") -> None:
@@ -189,3 +181,100 @@ def assert_spatial_dynamic_equivalent(model: Any, x: torch.Tensor, *, spatial: b
     grown = [3, x.shape[1]] + [s + (3 + d if spatial else 0) for d, s in enumerate(x.shape[2:])]
     resized = torch.randn(grown).to(x.dtype)
     return assert_exports_equivalent(model, (x,), dynamic_shapes=(dims,), resized=[(resized,)], **options)
+
+
+def grown(tensor: torch.Tensor, sizes: dict[int, int]) -> torch.Tensor:
+    """``tensor`` with the dims in ``sizes`` grown to the given sizes by repeating its values
+    cyclically (values stay in the tensor's own domain: positive stays positive, indices stay
+    valid when the indexed dim grows too)."""
+    for d, size in sizes.items():
+        current = tensor.shape[d]
+        if size == current or current == 0:
+            continue
+        reps = -(-size // current)
+        tensor = torch.cat([tensor] * reps, dim=d).narrow(d, 0, size)
+    return tensor.contiguous()
+
+
+def assert_dynamic_equivalent(
+    fn: Any,
+    inputs: Sequence[torch.Tensor],
+    *,
+    growth: Callable[[str], int] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    runtime: str = "auto",
+    check_values: bool = True,
+) -> dynexport.ONNXProgram:
+    """Export ``fn(*inputs)`` with every dim of size >= 2 dynamic (``Dim.AUTO``: torch relates
+    or specializes them as the op requires), compare with eager PyTorch at ``inputs``, then at
+    inputs whose dynamic dims grew by ``growth(dim_name)`` (each ONNX dim name grows once, so
+    related dims stay equal).
+
+    ``check_values=False`` compares shapes and dtypes only (uninitialized or random outputs).
+    """
+    inputs = tuple(inputs)
+    fn = _fixed_arity(fn, len(inputs))
+    dynamic = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(t.shape) if s >= 2} or None for t in inputs)
+    program = dynexport.export(fn, inputs, dynamic_shapes=dynamic)
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    run = _runner(program, "auto" if runtime == "auto" else runtime)
+    calls = [inputs]
+    if growth is not None:
+        new_sizes: dict[str, int] = {}
+        resized = []
+        for value, tensor in zip(program.model.graph.inputs, inputs):
+            sizes = {}
+            for d, dim in enumerate(value.shape or ()):
+                if isinstance(dim, int) or dim is None or getattr(dim, "value", None) is None:
+                    continue
+                name = str(dim.value)
+                if name not in new_sizes:
+                    new_sizes[name] = tensor.shape[d] + growth(name)
+                sizes[d] = new_sizes[name]
+            resized.append(grown(tensor, sizes))
+        if new_sizes:
+            calls.append(tuple(resized))
+    for index, call in enumerate(calls):
+        try:
+            with torch.no_grad():
+                expected = fn(*call)
+        except Exception:
+            if index == 0:
+                raise
+            continue  # the resized inputs are not valid for this op in eager PyTorch either
+        actual = run(*call)
+        where = "example inputs" if index == 0 else "resized inputs " + str([tuple(t.shape) for t in call])
+        if check_values:
+            assert_close(actual, expected, rtol=rtol, atol=atol, where=where)
+        else:
+            assert_same_structure(actual, expected, where=where)
+    return program
+
+
+_ARITIES = [
+    lambda f: lambda: f(),
+    lambda f: lambda x0: f(x0),
+    lambda f: lambda x0, x1: f(x0, x1),
+    lambda f: lambda x0, x1, x2: f(x0, x1, x2),
+    lambda f: lambda x0, x1, x2, x3: f(x0, x1, x2, x3),
+    lambda f: lambda x0, x1, x2, x3, x4: f(x0, x1, x2, x3, x4),
+    lambda f: lambda x0, x1, x2, x3, x4, x5: f(x0, x1, x2, x3, x4, x5),
+    lambda f: lambda x0, x1, x2, x3, x4, x5, x6: f(x0, x1, x2, x3, x4, x5, x6),
+]
+
+
+def _fixed_arity(fn: Any, count: int) -> Any:
+    """``fn`` (which may take ``*args``) as a function of exactly ``count`` positional tensors,
+    so that ``dynamic_shapes`` is one entry per tensor."""
+    return _ARITIES[count](fn) if count < len(_ARITIES) else fn
+
+
+def assert_same_structure(actual: Any, expected: Any, *, where: str = "") -> None:
+    """Compare two output structures' shapes and dtypes only."""
+    actual_leaves = [a for a in pytree.tree_leaves(actual) if a is not None]
+    expected_leaves = [torch.as_tensor(e) for e in pytree.tree_leaves(expected) if e is not None]
+    assert len(actual_leaves) == len(expected_leaves), f"{where}: output counts differ"
+    for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+        assert a.shape == e.shape, f"{where} output {i}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
+        assert a.dtype == e.dtype, f"{where} output {i}: dtype {a.dtype} != expected {e.dtype}"

@@ -323,3 +323,32 @@ def test_none_argument_in_the_middle_is_skipped():
 def test_python_number_output_becomes_a_constant_output():
     program = assert_exports_equivalent(lambda a: (a * 2, a.shape[1], 0.5), (torch.randn(2, 3),))
     assert [v.name for v in program.model.graph.outputs] == ["output_0", "output_1", "output_2"]
+
+
+class PrefillDecode(torch.nn.Module):
+    """A cache-like model: the prefill call has a long sequence and an empty past, decode one token."""
+
+    def forward(self, input_ids, past):
+        embedded = input_ids.unsqueeze(-1).float()
+        return torch.cat([past, embedded.expand(-1, -1, past.shape[-1])], dim=1)
+
+
+def test_dynamic_shapes_auto_marks_dims_that_differ_between_examples():
+    prefill = (torch.randint(0, 9, (2, 7)), torch.zeros(2, 0, 4))
+    decode = (torch.randint(0, 9, (3, 1)), torch.randn(3, 7, 4))
+    program = dynexport.export(PrefillDecode(), dynamic_shapes="auto", example_inputs=[prefill, decode])
+    inputs = {v.name: [str(d) for d in v.shape] for v in program.model.graph.inputs}
+    assert inputs == {"input_ids": ["batch", "sequence"], "past": ["batch", "past_dim_1", "4"]}
+    for call in (prefill, decode):
+        assert_close(program(*call), PrefillDecode()(*call))
+
+
+def test_dynamic_shapes_auto_arguments_are_checked_before_capture():
+    model = CountingModule()
+    with pytest.raises(ValueError, match="example_inputs"):
+        dynexport.export(model, (torch.randn(2),), dynamic_shapes="auto")
+    with pytest.raises(ValueError, match="only used with"):
+        dynexport.export(model, (torch.randn(2),), example_inputs=[(torch.randn(3),)])
+    with pytest.raises(ValueError, match="ranks must agree"):
+        dynexport.export(model, (torch.randn(2),), dynamic_shapes="auto", example_inputs=[(torch.randn(3, 1),)])
+    assert model.calls == 0

@@ -1,0 +1,66 @@
+"""The dynexport command line: one real subprocess run, the rest in-process through main()."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from dynexport import cli
+
+
+def test_export_verify_report_then_inspect_in_a_subprocess(tmp_path):
+    output = tmp_path / "mlp.onnx"
+    run = subprocess.run(
+        [sys.executable, "-m", "dynexport", "export", "dynexport.examples:mlp", "-o", str(output),
+         "--verify", "--report", "--dynamic", "input:0=rows"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "capture" in run.stderr and " s\n" in run.stderr  # a line per phase with its time
+    assert "inputs:  input: float[rows, 16]" in run.stdout
+    assert "| resized #1 |" in run.stdout and "FAIL" not in run.stdout
+    assert (tmp_path / "mlp.report.md").exists()
+    inspected = subprocess.run([sys.executable, "-m", "dynexport", "inspect", str(output)],
+                               capture_output=True, text=True, timeout=120)
+    assert inspected.returncode == 0, inspected.stderr
+    assert "input: float[rows, 16]" in inspected.stdout and "opsets: ai.onnx 20" in inspected.stdout
+    assert "initializers: 6 tensors" in inspected.stdout and "Gemm" in inspected.stdout
+
+
+@torch.library.custom_op("dynexport_cli_test::mystery", mutates_args=())
+def mystery(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@mystery.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def failing_factory():
+    class Mystery(torch.nn.Module):
+        def forward(self, x):
+            return mystery(x)
+
+    return Mystery(), (torch.randn(3, 3),)
+
+
+def test_errors_are_one_paragraph_without_traceback(tmp_path, capsys):
+    assert cli.main(["export", "tests.test_cli:failing_factory", "-o", str(tmp_path / "m.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert "dynexport: error: UnsupportedOperatorError" in err and "dynexport_cli_test.mystery" in err
+    assert "Traceback" not in err and "--debug" in err
+    assert not (tmp_path / "m.onnx").exists()
+    assert cli.main(["--debug", "export", "tests.test_cli:failing_factory", "-o", str(tmp_path / "m.onnx")]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_bad_command_lines(tmp_path, capsys):
+    assert cli.main(["export", "no_colon", "-o", str(tmp_path / "m.onnx")]) == 1
+    assert "MODULE:FACTORY" in capsys.readouterr().err
+    assert cli.main(["export", "dynexport.examples:mlp", "-o", str(tmp_path / "m.onnx"), "--dynamic", "input:x"]) == 1
+    assert "not an integer" in capsys.readouterr().err
+    assert cli.main(["inspect", str(tmp_path / "missing.onnx")]) == 1
+    assert "does not exist" in capsys.readouterr().err

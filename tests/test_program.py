@@ -1,0 +1,167 @@
+"""ONNXProgram: saving (external data, atomic, deterministic), weights filled later, text form."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import pytest
+import torch
+
+import dynexport
+import dynexport.program as program_module
+from dynexport.examples import TinyGPT
+from tests.equivalence import assert_close
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(8, 64)
+        self.head = torch.nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.encoder(x)))
+
+
+@pytest.fixture
+def small():
+    torch.manual_seed(0)
+    return Small().eval(), torch.randn(3, 8)  # weights of 2 KB and 1 KB: external when asked
+
+
+@pytest.fixture
+def tiny_threshold(monkeypatch):
+    monkeypatch.setattr(program_module, "EXTERNAL_DATA_THRESHOLD", 1)
+
+
+def test_external_data_above_threshold_is_relative_and_runs(small, tiny_threshold, tmp_path):
+    model, x = small
+    path = tmp_path / "m.onnx"
+    dynexport.export(model, (x,), path)
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    proto = onnx.load(str(path), load_external_data=False)
+    locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {"m.onnx.data"}
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"x": x.numpy()})
+    assert_close(torch.from_numpy(out), model(x))
+
+
+def test_below_threshold_single_file_and_explicit_name(small, tmp_path):
+    model, x = small
+    program = dynexport.export(model, (x,))
+    program.save(tmp_path / "a.onnx")
+    assert os.listdir(tmp_path) == ["a.onnx"]
+    program.save(tmp_path / "b.onnx", external_data="weights.bin")
+    assert (tmp_path / "weights.bin").exists()
+    onnx.checker.check_model(str(tmp_path / "b.onnx"), full_check=True)
+    with pytest.raises(ValueError, match="relative"):
+        program.save(tmp_path / "c.onnx", external_data="/abs/w.bin")
+
+
+def test_failed_external_write_leaves_no_file(small, tiny_threshold, tmp_path, monkeypatch):
+    model, x = small
+    program = dynexport.export(model, (x,))
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        program.save(tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_are_streamed_without_a_copy(small, tiny_threshold, tmp_path, monkeypatch):
+    """Torch tensors are written from their own memory: tobytes (a copy) is never called."""
+    monkeypatch.setattr(program_module, "EXTERNAL_DATA_MIN_TENSOR_BYTES", 0)
+    model, x = small
+    program = dynexport.export(model, (x,))
+    from onnx_ir.tensor_adapters import TorchTensor
+
+    def no_copy(self):
+        raise AssertionError("tobytes called")
+
+    monkeypatch.setattr(TorchTensor, "tobytes", no_copy)
+    seen = []
+    program.save(tmp_path / "m.onnx", progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1][0] == seen[-1][1] == sum(p.numel() * 4 for p in model.parameters())
+
+
+def test_export_is_deterministic(tiny_threshold, tmp_path):
+    files = []
+    for run in range(2):
+        torch.manual_seed(0)
+        model = TinyGPT().eval()
+        directory = tmp_path / str(run)
+        directory.mkdir()
+        dynexport.export(model, (torch.randint(0, 128, (2, 8)),), directory / "gpt.onnx",
+                         dynamic_shapes=({0: torch.export.Dim("batch")},))
+        files.append({name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))})
+    assert list(files[0]) == ["gpt.onnx", "gpt.onnx.data"]
+    assert files[0] == files[1]
+
+
+def test_meta_model_exports_then_takes_weights(tmp_path):
+    torch.manual_seed(0)
+    real = TinyGPT().eval()
+    with torch.device("meta"):
+        meta = TinyGPT().eval()
+    ids = torch.randint(0, 128, (2, 8))
+    program = dynexport.export(meta, (ids.to("meta"),))
+    assert {"ln_f.weight", "positions.weight"} <= set(program.missing_weights())
+    with pytest.raises(ValueError, match="apply_weights"):
+        program.save(tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match="shape"):
+        program.apply_weights({"ln_f.weight": torch.zeros(3)})
+    applied = program.apply_weights(real.state_dict())
+    assert "ln_f.weight" in applied and program.missing_weights() == []
+    assert_close(program(ids), real(ids))
+
+
+def test_fake_model_takes_weights_from_safetensors(tmp_path, tiny_threshold):
+    from safetensors.torch import save_file
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    real = TinyGPT().eval()
+    save_file({k: v.clone() for k, v in real.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    with FakeTensorMode():
+        fake = TinyGPT().eval()
+        fake_ids = torch.randint(0, 128, (2, 8))
+    program = dynexport.export(fake, (fake_ids,))
+    program.apply_weights(str(tmp_path / "w.safetensors"))
+    program.save(tmp_path / "m.onnx")  # lazily read tensor by tensor into the data file
+    ids = torch.randint(0, 128, (2, 8))
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"input_ids": ids.numpy()})
+    assert_close(torch.from_numpy(out), real(ids))
+
+
+def test_include_initializers_false_and_initializers(small, tmp_path):
+    model, x = small
+    program = dynexport.export(model, (x,))
+    assert torch.equal(program.initializers["head.weight"], model.head.weight)
+    program.save(tmp_path / "m.onnx", include_initializers=False)
+    assert len(onnx.load(str(tmp_path / "m.onnx")).graph.initializer) == 0
+    assert len(program.model_proto.graph.initializer) == 4
+    assert program.optimize() is program
+    assert_close(program(x), model(x))
+
+
+def test_text_form_lists_inputs_then_nodes_with_modules(small, capsys):
+    model, x = small
+    text = dynexport.export_to_pretty_string(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    lines = text.splitlines()
+    assert lines[1] == "  %x : float[batch, 8]"
+    gemm = next(line for line in lines if "encoder" in line and "= " in line)
+    assert "scope: encoder (Linear)" in gemm and ": float[batch, 64]" in gemm
+    assert lines[-2].startswith("  return %")
+    dynexport.export(model, (x,), verbose=True)
+    assert "scope: head (Linear)" in capsys.readouterr().out
+    assert "ONNXProgram(opset=20" in repr(dynexport.export(model, (x,)))
