@@ -1,0 +1,124 @@
+"""Sorting and selection: sort, topk, kthvalue, median and nonzero, all built on ONNX TopK.
+
+TopK breaks ties by the lower index, which is what PyTorch's stable sort does in both
+directions. It orders NaN arbitrarily, while PyTorch treats NaN as larger than +inf; floating
+inputs are therefore ranked by a key in which NaN is +inf and +inf the largest finite double.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+import torch
+
+from dynexport.ops._helpers import cast, ints, is_floating, normalize_dim, rank, shape_tensor, size_of
+from dynexport.registry import translates
+
+aten = torch.ops.aten
+
+_INT64 = ir.DataType.INT64
+_DOUBLE = ir.DataType.DOUBLE
+# TopK has no bool or int16 kernel in onnxruntime and no complex type at all.
+_KEY_TYPES = {ir.DataType.BOOL: ir.DataType.UINT8, ir.DataType.INT16: ir.DataType.INT32}
+
+
+def _sort_key(ctx, x: ir.Value) -> ir.Value:
+    """A tensor that TopK orders the way PyTorch orders ``x``."""
+    if x.dtype in _KEY_TYPES:
+        return cast(ctx, x, _KEY_TYPES[x.dtype])
+    if not is_floating(x):
+        return x
+    # Every float16/bfloat16/float32 value is exact as a double, below the largest finite one.
+    # (A double input holding both +inf and that largest value ranks them as ties.)
+    key = cast(ctx, x, _DOUBLE)
+    key = ctx.op.Where(ctx.op.Equal(key, ctx.constant(float("inf"), _DOUBLE)), ctx.constant(1.7976931348623157e308, _DOUBLE), key)
+    return ctx.op.Where(ctx.op.IsNaN(key), ctx.constant(float("inf"), _DOUBLE), key)
+
+
+def _top(ctx, x: ir.Value, k, axis: int, largest: bool) -> tuple[ir.Value, ir.Value]:
+    """The ``k`` largest (or smallest) elements of ``x`` along ``axis`` and their indices,
+    sorted, ties in index order."""
+    key = _sort_key(ctx, x)
+    values, indices = ctx.op.TopK(key, shape_tensor(ctx, [k]), axis=axis, largest=int(largest), sorted=1, _outputs=2)
+    if key is not x:
+        values = ctx.op.GatherElements(x, indices, axis=axis)
+    return values, indices
+
+
+def _scalar_result(ctx, self: ir.Value) -> tuple[ir.Value, ir.Value]:
+    # Every reduction over a 0-d tensor returns the element and index 0.
+    return ctx.op.Identity(self), ctx.constant(0, _INT64)
+
+
+@translates(aten.sort.default, aten.sort.stable)
+def sort(ctx, self, dim=-1, descending=False, *, stable=False):
+    if rank(self) == 0:
+        return _scalar_result(ctx, self)
+    axis = normalize_dim(dim, rank(self))
+    return _top(ctx, self, size_of(ctx, self, axis), axis, largest=descending)
+
+
+@translates(aten.topk.default)
+def topk(ctx, self, k, dim=-1, largest=True, sorted=True):
+    if rank(self) == 0:
+        return _scalar_result(ctx, self)
+    # Unsorted results may come in any order; sorted is one of them.
+    return _top(ctx, self, k, normalize_dim(dim, rank(self)), largest)
+
+
+def _select(ctx, self: ir.Value, k, axis: int, keepdim: bool) -> tuple[ir.Value, ir.Value]:
+    """The ``k``-th smallest element along ``axis`` (``k`` counts from 1) and its index."""
+    values, indices = _top(ctx, self, k, axis, largest=False)
+    last = ctx.op.Sub(shape_tensor(ctx, [k]), ints(ctx, [1]))
+    values, indices = (ctx.op.Gather(t, last, axis=axis) for t in (values, indices))
+    if not keepdim:
+        values, indices = (ctx.op.Squeeze(t, ints(ctx, [axis])) for t in (values, indices))
+    return values, indices
+
+
+@translates(aten.kthvalue.default)
+def kthvalue(ctx, self, k, dim=-1, keepdim=False):
+    if rank(self) == 0:
+        return _scalar_result(ctx, self)
+    return _select(ctx, self, k, normalize_dim(dim, rank(self)), keepdim)
+
+
+def _lower_median(ctx, self: ir.Value, axis: int, keepdim: bool) -> tuple[ir.Value, ir.Value]:
+    size = size_of(ctx, self, axis)
+    k = (size - 1) // 2 + 1 if isinstance(size, int) else ctx.op.Add(ctx.op.Div(ctx.op.Sub(size, 1), 2), 1)
+    values, indices = _select(ctx, self, k, axis, keepdim)
+    if not is_floating(self):
+        return values, indices
+    # A NaN anywhere makes the median NaN, found at the first NaN.
+    nan = ctx.op.IsNaN(self)
+    has_nan = ctx.op.ReduceMax(cast(ctx, nan, ir.DataType.UINT8), ints(ctx, [axis]), keepdims=int(keepdim))
+    has_nan = cast(ctx, has_nan, ir.DataType.BOOL)
+    first_nan = ctx.op.ArgMax(cast(ctx, nan, ir.DataType.UINT8), axis=axis, keepdims=int(keepdim), select_last_index=0)
+    nan_value = ctx.constant(float("nan"), self.dtype)
+    return ctx.op.Where(has_nan, nan_value, values), ctx.op.Where(has_nan, first_nan, indices)
+
+
+@translates(aten.median.dim)
+def median_dim(ctx, self, dim, keepdim=False):
+    if rank(self) == 0:
+        return _scalar_result(ctx, self)
+    return _lower_median(ctx, self, normalize_dim(dim, rank(self)), keepdim)
+
+
+@translates(aten.median.default)
+def median(ctx, self):
+    flat = ctx.op.Reshape(self, ints(ctx, [-1]))
+    numel = math.prod(self.shape) if all(isinstance(d, int) for d in self.shape) else None
+    flat.shape = ir.Shape([numel])
+    values, _ = _lower_median(ctx, flat, 0, keepdim=False)
+    return values
+
+
+@translates(aten.nonzero.default)
+def nonzero(ctx, self):
+    if rank(self) == 0:
+        # NonZero counts a true 0-d tensor's element with one coordinate; PyTorch with none.
+        count = cast(ctx, cast(ctx, self, ir.DataType.BOOL), _INT64)
+        return ctx.op.Expand(ctx.constant(0, _INT64), shape_tensor(ctx, [count, 0]))
+    return ctx.op.Transpose(ctx.op.NonZero(self), perm=[1, 0])
