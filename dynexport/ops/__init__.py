@@ -9,8 +9,13 @@ from dynexport.ops import (  # noqa: F401
     indexing,
     linalg,
     normalization,
+    padding,
     pooling,
+    quantization,
+    random,
     reduction,
+    resampling,
     shape,
+    sorting,
     symbolic,
 )

@@ -250,6 +250,46 @@ def atan2(ctx, self, other):
     return ctx.op.Where(left, ctx.op.Add(angle, correction), angle)
 
 
+def _signbit(ctx, x):
+    if not is_floating(x):
+        if x.dtype in (ir.DataType.BOOL, ir.DataType.UINT8):
+            return ctx.op.Expand(ctx.constant(False, ir.DataType.BOOL), ctx.op.Shape(x))
+        return ctx.op.Less(x, scalar_like(ctx, 0, x))
+    # -0.0 is found through 1 / -0.0 = -inf. (A negative NaN's sign bit is not visible without
+    # a bitcast, which ONNX lacks; PyTorch's NaNs are positive.)
+    zero = scalar_like(ctx, 0.0, x)
+    negative_zero = ctx.op.And(ctx.op.Equal(x, zero), ctx.op.Less(ctx.op.Reciprocal(x), zero))
+    return ctx.op.Or(ctx.op.Less(x, zero), negative_zero)
+
+
+@translates(aten.signbit.default)
+def signbit(ctx, self):
+    return _signbit(ctx, self)
+
+
+@translates(aten.copysign.Tensor, aten.copysign.Scalar, promote=Promote.RESULT)
+def copysign(ctx, self, other):
+    magnitude = ctx.op.Abs(self)
+    return ctx.op.Where(_signbit(ctx, other), ctx.op.Neg(magnitude), magnitude)
+
+
+@translates(aten.hypot.default, promote=Promote.RESULT)
+def hypot(ctx, self, other):
+    # Scaled by the larger magnitude so that squares do not overflow, as std::hypot; half types
+    # compute in float32 as PyTorch does. An infinite side wins even over NaN.
+    a, b = ctx.op.Abs(cast(ctx, self, ir.DataType.FLOAT)), ctx.op.Abs(cast(ctx, other, ir.DataType.FLOAT))
+    if self.dtype == ir.DataType.DOUBLE:
+        a, b = ctx.op.Abs(self), ctx.op.Abs(other)
+    larger, smaller = ctx.op.Max(a, b), ctx.op.Min(a, b)
+    ratio = ctx.op.Div(smaller, larger)
+    one, zero = scalar_like(ctx, 1.0, a), scalar_like(ctx, 0.0, a)
+    result = ctx.op.Mul(larger, ctx.op.Sqrt(ctx.op.Add(one, ctx.op.Mul(ratio, ratio))))
+    result = ctx.op.Where(ctx.op.Equal(larger, zero), zero, result)
+    infinite = ctx.op.Or(ctx.op.IsInf(a), ctx.op.IsInf(b))
+    result = ctx.op.Where(infinite, scalar_like(ctx, math.inf, a), result)
+    return cast(ctx, result, self.dtype)
+
+
 # -- comparison and logic ------------------------------------------------------------------
 
 def _comparison(onnx_op: str, negate: bool = False):
@@ -336,3 +376,58 @@ def isnan(ctx, self):
 @translates(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, promote=Promote.RESULT)
 def where(ctx, condition, self, other):
     return ctx.op.Where(_as_bool(ctx, condition), self, other)
+
+
+def _shiftable(node) -> bool:
+    return node.meta["val"].dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+_SHIFT_BITS = {
+    ir.DataType.INT8: 8, ir.DataType.UINT8: 8, ir.DataType.INT16: 16, ir.DataType.INT32: 32, ir.DataType.INT64: 64,
+}
+_UINT64 = ir.DataType.UINT64
+
+
+def _shift_amount(ctx, other, bits: int) -> tuple[ir.Value, ir.Value]:
+    """``other`` as uint64 with amounts outside [0, bits) set to 0, and where they were."""
+    amount = cast(ctx, other, ir.DataType.INT64)
+    out_of_range = ctx.op.Or(
+        ctx.op.Less(amount, ctx.constant(0, ir.DataType.INT64)),
+        ctx.op.GreaterOrEqual(amount, ctx.constant(bits, ir.DataType.INT64)),
+    )
+    amount = ctx.op.Where(out_of_range, ctx.constant(0, ir.DataType.INT64), amount)
+    return ctx.op.Cast(amount, to=_UINT64), out_of_range
+
+
+# BitShift takes unsigned types only (onnxruntime: 8-, 32- and 64-bit): shifts run on 64-bit
+# copies, and the cast back to a narrow type keeps the low bits, as C's shifts do.
+
+
+@translates(
+    aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor,
+    aten.__lshift__.Tensor, aten.__lshift__.Scalar, promote=Promote.RESULT, checker=_shiftable,
+)
+def bitwise_left_shift(ctx, self, other):
+    amount, out_of_range = _shift_amount(ctx, other, _SHIFT_BITS[self.dtype])
+    wide = ctx.op.Cast(cast(ctx, self, ir.DataType.INT64), to=_UINT64)
+    # PyTorch shifts every bit out for amounts past the width (and negative ones).
+    shifted = ctx.op.Where(out_of_range, ctx.constant(0, _UINT64), ctx.op.BitShift(wide, amount, direction="LEFT"))
+    return ctx.op.Cast(shifted, to=self.dtype)
+
+
+@translates(
+    aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor,
+    aten.__rshift__.Tensor, aten.__rshift__.Scalar, promote=Promote.RESULT, checker=_shiftable,
+)
+def bitwise_right_shift(ctx, self, other):
+    # Arithmetic for signed types: a negative x >> n is ~(~x >> n), ~x being non-negative.
+    # PyTorch shifts by bits - 1 (signed) or bits (unsigned) for amounts past that or negative.
+    signed = self.dtype != ir.DataType.UINT8
+    limit = _SHIFT_BITS[self.dtype] - signed
+    amount, out_of_range = _shift_amount(ctx, other, limit)
+    amount = ctx.op.Where(out_of_range, ctx.constant(limit, _UINT64), amount)
+    wide = cast(ctx, self, ir.DataType.INT64)
+    negative = ctx.op.Less(wide, ctx.constant(0, ir.DataType.INT64))
+    magnitude = ctx.op.Cast(ctx.op.Where(negative, ctx.op.BitwiseNot(wide), wide), to=_UINT64)
+    shifted = ctx.op.Cast(ctx.op.BitShift(magnitude, amount, direction="RIGHT"), to=ir.DataType.INT64)
+    return cast(ctx, ctx.op.Where(negative, ctx.op.BitwiseNot(shifted), shifted), self.dtype)

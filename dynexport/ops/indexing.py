@@ -48,13 +48,6 @@ def gather(ctx, self, dim, index, *, sparse_grad=False):
 # -- advanced indexing ------------------------------------------------------------------------
 
 
-def _no_masks(node: torch.fx.Node) -> bool:
-    # A boolean mask index makes the output's size data-dependent.
-    return all(
-        index is None or index.meta["val"].dtype not in (torch.bool, torch.uint8) for index in node.args[1]
-    )
-
-
 def _index_tensors(ctx, indices) -> tuple[list[int], list[ir.Value]]:
     """The indexed dims and an int64 index tensor for each; a boolean mask indexes as many dims
     as it has, with the coordinates of its True entries."""
@@ -97,10 +90,10 @@ def _index_layout(indices) -> tuple[int, int | None]:
     return index_rank, given[0] if adjacent else None
 
 
-@translates(aten.index.Tensor, aten._unsafe_index.Tensor, checker=_no_masks)
+@translates(aten.index.Tensor, aten._unsafe_index.Tensor)
 def index(ctx, self, indices):
     given = [d for d, index in enumerate(indices) if index is not None]
-    if len(given) == 1:
+    if len(given) == 1 and indices[given[0]].dtype not in _MASKS:
         return ctx.op.Gather(self, indices[given[0]], axis=given[0])
     dims, tensors = _index_tensors(ctx, indices)
     perm = dims + [d for d in range(rank(self)) if d not in dims]
@@ -142,6 +135,25 @@ def _index_dims_first(ctx, values, position: int, index_rank: int, trailing: int
 @translates(aten.masked_fill.Scalar, aten.masked_fill.Tensor, promote=Promote.RESULT, promoted=("value",))
 def masked_fill(ctx, self, mask, value):
     return ctx.op.Where(mask, value, self)
+
+
+@translates(aten.masked_select.default)
+def masked_select(ctx, self, mask):
+    if mask.shape != self.shape:
+        shape = ctx.op.Shape(ctx.op.Where(mask, self, self))
+        self, mask = ctx.op.Expand(self, shape), ctx.op.Expand(mask, shape)
+    coordinates = ctx.op.Transpose(ctx.op.NonZero(mask), perm=[1, 0])
+    return ctx.op.GatherND(self, coordinates)
+
+
+@translates(aten.masked_scatter.default)
+def masked_scatter(ctx, self, mask, source):
+    # The k-th True position (in row-major order) takes the k-th element of source.
+    flat_mask = ctx.op.Reshape(ctx.op.Expand(mask, ctx.op.Shape(self)), ints(ctx, [-1]))
+    ordinals = ctx.op.Sub(ctx.op.CumSum(cast(ctx, flat_mask, _INT64), ctx.constant(0, _INT64)), ctx.constant(1, _INT64))
+    taken = ctx.op.Gather(ctx.op.Reshape(source, ints(ctx, [-1])), ctx.op.Max(ordinals, ctx.constant(0, _INT64)), axis=0)
+    flat = ctx.op.Where(flat_mask, taken, ctx.op.Reshape(self, ints(ctx, [-1])))
+    return ctx.op.Reshape(flat, ctx.op.Shape(self))
 
 
 # -- scatters ---------------------------------------------------------------------------------
@@ -289,3 +301,23 @@ def flip(ctx, self, dims):
     # Stepping back from the last element to before the first reverses each dim.
     starts, ends = ints(ctx, [-1] * count), ints(ctx, [-(2**63)] * count)
     return ctx.op.Slice(self, starts, ends, ints(ctx, dims), ints(ctx, [-1] * count))
+
+
+@translates(aten.diagonal.default)
+def diagonal(ctx, self, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = normalize_dim(dim1, rank(self)), normalize_dim(dim2, rank(self))
+    rest = [d for d in range(rank(self)) if d not in (dim1, dim2)]
+    x = _transpose(ctx, self, rest + [dim1, dim2])
+    # Cut the matrices so that the wanted diagonal starts at [0, 0]; it is then as long as the
+    # shorter side, and GatherElements picks column i of row i.
+    if offset:
+        axis = -1 if offset > 0 else -2
+        x = ctx.op.Slice(x, ints(ctx, [abs(offset)]), ints(ctx, [2**63 - 1]), ints(ctx, [axis]))
+    rows, columns = ctx.op.Shape(x, start=-2, end=-1), ctx.op.Shape(x, start=-1)
+    length = ctx.op.Min(rows, columns)
+    x = ctx.op.Slice(x, ints(ctx, [0]), length, ints(ctx, [-2]))
+    positions = ctx.op.Range(ctx.constant(0, _INT64), ctx.op.Squeeze(length, ints(ctx, [0])), ctx.constant(1, _INT64))
+    positions = ctx.op.Unsqueeze(positions, ints(ctx, [1]))
+    along = ctx.op.Concat(ctx.op.Shape(x, end=-1), ints(ctx, [1]), axis=0)
+    picked = ctx.op.GatherElements(x, ctx.op.Expand(positions, along), axis=-1)
+    return ctx.op.Squeeze(picked, ints(ctx, [-1]))

@@ -118,3 +118,8 @@ def outer(ctx, self, vec2):
 def einsum(ctx, equation, tensors, *, path=None):
     # ONNX's equation grammar has no spaces; its implicit output (no "->") matches PyTorch's.
     return _product(ctx, "Einsum", *tensors, equation=equation.replace(" ", ""))
+
+
+@translates(aten.linalg_det.default, aten.det.default)
+def linalg_det(ctx, A):
+    return ctx.op.Det(A)

@@ -12,7 +12,8 @@ import math
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, ints, normalize_dim, normalize_dims, rank, scalar_like
+from dynexport.dtypes import to_torch_dtype
+from dynexport.ops._helpers import cast, ints, is_floating, normalize_dim, normalize_dims, rank, scalar_like
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -82,6 +83,92 @@ def cumsum(ctx, self, dim, *, dtype=None):
     if axis is None:
         return cast(ctx, x, ctx.out_dtype)
     return cast(ctx, ctx.op.CumSum(x, axis), ctx.out_dtype)
+
+
+# cumprod, logcumsumexp, cummax and cummin have no ONNX op (and a product of logs is not exact):
+# each reduces a [..., n, n] tensor whose row i holds the elements up to i, so n is kept small.
+_MAX_PREFIX = 1024
+
+
+def _small_static_dim(node: torch.fx.Node) -> bool:
+    self, dim = node.args[0].meta["val"], node.args[1]
+    if self.dim() == 0:
+        return True
+    size = self.shape[dim]
+    return isinstance(size, int) and size <= _MAX_PREFIX
+
+
+def _prefixes(ctx, x: ir.Value, dim: int, filler: float) -> ir.Value:
+    """``x`` with ``dim`` moved last and repeated as rows: row i keeps elements 0..i, ``filler``
+    elsewhere."""
+    size = x.shape[dim]
+    x = ctx.op.Unsqueeze(_last(ctx, x, dim, rank(x)), ints(ctx, [-2]))
+    kept = ctx.constant(torch.ones(size, size, dtype=torch.bool).tril(), ir.DataType.BOOL)
+    return ctx.op.Where(kept, x, ctx.constant(filler, x.dtype))
+
+
+def _last(ctx, x: ir.Value, dim: int, rank_: int) -> ir.Value:
+    """``x`` with ``dim`` moved to the end (or back: the permutation is its own inverse)."""
+    if dim == rank_ - 1:
+        return x
+    perm = list(range(rank_))
+    perm[dim], perm[-1] = perm[-1], perm[dim]
+    return ctx.op.Transpose(x, perm=perm)
+
+
+@translates(aten.cumprod.default, checker=_small_static_dim)
+def cumprod(ctx, self, dim, *, dtype=None):
+    x = _accumulator(ctx, self, ctx.out_dtype)
+    if rank(self) == 0:
+        return cast(ctx, x, ctx.out_dtype)
+    dim = normalize_dim(dim, rank(self))
+    products = ctx.op.ReduceProd(_prefixes(ctx, x, dim, 1), ints(ctx, [-1]), keepdims=0)
+    return cast(ctx, _last(ctx, products, dim, rank(self)), ctx.out_dtype)
+
+
+@translates(aten.logcumsumexp.default, checker=_small_static_dim)
+def logcumsumexp(ctx, self, dim):
+    if rank(self) == 0:
+        return self
+    dim = normalize_dim(dim, rank(self))
+    x = _prefixes(ctx, _accumulator(ctx, self, self.dtype), dim, -math.inf)
+    peak = ctx.op.ReduceMax(x, ints(ctx, [-1]), keepdims=1)
+    # As in logsumexp: an all-infinite prefix is shifted by 0, not by itself.
+    peak = ctx.op.Where(ctx.op.IsInf(peak), ctx.constant(0.0, peak.dtype), peak)
+    total = ctx.op.ReduceSum(ctx.op.Exp(ctx.op.Sub(x, peak)), ints(ctx, [-1]), keepdims=1)
+    result = ctx.op.Squeeze(ctx.op.Add(ctx.op.Log(total), peak), ints(ctx, [-1]))
+    return cast(ctx, _last(ctx, result, dim, rank(self)), self.dtype)
+
+
+def _cumulative_extremum(ctx, op_type: str, self: ir.Value, dim: int):
+    if rank(self) == 0:
+        return self, ctx.constant(0, ir.DataType.INT64)
+    dim = normalize_dim(dim, rank(self))
+    x = cast(ctx, self, ir.DataType.INT32) if self.dtype in _NO_EXTREMUM else self
+    if is_floating(x):
+        filler = -math.inf if op_type == "ReduceMax" else math.inf
+    else:
+        bounds = torch.iinfo(to_torch_dtype(x.dtype))
+        filler = bounds.min if op_type == "ReduceMax" else bounds.max
+    prefixes = _prefixes(ctx, x, dim, filler)
+    values = getattr(ctx.op, op_type)(prefixes, ints(ctx, [-1]), keepdims=1)
+    # PyTorch's index is the last position up to i holding the extremum.
+    size = self.shape[dim]
+    positions = ctx.constant(torch.arange(size).expand(size, size).tril(), ir.DataType.INT64)
+    hits = ctx.op.Where(ctx.op.Equal(prefixes, values), positions, ctx.constant(-1, ir.DataType.INT64))
+    indices = ctx.op.ReduceMax(hits, ints(ctx, [-1]), keepdims=0)
+    values = ctx.op.Squeeze(values, ints(ctx, [-1]))
+    return cast(ctx, _last(ctx, values, dim, rank(self)), self.dtype), _last(ctx, indices, dim, rank(self))
+
+
+@translates(aten.cummax.default, checker=_small_static_dim)
+def cummax(ctx, self, dim):
+    return _cumulative_extremum(ctx, "ReduceMax", self, dim)
+
+
+@translates(aten.cummin.default, checker=_small_static_dim)
+def cummin(ctx, self, dim):
+    return _cumulative_extremum(ctx, "ReduceMin", self, dim)
 
 
 @translates(aten.mean.default, aten.mean.dim)

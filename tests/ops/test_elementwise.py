@@ -164,3 +164,38 @@ def test_bool_arithmetic():
     a = torch.tensor([[True, False, True]])
     b = torch.tensor([[False, False, True]])
     assert_batch_dynamic_equivalent(lambda a, b: (a * b, torch.maximum(a, b), torch.minimum(a, b), a + b), a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_bit_shifts_follow_pytorch_for_signs_and_large_amounts(dtype):
+    bits = torch.iinfo(dtype).bits
+    info = torch.iinfo(dtype)
+    x = torch.tensor([[info.min, info.max, 0, 1, 5, -7 if info.min else 7, -1 if info.min else 200, 3]], dtype=dtype)
+    amounts = torch.tensor([[1, 1, 3, bits - 1, bits, bits + 3, 2, 0]], dtype=dtype)
+    if info.min:
+        amounts[0, 7] = -2
+
+    def fn(x, n):
+        return x << n, x >> n, x << 2, x >> 3, torch.bitwise_right_shift(x, bits + 1), torch.bitwise_left_shift(x, bits)
+
+    assert_batch_dynamic_equivalent(fn, x, amounts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.int32])
+def test_signbit_and_copysign(dtype):
+    x = torch.tensor([[-0.0, 0.0, -2.5, 3.0, float("inf"), float("-inf"), float("nan"), 1.5]])
+    if not dtype.is_floating_point:
+        x = torch.tensor([[0, -3, 4, -1, 2, 7, 0, -9]])
+    x = x.to(dtype)
+    y = x.flip(-1)
+    assert_batch_dynamic_equivalent(
+        lambda x, y: (torch.signbit(x), torch.copysign(x, y), torch.copysign(y, -0.0), torch.copysign(x, 2)), x, y
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_hypot(dtype):
+    big = 1e30 if dtype is not torch.float16 else 6e4
+    x = torch.tensor([[3.0, 0.0, -5.0, big, float("inf"), float("nan"), 1e-3, -0.0]], dtype=dtype)
+    y = torch.tensor([[4.0, 0.0, 12.0, big, float("nan"), 2.0, 2e-3, 0.0]], dtype=dtype)
+    assert_batch_dynamic_equivalent(torch.hypot, x, y)

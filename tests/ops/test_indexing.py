@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import dynexport
 from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
 
 B = torch.export.Dim("batch", min=2)
@@ -114,9 +113,14 @@ def test_unsafe_index_and_index_put():
     )
 
 
-def test_boolean_mask_index_is_declined():
-    with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="aten.index.Tensor"):
-        dynexport.export(lambda x: x[x > 0], (torch.randn(3, 4),))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_boolean_mask_index_has_data_dependent_size(dtype):
+    def fn(x, m):
+        return x[x > 0], x[m], x[m[:, 0]], x[:, m[0]], x[x > 0].shape[0] + x[m].sum()
+
+    x = _data(dtype, 4, 5)
+    program = _batch_dynamic(fn, (x, torch.randn(4, 5) > 0), (True, True))
+    assert op_histogram(program)["NonZero"] >= 3
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -343,3 +347,45 @@ def test_indexing_across_opsets(opset):
                       x.tril(), x.roll(1, 0), x.flip(1), x.scatter(1, i.abs().view(1, 3).expand(x.shape[0], 3), 2.0)),
         (x, i), (True, False), opset_version=opset,
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_masked_select(dtype):
+    x = _data(dtype, 4, 5)
+    _batch_dynamic(
+        lambda x, m: (torch.masked_select(x, x > 0), torch.masked_select(x, m[0]), torch.masked_select(x[0], m)),
+        (x, torch.randn(4, 5) > 0), (True, True),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+def test_masked_scatter(dtype):
+    x = _data(dtype, 4, 5)
+    source = torch.arange(60).reshape(12, 5).to(dtype)  # enough for the grown batch
+    _batch_dynamic(
+        lambda x, m, s: (x.masked_scatter(m, x * 3), x.masked_scatter(m[0], s), x.masked_scatter(x > 0, s)),
+        (x, torch.randn(4, 5) > 0, source), (True, True, False),
+    )
+
+
+def test_index_copy_index_fill_take_along_dim():
+    x = torch.randn(4, 5)
+    i = torch.tensor([3, 0])
+
+    def fn(x, i):
+        return (
+            x.index_copy(1, i, x[:, :2] * 2),
+            x.index_fill(1, i, -1.5),
+            x.index_fill(1, i, x[0, 0]),
+            torch.take_along_dim(x, x.argsort(dim=1)[:, :3], 1),
+        )
+
+    assert_exports_equivalent(fn, (x, i), resized=[(torch.randn(4, 5), torch.tensor([4, 1]))])
+
+
+@pytest.mark.parametrize("offset", [0, 2, -1, 9])
+@pytest.mark.parametrize("dims", [(1, 2), (2, 1), (-1, -2)])
+def test_diagonal(offset, dims):
+    x = torch.randn(2, 3, 5)
+    _batch_dynamic(lambda x: torch.diagonal(x, offset, *dims) * 2, (x,), (True,))
+    assert_exports_equivalent(lambda x: torch.diagonal(x, offset), (torch.randn(4, 4),))

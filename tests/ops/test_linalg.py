@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -228,3 +230,21 @@ def test_opsets(opset):
         )
 
     _batch_dynamic(fn, torch.randn(3, 4), torch.randn(3, 2, 4), opset_version=opset)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_det(dtype):
+    a = torch.randn(2, 3, 3, dtype=dtype)
+    a[1, 2] = a[1, 0]  # singular
+    program = assert_batch_dynamic_equivalent(lambda a: (torch.linalg.det(a), torch.det(a[0])), a)
+    assert op_histogram(program)["Det"] == 2
+
+
+@pytest.mark.parametrize("ord", ["fro", 1, -1, math.inf, -math.inf])
+def test_matrix_norm(ord):
+    assert_exports_equivalent(lambda a: torch.linalg.matrix_norm(a, ord, keepdim=ord == 1), (torch.randn(2, 3, 4),))
+
+
+def test_cross():
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    assert_batch_dynamic_equivalent(lambda a, b: (torch.linalg.cross(a, b), torch.cross(a[:, None], b[:, None], dim=-1)), a, b)

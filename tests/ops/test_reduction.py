@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import dynexport
+
 from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
@@ -302,3 +304,28 @@ def test_cumsum(dtype, dim):
 
 def test_cumsum_of_0d():
     assert_exports_equivalent(lambda t: torch.cumsum(t, 0), (torch.tensor(3.0),))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.bool])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cumprod_is_exact_with_zeros_and_negatives(dtype, dim):
+    x = torch.tensor([[1.5, -2.0, 0.0, 3.0, -1.0], [2.0, 2.0, -0.5, 4.0, 1.0], [0.5, 1.0, 3.0, -2.0, 0.0]])
+    x = (x * 2).to(dtype) if not dtype.is_floating_point else x.to(dtype)
+    assert_batch_dynamic_equivalent(lambda x: torch.cumprod(x, dim) if dim else torch.cumprod(x, dim, dtype=torch.float64), x, batched=[dim != 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_logcumsumexp(dtype):
+    x = torch.tensor([[1.0, 80.0, -float("inf"), 3.0], [-float("inf"), -float("inf"), 2.0, float("inf")]], dtype=dtype)
+    assert_batch_dynamic_equivalent(lambda x: (torch.logcumsumexp(x, 1), torch.logcumsumexp(x[:, :3] * 0.5, -1)), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32, torch.bool])
+def test_cummax_cummin_take_the_last_tied_index(dtype):
+    x = torch.tensor([[1, 3, 3, 2, 5, 5, 0], [4, 4, 1, 4, -2, 7, 7]]).to(dtype)
+    assert_batch_dynamic_equivalent(lambda x: (*torch.cummax(x, 1), *torch.cummin(x, -1)), x)
+
+
+def test_cumulative_ops_decline_long_dims():
+    with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="prod"):
+        dynexport.export(lambda x: torch.cumprod(x, 0), (torch.randn(2000),))
