@@ -23,7 +23,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
 from torch._decomp import decomposition_table as torch_decompositions
+from torch.func import functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from dynexport.passes.fx.functionalize import inplace_ops_are_local
 
 __all__ = [
     "Decomposition",
@@ -157,13 +160,22 @@ def trace_decomposition(
         return tuple(result) if isinstance(result, tuple) else result
 
     examples = [leaf.meta["val"] for leaf in leaves]
-    tracer = make_fx(run, decomposition_table=table)
-    try:
-        with fake_mode if fake_mode is not None else contextlib.nullcontext():
-            module = tracer(*examples)
-    except _Declined:
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        try:
+            graph = make_fx(run, decomposition_table=table)(*examples).graph
+            if not inplace_ops_are_local(graph):
+                # A decomposition that writes through views (e.g. diagonal(out).copy_(src)):
+                # only a functionalized trace translates exactly.
+                graph = make_fx(functionalize(run), decomposition_table=table)(*examples).graph
+        except _Declined:
+            return None
+        except RuntimeError as error:
+            if "functionaliz" not in str(error):
+                raise
+            return None
+    if not inplace_ops_are_local(graph):
         return None
-    return Decomposition(module.graph, leaves)
+    return Decomposition(graph, leaves)
 
 
 class _Declined(Exception):

@@ -1,21 +1,62 @@
 """Passes over the translated onnx_ir model, run by :func:`optimize_model` in a fixed order:
 
-1. ``dead_code.remove_dead_code``: nodes whose outputs nobody reads, unused initializers.
-2. ``naming.make_names_unique``: every value name distinct, graph inputs and outputs untouched.
+1. ``lift_constants``: Constant nodes become initializers (one kind of constant, no node).
+2. Simplification, repeated until nothing changes (at most ``_MAX_ROUNDS`` rounds):
+   ``fold_shapes`` (symbolic shape arithmetic; Reshape/Expand targets), ``fold_constants``
+   (onnx's reference evaluator, size-limited), ``remove_no_ops``, ``collapse_chains``,
+   ``deduplicate_initializers``, ``eliminate_common_subexpressions``.
+3. Fusions: ``fuse_conv_batchnorm``, ``fuse_gemm``, ``fuse_layer_norm``, ``fuse_gelu``
+   (opset 20), ``fuse_rms_norm`` and ``fuse_attention`` (opset 23).
+4. ``remove_dead_code``, then ``fold_constants`` once more (the weights Conv+BatchNorm fusion
+   wrote as arithmetic), ``remove_dead_code``, ``make_names_unique``.
+
+Without ``fold_constants`` the two folding passes and the Conv+BatchNorm fusion (which relies
+on folding) are skipped. docs/optimizer.md describes each pass.
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
+from dynexport.passes.onnx.collapse_chains import collapse_chains
+from dynexport.passes.onnx.common_subexpressions import eliminate_common_subexpressions
 from dynexport.passes.onnx.dead_code import remove_dead_code
+from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
+from dynexport.passes.onnx.fold_constants import fold_constants as fold_constant_nodes
+from dynexport.passes.onnx.fold_shapes import fold_shapes
+from dynexport.passes.onnx.fuse_attention import fuse_attention
+from dynexport.passes.onnx.fuse_conv_batchnorm import fuse_conv_batchnorm
+from dynexport.passes.onnx.fuse_gelu import fuse_gelu
+from dynexport.passes.onnx.fuse_gemm import fuse_gemm
+from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
+from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
+from dynexport.passes.onnx.lift_constants import lift_constants
 from dynexport.passes.onnx.naming import make_names_unique
+from dynexport.passes.onnx.remove_no_ops import remove_no_ops
 
 __all__ = ["make_names_unique", "optimize_model", "remove_dead_code"]
 
+_MAX_ROUNDS = 4
+
 
 def optimize_model(model: ir.Model, *, fold_constants: bool = True) -> None:
-    """Optimize ``model`` in place."""
-    del fold_constants  # folding passes join the pipeline with the optimizer issue
-    remove_dead_code(model.graph)
-    make_names_unique(model.graph)
+    """Optimize ``model`` in place (main graph); ``fold_constants=False`` evaluates nothing."""
+    graph = model.graph
+    lift_constants(graph)
+    cleanups = [remove_no_ops, collapse_chains, deduplicate_initializers, eliminate_common_subexpressions]
+    if fold_constants:
+        cleanups = [fold_shapes, fold_constant_nodes, *cleanups]
+    for _ in range(_MAX_ROUNDS):
+        changed = sum(cleanup(graph) for cleanup in cleanups)
+        remove_dead_code(graph)
+        if not changed:
+            break
+    fusions = [fuse_gemm, fuse_layer_norm, fuse_gelu, fuse_rms_norm, fuse_attention]
+    if fold_constants:
+        fusions.insert(0, fuse_conv_batchnorm)
+    if sum(fuse(graph) for fuse in fusions):
+        remove_dead_code(graph)
+        if fold_constants:
+            fold_constant_nodes(graph)
+            remove_dead_code(graph)
+    make_names_unique(graph)

@@ -1,0 +1,86 @@
+"""Collapse chains that compute in two steps what one step does: Transpose of a Transpose,
+Reshape of a Reshape, Cast of a lossless Cast, Squeeze of an Unsqueeze on the same axes."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from dynexport.passes.onnx.values import constant_array, replace_value
+
+__all__ = ["collapse_chains"]
+
+_D = ir.DataType
+# Casts from the key to any of the values keep every value exactly.
+_EXACT_CASTS = {
+    _D.BOOL: {_D.INT8, _D.UINT8, _D.INT16, _D.UINT16, _D.INT32, _D.UINT32, _D.INT64, _D.UINT64, _D.FLOAT16, _D.BFLOAT16, _D.FLOAT, _D.DOUBLE},
+    _D.INT8: {_D.INT16, _D.INT32, _D.INT64, _D.FLOAT16, _D.BFLOAT16, _D.FLOAT, _D.DOUBLE},
+    _D.UINT8: {_D.INT16, _D.UINT16, _D.INT32, _D.UINT32, _D.INT64, _D.UINT64, _D.FLOAT16, _D.BFLOAT16, _D.FLOAT, _D.DOUBLE},
+    _D.INT16: {_D.INT32, _D.INT64, _D.FLOAT, _D.DOUBLE},
+    _D.UINT16: {_D.INT32, _D.UINT32, _D.INT64, _D.UINT64, _D.FLOAT, _D.DOUBLE},
+    _D.INT32: {_D.INT64, _D.DOUBLE},
+    _D.UINT32: {_D.UINT64, _D.INT64, _D.DOUBLE},
+    _D.FLOAT16: {_D.FLOAT, _D.DOUBLE},
+    _D.BFLOAT16: {_D.FLOAT, _D.DOUBLE},
+    _D.FLOAT: {_D.DOUBLE},
+}
+
+
+def collapse_chains(graph: ir.Graph) -> int:
+    """Rewrite each chain's second node to read the chain's input; return how many."""
+    collapsed = 0
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+            continue
+        inner = node.inputs[0].producer()
+        if inner is None or inner.op_type != node.op_type or inner.domain != node.domain:
+            if inner is not None and node.op_type == "Squeeze" and inner.op_type == "Unsqueeze":
+                collapsed += _squeeze_of_unsqueeze(graph, node, inner)
+            continue
+        rewrite = _REWRITES.get(node.op_type)
+        if rewrite is not None and rewrite(node, inner):
+            collapsed += 1
+    return collapsed
+
+
+def _transpose(node: ir.Node, inner: ir.Node) -> bool:
+    outer_perm, inner_perm = node.attributes.get("perm"), inner.attributes.get("perm")
+    if outer_perm is None or inner_perm is None:
+        return False
+    composed = [inner_perm.as_ints()[i] for i in outer_perm.as_ints()]
+    node.attributes["perm"] = ir.AttrInt64s("perm", composed)
+    node.replace_input_with(0, inner.inputs[0])
+    return True
+
+
+def _reshape(node: ir.Node, inner: ir.Node) -> bool:
+    target = constant_array(node.inputs[1])
+    allow_zero = node.attributes["allowzero"].as_int() if "allowzero" in node.attributes else 0
+    if target is None or (0 in target and not allow_zero):
+        return False  # a 0 copies a dim of the inner result, which the outer input would not have
+    node.replace_input_with(0, inner.inputs[0])
+    return True
+
+
+def _cast(node: ir.Node, inner: ir.Node) -> bool:
+    source = inner.inputs[0].dtype
+    middle = ir.DataType(inner.attributes["to"].as_int())
+    if source is None or (middle not in _EXACT_CASTS.get(source, ()) and middle != source):
+        return False
+    node.replace_input_with(0, inner.inputs[0])
+    return True
+
+
+def _squeeze_of_unsqueeze(graph: ir.Graph, node: ir.Node, inner: ir.Node) -> int:
+    squeezed = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    unsqueezed = constant_array(inner.inputs[1]) if len(inner.inputs) > 1 else None
+    if squeezed is None or unsqueezed is None or sorted(squeezed.tolist()) != sorted(unsqueezed.tolist()):
+        return 0
+    if any(a < 0 for a in squeezed.tolist() + unsqueezed.tolist()):
+        return 0  # negative axes count from different ranks
+    if not replace_value(node.outputs[0], inner.inputs[0]):
+        return 0
+    graph.remove(node, safe=True)
+    return 1
+
+
+_REWRITES = {"Transpose": _transpose, "Reshape": _reshape, "Cast": _cast}

@@ -1,0 +1,279 @@
+"""Shape folding over symbolic dims.
+
+The translator computes SymInts with ``Shape -> Squeeze -> arithmetic -> Concat`` chains. Here
+each small int64 value gets its *contents*: a tuple of sympy expressions over the graph's dim
+names (``batch``, ``seq + 1``), read from value shapes and carried through Shape, Size, Squeeze,
+Unsqueeze, Concat, Gather, Slice, Cast, Identity, Add, Sub and Mul. Then:
+
+- a value whose contents are all integers becomes a constant;
+- a value whose contents equal an earlier value's is replaced by it (``seq`` read from two
+  tensors is one value);
+- a ``Reshape`` target becomes a constant where each unknown dim is copied from the input
+  (``0``) or inferred (``-1``); a ``Reshape`` or ``Expand`` that keeps its input's shape goes.
+
+Dims are compared by name: the translator names them after torch's symbolic shapes, where one
+expression is one size. A dim without a name is never equal to anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import onnx_ir as ir
+import sympy
+
+from dynexport.passes.onnx.values import add_initializer, constant_array, replace_value
+
+__all__ = ["fold_shapes"]
+
+Contents = tuple  # tuple[sympy.Expr, ...]
+_MAX_ELEMENTS = 64
+_BROADCASTING = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And",
+     "Or", "Where", "Max", "Min"}
+)
+
+
+class _Shapes:
+    def __init__(self, graph: ir.Graph):
+        self.graph = graph
+        self.contents: dict[int, tuple[Contents, bool]] = {}  # id(value) -> (contents, is_scalar)
+        self.first_with: dict[tuple[Contents, bool], ir.Value] = {}
+        self._symbols: dict[str, sympy.Expr] = {}
+        self._unknown = itertools.count()
+        self.changed = 0
+
+    def dim(self, value: ir.Value, d: int | ir.SymbolicDim) -> sympy.Expr:
+        if isinstance(d, int):
+            return sympy.Integer(d)
+        if d.value is None:
+            return sympy.Dummy(f"unknown{next(self._unknown)}")
+        expr = self._symbols.get(d.value)
+        if expr is None:
+            names = {name: sympy.Symbol(name) for name in re.findall(r"[A-Za-z_]\w*", d.value)}
+            try:
+                expr = sympy.parse_expr(d.value, local_dict=names)
+            except (sympy.SympifyError, SyntaxError, TypeError):
+                expr = None
+            if not isinstance(expr, sympy.Expr):
+                expr = sympy.Symbol(d.value)
+            self._symbols[d.value] = expr
+        return expr
+
+    def dims(self, value: ir.Value) -> Contents | None:
+        if value.shape is None:
+            return None
+        return tuple(self.dim(value, d) for d in value.shape)
+
+    def of(self, value: ir.Value | None) -> tuple[Contents, bool] | None:
+        if value is None:
+            return None
+        known = self.contents.get(id(value))
+        if known is not None:
+            return known
+        array = constant_array(value)
+        if array is not None and array.dtype == np.int64 and array.ndim <= 1 and array.size <= _MAX_ELEMENTS:
+            return tuple(sympy.Integer(int(x)) for x in array.reshape(-1)), array.ndim == 0
+        return None
+
+
+def fold_shapes(graph: ir.Graph) -> int:
+    """Fold and unify shape computations in ``graph``; return how many values changed."""
+    shapes = _Shapes(graph)
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in _BROADCASTING:
+            _infer_broadcast_shape(shapes, node)
+        if node.op_type == "Reshape":
+            _simplify_reshape(shapes, node)
+            continue
+        if node.op_type == "Expand":
+            _simplify_expand(shapes, node)
+            continue
+        if len(node.outputs) != 1:
+            continue
+        result = _contents(shapes, node)
+        if result is None:
+            continue
+        _settle(shapes, node.outputs[0], result)
+    return shapes.changed
+
+
+def _settle(shapes: _Shapes, output: ir.Value, result: tuple[Contents, bool]) -> None:
+    contents, scalar = result
+    if all(e.is_Integer for e in contents):
+        array = np.array([int(e) for e in contents], dtype=np.int64)
+        constant = add_initializer(shapes.graph, array.reshape(()) if scalar else array, output.name or "shape")
+        if replace_value(output, constant):
+            shapes.changed += 1
+        else:
+            del shapes.graph.initializers[constant.name]
+        return
+    shapes.contents[id(output)] = result
+    earlier = shapes.first_with.get(result)
+    if earlier is None:
+        shapes.first_with[result] = output
+    elif replace_value(output, earlier):
+        shapes.changed += 1
+
+
+def _contents(shapes: _Shapes, node: ir.Node) -> tuple[Contents, bool] | None:
+    op, inputs, attrs = node.op_type, node.inputs, node.attributes
+    if not inputs or inputs[0] is None:
+        return None
+    if op == "Shape":
+        dims = shapes.dims(inputs[0])
+        if dims is None:
+            return None
+        start = attrs["start"].as_int() if "start" in attrs else 0
+        end = attrs["end"].as_int() if "end" in attrs else len(dims)
+        return dims[slice(*_clamp(start, end, len(dims)))], False
+    if op == "Size":
+        dims = shapes.dims(inputs[0])
+        return None if dims is None else ((sympy.Mul(*dims),), True)
+    if op == "Identity" or (op == "Cast" and attrs["to"].as_int() == ir.DataType.INT64):
+        return shapes.of(inputs[0])
+    first = shapes.of(inputs[0])
+    if first is None:
+        return None
+    contents, scalar = first
+    if op == "Squeeze":
+        return (contents, True) if len(contents) == 1 and not scalar else None
+    if op == "Unsqueeze":
+        axes = shapes.of(inputs[1]) if len(inputs) > 1 else None
+        return (contents, False) if scalar and axes is not None and tuple(axes[0]) in ((0,), (-1,)) else None
+    if op == "Reshape":
+        target = shapes.of(inputs[1])
+        if target is not None and tuple(target[0]) in ((-1,), (len(contents),)):
+            return contents, False
+        return (contents, True) if target is not None and target[0] == () and len(contents) == 1 else None
+    if op == "Concat":
+        parts = [shapes.of(v) for v in inputs]
+        if any(p is None or p[1] for p in parts):
+            return None
+        return tuple(e for p in parts for e in p[0]), False
+    if op == "Gather":
+        indices = constant_array(inputs[1])
+        if indices is None or scalar or indices.ndim > 1 or (attrs["axis"].as_int() if "axis" in attrs else 0) != 0:
+            return None
+        if any(not -len(contents) <= int(i) < len(contents) for i in indices.reshape(-1)):
+            return None
+        picked = tuple(contents[int(i)] for i in indices.reshape(-1))
+        return picked, indices.ndim == 0
+    if op == "Slice":
+        params = [constant_array(v) if v is not None else None for v in inputs[1:]]
+        if scalar or any(p is None for p in params[:2]) or any(p is None for v, p in zip(inputs[3:], params[2:]) if v is not None):
+            return None
+        starts, ends = params[0], params[1]
+        axes = params[2] if len(params) > 2 and params[2] is not None else np.array([0])
+        steps = params[3] if len(params) > 3 and params[3] is not None else np.array([1])
+        if starts.size != 1 or int(axes.reshape(-1)[0]) not in (0, -1):
+            return None
+        return contents[int(starts[0]) : int(ends[0]) : int(steps[0])], False
+    if op in ("Add", "Sub", "Mul"):
+        second = shapes.of(inputs[1])
+        if second is None:
+            return None
+        return _elementwise(op, first, second)
+    return None
+
+
+def _clamp(start: int, end: int, rank: int) -> tuple[int, int]:
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = max(0, min(rank, end + rank if end < 0 else end))
+    return start, end
+
+
+def _elementwise(op: str, a: tuple[Contents, bool], b: tuple[Contents, bool]) -> tuple[Contents, bool] | None:
+    (x, x_scalar), (y, y_scalar) = a, b
+    if len(x) != len(y):
+        if len(x) == 1:
+            x = x * len(y)
+        elif len(y) == 1:
+            y = y * len(x)
+        else:
+            return None
+    combine = {"Add": lambda p, q: p + q, "Sub": lambda p, q: p - q, "Mul": lambda p, q: p * q}[op]
+    return tuple(sympy.expand(combine(p, q)) for p, q in zip(x, y)), x_scalar and y_scalar
+
+
+def _infer_broadcast_shape(shapes: _Shapes, node: ir.Node) -> None:
+    """Give an unannotated elementwise result the broadcast of its inputs' shapes."""
+    output = node.outputs[0]
+    if output.shape is not None or any(v is None or v.shape is None for v in node.inputs):
+        return
+    rank = max(len(v.shape) for v in node.inputs)
+    dims = []
+    for i in range(rank):
+        candidates = {
+            d for v in node.inputs for d in [v.shape[i - rank + len(v.shape)] if i - rank + len(v.shape) >= 0 else 1]
+            if d != 1
+        }
+        if not candidates:
+            dims.append(1)
+        elif len(candidates) == 1 and not (isinstance(d := next(iter(candidates)), ir.SymbolicDim) and d.value is None):
+            dims.append(d)
+        else:
+            return
+    output.shape = ir.Shape(dims)
+
+
+def _simplify_reshape(shapes: _Shapes, node: ir.Node) -> None:
+    data, target_value = node.inputs[0], node.inputs[1]
+    target, dims = shapes.of(target_value), shapes.dims(data)
+    if target is None or dims is None or target[1]:
+        return
+    allow_zero = node.attributes["allowzero"].as_int() if "allowzero" in node.attributes else 0
+    entries = list(target[0])
+    if any(e == 0 for e in entries) and allow_zero:
+        return
+    resolved = [dims[i] if e == 0 else e for i, e in enumerate(entries)]
+    if resolved == list(dims) and len(resolved) == len(dims):
+        if replace_value(node.outputs[0], data):
+            shapes.changed += 1
+        return
+    if all(e.is_Integer for e in target[0]) and not allow_zero:
+        return
+    new = []
+    for i, e in enumerate(resolved):
+        if e.is_Integer:
+            new.append(int(e))
+        elif i < len(dims) and e == dims[i]:
+            new.append(0)
+        else:
+            new.append(None)
+    unknown = [i for i, e in enumerate(new) if e is None]
+    if len(unknown) > 1 or (unknown and -1 in new):
+        return
+    if unknown and (any(e <= 0 for e in new if e is not None)):
+        return  # -1 is only safe to infer next to known, nonzero sizes
+    if unknown:
+        new[unknown[0]] = -1
+    constant = add_initializer(shapes.graph, np.array(new, dtype=np.int64), f"{node.outputs[0].name or 'reshape'}_shape")
+    node.replace_input_with(1, constant)
+    node.attributes.pop("allowzero", None)
+    shapes.changed += 1
+
+
+def _simplify_expand(shapes: _Shapes, node: ir.Node) -> None:
+    data, target_value = node.inputs[0], node.inputs[1]
+    target, dims = shapes.of(target_value), shapes.dims(data)
+    if target is None or dims is None or target[1] or all(e.is_Integer for e in target[0]):
+        return
+    entries = list(target[0])
+    offset = len(entries) - len(dims)
+    for i in range(max(0, offset), len(entries)):
+        if entries[i] == dims[i - offset]:
+            entries[i] = sympy.Integer(1)
+    if not all(e.is_Integer for e in entries):
+        return
+    if all(e == 1 for e in entries) and offset <= 0:
+        if replace_value(node.outputs[0], data):
+            shapes.changed += 1
+        return
+    constant = add_initializer(shapes.graph, np.array([int(e) for e in entries], dtype=np.int64), "expand_shape")
+    node.replace_input_with(1, constant)
+    shapes.changed += 1

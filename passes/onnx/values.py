@@ -1,0 +1,88 @@
+"""Reading constants and replacing values: what every pass over the onnx_ir graph needs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+__all__ = [
+    "NONDETERMINISTIC_OPS",
+    "add_initializer",
+    "constant_array",
+    "constant_scalar",
+    "insert_replacement",
+    "producer",
+    "replace_value",
+    "single_consumer",
+]
+
+# Ops whose result differs from run to run: never folded, never merged.
+NONDETERMINISTIC_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
+)
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value's contents when it is a constant (an initializer that is not also a graph
+    input, which a caller could override), else None."""
+    if value is None or value.const_value is None or value.is_graph_input():
+        return None
+    return value.const_value.numpy()
+
+
+def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
+    """Register ``array`` as a new initializer named ``name`` (suffixed when taken)."""
+    base, suffix = name or "folded", 0
+    while name in graph.initializers or not name:
+        suffix += 1
+        name = f"{base}_{suffix}"
+    tensor = ir.tensor(np.array(array, order="C"), name=name)
+    value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+    graph.register_initializer(value)
+    return value
+
+
+def replace_value(old: ir.Value, new: ir.Value) -> bool:
+    """Make every reader of ``old`` read ``new``; False (and nothing done) when ``old`` is a
+    graph output that ``new`` cannot stand in for without an extra node."""
+    if old.is_graph_output():
+        if new.is_graph_input() or new.is_graph_output() or new.is_initializer():
+            return False
+        new.name = old.name
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        return True
+    old.replace_all_uses_with(new)
+    return True
+
+
+def single_consumer(value: ir.Value) -> ir.Node | None:
+    """The one node reading ``value``, when it has exactly one use and is no graph output."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0].node
+
+
+def constant_scalar(value: ir.Value | None) -> float | None:
+    """The number a one-element constant holds, else None."""
+    array = constant_array(value)
+    return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
+
+
+def producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    """The node of type ``op_type`` (default domain) that produces ``value``, else None."""
+    node = value.producer() if value is not None else None
+    return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+
+
+def insert_replacement(graph: ir.Graph, anchor: ir.Node, node: ir.Node, old: ir.Value) -> bool:
+    """Insert ``node`` before ``anchor`` and make its first output stand in for ``old`` (same
+    type, shape and provenance metadata); False, and nothing changed, when it cannot."""
+    output = node.outputs[0]
+    output.type, output.shape = old.type, old.shape
+    node.metadata_props.update(anchor.metadata_props)
+    graph.insert_before(anchor, node)
+    if replace_value(old, output):
+        return True
+    graph.remove(node)
+    return False

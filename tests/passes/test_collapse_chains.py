@@ -1,0 +1,47 @@
+import numpy as np
+
+from dynexport.passes.onnx.collapse_chains import collapse_chains
+from dynexport.passes.onnx.dead_code import remove_dead_code
+from tests.passes.graphs import model, ops, run
+
+
+def test_transpose_of_transpose_becomes_one_transpose():
+    text = """g (float[2, 3, 4] x) => (float[4, 2, 3] y) {
+        a = Transpose<perm = [0, 2, 1]>(x)
+        y = Transpose<perm = [1, 0, 2]>(a)
+    }"""
+    x = np.random.rand(2, 3, 4).astype(np.float32)
+    m = model(text)
+    assert collapse_chains(m.graph) == 1
+    remove_dead_code(m.graph)
+    assert ops(m) == ["Transpose"]
+    assert list(m.graph.node(0).attributes["perm"].as_ints()) == [2, 0, 1]
+    np.testing.assert_array_equal(run(m, x=x)[0], run(model(text), x=x)[0])
+
+
+def test_reshape_chain_and_lossless_cast_chain_collapse_but_lossy_casts_do_not():
+    m = model("""g (float[2, 6] x, int64[3] i) => (float[3, 4] y, float[3] f, float[3] g) <int64[2] a = {4, 3}, int64[2] b = {3, 4}> {
+        r = Reshape(x, a)
+        y = Reshape(r, b)
+        d = Cast<to = 11>(x)
+        e = Cast<to = 1>(d)
+        f = ReduceSum<keepdims = 0>(e)
+        h = Cast<to = 1>(i)
+        k = Cast<to = 6>(h)
+        g = Cast<to = 1>(k)
+    }""")
+    assert collapse_chains(m.graph) == 2
+    remove_dead_code(m.graph)
+    assert ops(m) == ["Reshape", "Cast", "ReduceSum", "Cast", "Cast", "Cast"]
+    assert m.graph.node(0).inputs[0] is m.graph.inputs[0]
+
+
+def test_squeeze_of_unsqueeze_on_the_same_axes_goes():
+    m = model("""g (float[3] x) => (float[3] y) <int64[1] axes = {0}> {
+        u = Unsqueeze(x, axes)
+        s = Squeeze(u, axes)
+        y = Relu(s)
+    }""")
+    assert collapse_chains(m.graph) == 1
+    remove_dead_code(m.graph)
+    assert ops(m) == ["Relu"]

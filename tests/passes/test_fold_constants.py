@@ -1,0 +1,54 @@
+import numpy as np
+import torch
+
+from dynexport.passes.onnx.fold_constants import fold_constants
+from dynexport.passes.onnx.lift_constants import lift_constants
+from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.passes.graphs import model, ops, run
+
+WEIGHT = "<float[2, 3] w = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0}>"
+
+
+def test_a_chain_of_constant_nodes_folds_into_one_initializer():
+    m = model("""g (float[3, 2] x) => (float[3, 2] y) """ + WEIGHT + """ {
+        t = Transpose<perm = [1, 0]>(w)
+        two = Constant<value = float {2.0}>()
+        d = Mul(t, two)
+        y = Add(x, d)
+    }""")
+    lift_constants(m.graph)
+    assert fold_constants(m.graph) == 2
+    assert ops(m) == ["Add"]
+    folded = m.graph.node(0).inputs[1].const_value.numpy()
+    np.testing.assert_array_equal(folded, [[2, 8], [4, 10], [6, 12]])
+    np.testing.assert_allclose(run(m, x=np.zeros((3, 2), np.float32))[0], folded)
+
+
+def test_folding_never_duplicates_a_large_weight_that_stays_in_use():
+    weight = ", ".join(["1.0"] * 1024)
+    m = model(f"""g (float[1024] x) => (float[1024] y, float[1024] z) <float[1024] w = {{{weight}}}> {{
+        n = Neg(w)
+        y = Add(x, n)
+        z = Mul(x, w)
+    }}""")
+    assert fold_constants(m.graph) == 0
+    assert ops(m) == ["Neg", "Add", "Mul"]
+    assert fold_constants(m.graph, small_bytes=1 << 20) == 1
+
+
+def test_random_ops_and_non_constant_inputs_are_not_folded():
+    m = model("""g (float[2] x) => (float[2] y) {
+        r = RandomNormal<shape = [2]>()
+        y = Add(x, r)
+    }""")
+    assert fold_constants(m.graph) == 0
+    assert ops(m) == ["RandomNormal", "Add"]
+
+
+def test_transposed_weight_of_a_real_model_is_folded():
+    model_ = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+    x = torch.randn(2, 5, 4)
+    program = assert_exports_equivalent(model_, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},), resized=[(torch.randn(3, 5, 4),)])
+    assert "Transpose" not in op_histogram(program)
+    unoptimized = assert_exports_equivalent(model_, (x,), do_constant_folding=False)
+    assert op_histogram(unoptimized)["Transpose"] == 2

@@ -1,0 +1,85 @@
+import numpy as np
+import torch
+
+from dynexport.passes.onnx.dead_code import remove_dead_code
+from dynexport.passes.onnx.fold_shapes import fold_shapes
+from dynexport.passes.onnx.lift_constants import lift_constants
+from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.passes.graphs import assert_same_results, model, ops, run
+
+
+def _folded(text: str):
+    m = model(text)
+    lift_constants(m.graph)
+    fold_shapes(m.graph)
+    remove_dead_code(m.graph)
+    return m
+
+
+def test_static_dims_of_a_partially_known_shape_fold_to_a_constant():
+    m = _folded("""g (float[N, 4, 6] x) => (float[N, 4, 6] y) {
+        s = Shape<start = 1>(x)
+        n = Constant<value = int64[1] {-1}>()
+        t = Concat<axis = 0>(n, s)
+        y = Reshape(x, t)
+    }""")
+    assert ops(m) == ["Reshape"]
+    np.testing.assert_array_equal(m.graph.node(0).inputs[1].const_value.numpy(), [-1, 4, 6])
+
+
+def test_reshape_target_built_from_symbolic_dims_becomes_a_copying_constant():
+    text = """g (float[N, S, 8] x) => (float[N, S, 2, 4] y) {
+        a = Shape<start = 0, end = 1>(x)
+        b = Shape<start = 1, end = 2>(x)
+        c = Constant<value = int64[2] {2, 4}>()
+        t = Concat<axis = 0>(a, b, c)
+        y = Reshape<allowzero = 1>(x, t)
+    }"""
+    x = np.random.rand(3, 5, 8).astype(np.float32)
+    before = run(model(text), x=x)
+    m = _folded(text)
+    assert ops(m) == ["Reshape"]
+    np.testing.assert_array_equal(m.graph.node(0).inputs[1].const_value.numpy(), [0, 0, 2, 4])
+    assert_same_results(before, run(m, x=x))
+
+
+def test_the_same_dim_read_from_two_tensors_is_one_value():
+    m = _folded("""g (float[N, 4] x, float[N, 2] z) => (int64[N] y, int64[N] w) {
+        a = Shape<start = 0, end = 1>(x)
+        b = Shape<start = 0, end = 1>(z)
+        sa = Squeeze(a)
+        sb = Squeeze(b)
+        zero = Constant<value = int64 {0}>()
+        one = Constant<value = int64 {1}>()
+        y = Range(zero, sa, one)
+        w = Range(zero, sb, one)
+    }""")
+    first, second = [n for n in m.graph if n.op_type == "Range"]
+    assert first.inputs[1] is second.inputs[1]
+    assert ops(m) == ["Shape", "Squeeze", "Range", "Range"]
+
+
+def test_an_expand_to_the_input_shape_is_removed():
+    text = """g (float[N, 1, S] x) => (float[N, 1, S] y) {
+        a = Shape<start = 0, end = 1>(x)
+        b = Shape<start = 2, end = 3>(x)
+        one = Constant<value = int64[1] {1}>()
+        t = Concat<axis = 0>(a, one, b)
+        e = Expand(x, t)
+        y = Relu(e)
+    }"""
+    m = _folded(text)
+    assert ops(m) == ["Relu"]
+    x = np.random.rand(2, 1, 3).astype(np.float32) - 0.5
+    assert_same_results(run(model(text), x=x), run(m, x=x))
+
+
+def test_dynamic_views_of_a_real_model_need_no_shape_ops():
+    def heads(x):
+        batch, seq, _ = x.shape
+        return x.view(batch, seq, 4, 2).transpose(1, 2).relu().transpose(1, 2).reshape(batch, seq, 8)
+
+    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}
+    program = assert_exports_equivalent(heads, (torch.randn(2, 3, 8),), dynamic_shapes=(dims,), resized=[(torch.randn(4, 5, 8),)])
+    histogram = op_histogram(program)
+    assert "Concat" not in histogram and "Shape" not in histogram
