@@ -60,7 +60,7 @@ class NoGradRegion(torch.nn.Module):
 
     def forward(self, x):
         with torch.no_grad():
-            factor = torch.cos(self.scale) + 1
+            factor = torch.cos(x * self.scale) + 1
         with torch.autocast("cpu", enabled=False):
             shifted = x.float() + 1
         return shifted * factor

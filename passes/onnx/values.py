@@ -45,6 +45,11 @@ def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
 def replace_value(old: ir.Value, new: ir.Value) -> bool:
     """Make every reader of ``old`` read ``new``; False (and nothing done) when ``old`` is a
     graph output that ``new`` cannot stand in for without an extra node."""
+    # ``new`` computes the same tensor: whatever ``old`` was known to be, it is too.
+    if new.type is None:
+        new.type = old.type
+    if new.shape is None:
+        new.shape = old.shape
     if old.is_graph_output():
         if new.is_graph_input() or new.is_graph_output() or new.is_initializer():
             return False
