@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
+from onnx_ir.tensor_adapters import TorchTensor
 
 from dynexport.passes.onnx.values import NONDETERMINISTIC_OPS, add_initializer, constant_array, replace_value
 
@@ -26,6 +27,12 @@ def fold_constants(graph: ir.Graph, *, small_bytes: int = SMALL_BYTES) -> int:
     for node in list(graph):
         if not _is_foldable(node):
             continue
+        view = _torch_view(node)
+        if view is not None:
+            if replace_value(node.outputs[0], _add_torch_initializer(graph, view, node.outputs[0])):
+                graph.remove(node, safe=True)
+                folded += 1
+            continue
         inputs = [constant_array(v) if v is not None else None for v in node.inputs]
         if any(a is None for a, v in zip(inputs, node.inputs) if v is not None):
             continue
@@ -41,6 +48,37 @@ def fold_constants(graph: ir.Graph, *, small_bytes: int = SMALL_BYTES) -> int:
             graph.remove(node, safe=True)
             folded += 1
     return folded
+
+
+def _torch_view(node: ir.Node):
+    """A weight's transpose or reshape as a torch view of it, when the weight is a torch tensor
+    that nothing else reads: folding it then copies nothing until the file is written."""
+    if node.op_type not in ("Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten"):
+        return None
+    source = node.inputs[0]
+    tensor = source.const_value if source is not None else None
+    if not isinstance(tensor, TorchTensor) or source.is_graph_input() or len(source.uses()) != 1:
+        return None
+    data = tensor.raw
+    if node.op_type == "Transpose":
+        perm = node.attributes["perm"].as_ints() if "perm" in node.attributes else list(reversed(range(data.dim())))
+        return data.permute(*perm)
+    shape = node.outputs[0].shape
+    if shape is None or not all(isinstance(d, int) for d in shape) or any(
+        v is not None and constant_array(v) is None for v in node.inputs[1:]
+    ):
+        return None
+    return data.reshape(tuple(shape))
+
+
+def _add_torch_initializer(graph: ir.Graph, data, output: ir.Value) -> ir.Value:
+    name, suffix = output.name or "folded", 0
+    while name in graph.initializers:
+        suffix += 1
+        name = f"{output.name}_{suffix}"
+    value = ir.Value(name=name, shape=ir.Shape(data.shape), type=output.type, const_value=TorchTensor(data, name=name))
+    graph.register_initializer(value)
+    return value
 
 
 def _is_foldable(node: ir.Node) -> bool:

@@ -41,3 +41,28 @@ def test_equal_initializers_merge_then_their_readers_merge():
     assert sorted(m.graph.initializers) == ["p", "r"]
     assert eliminate_common_subexpressions(m.graph) == 1
     np.testing.assert_allclose(run(m, x=np.zeros(2, np.float32))[0], [4.0, 5.0])
+
+
+def test_deduplicate_initializers_compares_views_and_samples_exactly():
+    import numpy as np
+    import onnx_ir as ir
+    import torch
+    from onnx_ir.tensor_adapters import TorchTensor
+
+    from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
+
+    base = torch.randn(100, 80)
+    almost = base.t().clone()
+    almost[57, 3] += 1.0  # differs outside every sampled element
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": 20})
+    names = {"a": base.t(), "b": base.t().contiguous(), "c": almost}
+    for name, data in names.items():
+        value = ir.Value(name=name, shape=ir.Shape(data.shape), type=ir.TensorType(ir.DataType.FLOAT), const_value=TorchTensor(data))
+        graph.register_initializer(value)
+    users = [ir.node("Identity", [graph.initializers[n]]) for n in names]
+    for user in users:
+        graph.append(user)
+        graph.outputs.append(user.outputs[0])
+    assert deduplicate_initializers(graph) == 1
+    assert sorted(graph.initializers) == ["a", "c"]
+    np.testing.assert_array_equal(users[1].inputs[0].const_value.numpy(), base.t().numpy())

@@ -1,4 +1,5 @@
 import numpy as np
+import onnx
 import torch
 
 from dynexport.passes.onnx.fold_constants import fold_constants
@@ -52,3 +53,15 @@ def test_transposed_weight_of_a_real_model_is_folded():
     assert "Transpose" not in op_histogram(program)
     unoptimized = assert_exports_equivalent(model_, (x,), do_constant_folding=False)
     assert op_histogram(unoptimized)["Transpose"] == 2
+
+
+def test_transposed_torch_weight_folds_to_a_view_without_copying(tmp_path):
+    linear = torch.nn.Linear(4, 8).eval()
+    x = torch.randn(2, 5, 4)
+    program = assert_exports_equivalent(linear, (x,))
+    (weight,) = [v for v in program.model.graph.initializers.values() if v.const_value.shape == (4, 8)]
+    assert weight.const_value.raw.data_ptr() == linear.weight.data_ptr()
+    path = tmp_path / "linear.onnx"
+    program.save(path)
+    saved = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    np.testing.assert_array_equal(saved[weight.name], linear.weight.detach().numpy().T)
