@@ -100,7 +100,14 @@ def capture(
             reasons[name] = error
             if _is_user_error(error):
                 break
-    raise CaptureError(reasons) from next(iter(reasons.values()))
+    hint = None
+    if oblivious:
+        hint = (
+            "An example size of 0 or 1 on a dynamic dim lets model code that tests that size "
+            "(e.g. `if batch == 1`) fix it; if a constraint on such a dim is violated, export "
+            "with an example size of 2 or more."
+        )
+    raise CaptureError(reasons, hint) from next(iter(reasons.values()))
 
 
 def _is_user_error(error: Exception) -> bool:

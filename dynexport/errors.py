@@ -28,14 +28,19 @@ class ExportError(RuntimeError):
 class CaptureError(ExportError):
     """Every capture strategy failed; ``reasons`` maps each strategy to its failure."""
 
-    def __init__(self, reasons: dict[str, BaseException]):
+    def __init__(self, reasons: dict[str, BaseException], hint: str | None = None):
         self.reasons = reasons
         lines = ["Could not capture the model with torch.export. Each strategy failed:"]
         for strategy, error in reasons.items():
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            lines.append(f"  - {strategy}: {type(error).__name__}: {first_line}")
+            message = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+            lines.append(f"  - {strategy}: {type(error).__name__}: {(message or [''])[0]}")
+            # torch lists each violated constraint on a "- " line: those say what to fix.
+            lines += [f"      {line}" for line in message[1:] if line.startswith("- ")][:4]
         lines.append(
-            "Hint: the first strategy's error is usually the one to fix; run "
+            "Hint: "
+            + (hint or "")
+            + ("" if hint is None else " ")
+            + "The first strategy's error is usually the one to fix; run "
             "torch.export.export(model, args, strict=False) to see it in full, or "
             "torch.export.draft_export to list every problem at once."
         )
