@@ -500,6 +500,10 @@ def _external_layout(values: list[ir.Value]) -> list[tuple[int, int]]:
     return layout
 
 
+# Bytes of a strided tensor made contiguous at a time while saving.
+_CHUNK_BYTES = 16 << 20
+
+
 def _write_tensors(file, values, layout, progress: ProgressCallback | None, total: int) -> None:
     """Stream each initializer's bytes to ``file`` at its offset: one tensor in flight at a
     time, and tensors that came from torch are written from their own memory."""
@@ -507,20 +511,30 @@ def _write_tensors(file, values, layout, progress: ProgressCallback | None, tota
     for value, (offset, length) in zip(values, layout):
         if file.tell() < offset:
             file.write(b"\0" * (offset - file.tell()))
-        file.write(_tensor_bytes(value.const_value))
+        for chunk in _tensor_chunks(value.const_value):
+            file.write(chunk)
         written += length
         if progress is not None:
             progress(written, total)
 
 
-def _tensor_bytes(tensor: ir.TensorProtocol):
+def _tensor_chunks(tensor: ir.TensorProtocol) -> Iterator[Any]:
+    """A tensor's bytes in C order, in pieces: a contiguous torch tensor straight from its own
+    memory, a strided one (a folded transpose) a block of rows at a time, so that no second
+    full copy of a weight is ever held."""
     if isinstance(tensor, ir.LazyTensor):
         tensor = tensor.raw()  # the thunk: one tensor read at a time, not cached
     if isinstance(tensor, TorchTensor):
         raw = tensor.raw.detach()
         if raw.device.type == "cpu" and raw.dtype not in (torch.complex64, torch.complex128):
-            return memoryview(raw.contiguous().reshape(-1).view(torch.uint8).numpy())
-    return tensor.tobytes()
+            if raw.is_contiguous() or raw.dim() == 0:
+                yield memoryview(raw.contiguous().reshape(-1).view(torch.uint8).numpy())
+                return
+            rows = max(1, _CHUNK_BYTES // max(1, raw[0].numel() * raw.element_size()))
+            for block in raw.split(rows):
+                yield memoryview(block.contiguous().reshape(-1).view(torch.uint8).numpy())
+            return
+    yield tensor.tobytes()
 
 
 def _check_directory(path: str) -> None:

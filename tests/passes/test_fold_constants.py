@@ -65,3 +65,18 @@ def test_transposed_torch_weight_folds_to_a_view_without_copying(tmp_path):
     program.save(path)
     saved = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
     np.testing.assert_array_equal(saved[weight.name], linear.weight.detach().numpy().T)
+
+
+def test_folded_transpose_saved_as_external_data_in_row_blocks(tmp_path, monkeypatch):
+    from dynexport import program as program_module
+
+    monkeypatch.setattr(program_module, "_CHUNK_BYTES", 64)
+    linear = torch.nn.Linear(64, 32).eval()
+    program = assert_exports_equivalent(linear, (torch.randn(2, 5, 64),))
+    path = tmp_path / "linear.onnx"
+    program.save(path, external_data=True)
+    loaded = onnx.load(str(path), load_external_data=False)
+    (weight,) = [t for t in loaded.graph.initializer if tuple(t.dims) == (64, 32)]
+    assert weight.data_location == onnx.TensorProto.EXTERNAL
+    onnx.external_data_helper.load_external_data_for_tensor(weight, str(tmp_path))
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(weight), linear.weight.detach().numpy().T)
