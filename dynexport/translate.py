@@ -172,7 +172,11 @@ class _Translator:
             key = (repr(value), type(value), dtype)
             cached = self._constants.get(key)
             if cached is None:
-                tensor = ir.tensor(value, dtype=dtype)
+                try:
+                    tensor = ir.tensor(value, dtype=dtype)
+                except OverflowError:
+                    # PyTorch wraps an out-of-range Python int into an integer dtype (uint8 -1 is 255).
+                    tensor = TorchTensor(torch.tensor(value).to(to_torch_dtype(dtype)))
                 cached = self.builder.op.Constant(value=tensor)
                 cached.name = f"const_{len(self._constants)}"
                 cached.shape = ir.Shape(tensor.shape)

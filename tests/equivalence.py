@@ -205,18 +205,20 @@ def assert_dynamic_equivalent(
     atol: float | None = None,
     runtime: str = "auto",
     check_values: bool = True,
+    dynamic: bool = True,
 ) -> dynexport.ONNXProgram:
     """Export ``fn(*inputs)`` with every dim of size >= 2 dynamic (``Dim.AUTO``: torch relates
     or specializes them as the op requires), compare with eager PyTorch at ``inputs``, then at
     inputs whose dynamic dims grew by ``growth(dim_name)`` (each ONNX dim name grows once, so
     related dims stay equal).
 
-    ``check_values=False`` compares shapes and dtypes only (uninitialized or random outputs).
+    ``check_values=False`` compares shapes and dtypes only (uninitialized or random outputs);
+    ``dynamic=False`` exports with static shapes.
     """
     inputs = tuple(inputs)
     fn = _fixed_arity(fn, len(inputs))
-    dynamic = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(t.shape) if s >= 2} or None for t in inputs)
-    program = dynexport.export(fn, inputs, dynamic_shapes=dynamic)
+    shapes = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(t.shape) if s >= 2} or None for t in inputs)
+    program = dynexport.export(fn, inputs, dynamic_shapes=shapes if dynamic else None)
     onnx.checker.check_model(program.model_proto, full_check=True)
     run = _runner(program, "auto" if runtime == "auto" else runtime)
     calls = [inputs]

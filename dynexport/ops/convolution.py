@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dynexport.ops._helpers import cast, floating_input, per_dim, rank, run_batched
+from dynexport.ops._helpers import cast, floating_input, ints, per_dim, rank, run_batched
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -39,7 +39,14 @@ def convolution(ctx, input, weight, bias, stride, padding, dilation, transposed,
         w = cast(ctx, weight, x.dtype)
         b = None if bias is None else cast(ctx, bias, x.dtype)
         if transposed:
-            return ctx.op.ConvTranspose(x, w, b, output_padding=per_dim(output_padding, n), **attributes)
+            extra = per_dim(output_padding, n)
+            if all(e < s for e, s in zip(extra, attributes["strides"])):
+                return ctx.op.ConvTranspose(x, w, b, output_padding=extra, **attributes)
+            # onnxruntime takes output_padding below the stride only (PyTorch: below the stride
+            # or the dilation). The extra trailing positions see no input, only the bias.
+            y = ctx.op.ConvTranspose(x, w, **attributes)
+            y = ctx.op.Pad(y, ints(ctx, [0] * (n + 2) + [0, 0] + extra))
+            return y if b is None else ctx.op.Add(y, ctx.op.Reshape(b, ints(ctx, [-1] + [1] * n)))
         return ctx.op.Conv(x, w, b, **attributes)
 
     return run_batched(ctx, input, n, compute)
