@@ -50,3 +50,27 @@ def test_export_uses_the_plan_and_leaves_the_program_unchanged():
 
 def test_equivalent_on_a_module_with_dynamic_batch():
     assert_exports_equivalent(_ScaledTransposed().eval(), (torch.randn(5, 4),), dynamic_shapes=({0: torch.export.Dim("batch")},), resized=[(torch.randn(3, 4),)])
+
+
+class ChecksItsInputs(torch.nn.Module):
+    def forward(self, x, n):
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= x.shape[0])
+        return x[:k] * 2
+
+
+def test_runtime_asserts_and_the_arithmetic_feeding_them_are_dropped():
+    captured = torch.export.export(
+        ChecksItsInputs(), (torch.randn(6, 3), torch.tensor(2)), dynamic_shapes=({0: torch.export.Dim("batch")}, None)
+    )
+    plan = simplify_program(captured)
+    dropped = {str(n.target) for n in plan.dropped}
+    assert dropped == {"aten._assert_scalar.default", "<built-in function ge>", "<built-in function le>", "aten.sym_size.int"}
+    program = assert_exports_equivalent(
+        ChecksItsInputs(), (torch.randn(6, 3), torch.tensor(2)),
+        dynamic_shapes=({0: torch.export.Dim("batch")}, None),
+        resized=[(torch.randn(9, 3), torch.tensor(7))],
+    )
+    histogram = op_histogram(program)
+    assert "GreaterOrEqual" not in histogram and "LessOrEqual" not in histogram
