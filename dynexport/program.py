@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import os
@@ -506,16 +507,40 @@ _CHUNK_BYTES = 16 << 20
 
 def _write_tensors(file, values, layout, progress: ProgressCallback | None, total: int) -> None:
     """Stream each initializer's bytes to ``file`` at its offset: one tensor in flight at a
-    time, and tensors that came from torch are written from their own memory."""
+    time, tensors that came from torch written from their own memory, and the next piece of a
+    strided tensor made contiguous in a worker thread while the current one is written."""
     written = 0
-    for value, (offset, length) in zip(values, layout):
+    for offset, chunk, finished in _prefetched(_pieces(values, layout)):
         if file.tell() < offset:
             file.write(b"\0" * (offset - file.tell()))
-        for chunk in _tensor_chunks(value.const_value):
-            file.write(chunk)
-        written += length
-        if progress is not None:
-            progress(written, total)
+        file.write(chunk)
+        if finished is not None:
+            written += finished
+            if progress is not None:
+                progress(written, total)
+
+
+def _pieces(values, layout) -> Iterator[tuple[int, Any, int | None]]:
+    """(offset where the tensor starts, bytes, the tensor's length on its last piece else None)."""
+    for value, (offset, length) in zip(values, layout):
+        chunks = _tensor_chunks(value.const_value)
+        chunk = next(chunks)
+        for following in chunks:
+            yield offset, chunk, None
+            chunk = following
+        yield offset, chunk, length
+
+
+_END = object()
+
+
+def _prefetched(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, each computed in a worker thread while the caller handles the previous one."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(next, items, _END)
+        while (item := future.result()) is not _END:
+            future = pool.submit(next, items, _END)
+            yield item
 
 
 def _tensor_chunks(tensor: ir.TensorProtocol) -> Iterator[Any]:
