@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import io
+import itertools
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -522,8 +523,12 @@ def _write_tensors(file, values, layout, progress: ProgressCallback | None, tota
 
 def _pieces(values, layout) -> Iterator[tuple[int, Any, int | None]]:
     """(offset where the tensor starts, bytes, the tensor's length on its last piece else None)."""
+    # Reusable blocks for strided pieces: at most three are alive at once (one being written,
+    # one held back to learn whether it is a tensor's last, one being filled). Allocating a
+    # fresh block per piece would make the allocator's high-water mark climb.
+    ring = itertools.cycle([torch.empty(_CHUNK_BYTES, dtype=torch.uint8) for _ in range(3)])
     for value, (offset, length) in zip(values, layout):
-        chunks = _tensor_chunks(value.const_value)
+        chunks = _tensor_chunks(value.const_value, ring.__next__)
         chunk = next(chunks)
         for following in chunks:
             yield offset, chunk, None
@@ -543,10 +548,11 @@ def _prefetched(items: Iterator[Any]) -> Iterator[Any]:
             yield item
 
 
-def _tensor_chunks(tensor: ir.TensorProtocol) -> Iterator[Any]:
+def _tensor_chunks(tensor: ir.TensorProtocol, block: Callable[[], torch.Tensor]) -> Iterator[Any]:
     """A tensor's bytes in C order, in pieces: a contiguous torch tensor straight from its own
-    memory, a strided one (a folded transpose) a block of rows at a time, so that no second
-    full copy of a weight is ever held."""
+    memory, a strided one (a folded transpose) a block of rows at a time, copied into the
+    ``_CHUNK_BYTES`` buffer ``block()`` returns, so that no second full copy of a weight is
+    ever held."""
     if isinstance(tensor, ir.LazyTensor):
         tensor = tensor.raw()  # the thunk: one tensor read at a time, not cached
     if isinstance(tensor, TorchTensor):
@@ -555,9 +561,15 @@ def _tensor_chunks(tensor: ir.TensorProtocol) -> Iterator[Any]:
             if raw.is_contiguous() or raw.dim() == 0:
                 yield memoryview(raw.contiguous().reshape(-1).view(torch.uint8).numpy())
                 return
-            rows = max(1, _CHUNK_BYTES // max(1, raw[0].numel() * raw.element_size()))
-            for block in raw.split(rows):
-                yield memoryview(block.contiguous().reshape(-1).view(torch.uint8).numpy())
+            row_bytes = max(1, raw[0].numel() * raw.element_size())
+            for rows in raw.split(max(1, _CHUNK_BYTES // row_bytes)):
+                size = rows.numel() * rows.element_size()
+                if size > _CHUNK_BYTES:  # a single row larger than the buffer
+                    yield memoryview(rows.contiguous().reshape(-1).view(torch.uint8).numpy())
+                    continue
+                out = block()[:size].view(rows.dtype).view(rows.shape)
+                out.copy_(rows)
+                yield memoryview(out.reshape(-1).view(torch.uint8).numpy())
             return
     yield tensor.tobytes()
 

@@ -80,3 +80,18 @@ def test_folded_transpose_saved_as_external_data_in_row_blocks(tmp_path, monkeyp
     assert weight.data_location == onnx.TensorProto.EXTERNAL
     onnx.external_data_helper.load_external_data_for_tensor(weight, str(tmp_path))
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(weight), linear.weight.detach().numpy().T)
+
+
+def test_many_strided_weights_saved_through_the_reused_blocks(tmp_path, monkeypatch):
+    from dynexport import program as program_module
+
+    monkeypatch.setattr(program_module, "_CHUNK_BYTES", 256)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(40, 40) for _ in range(4))).eval()
+    program = assert_exports_equivalent(model, (torch.randn(2, 3, 40),))
+    path = tmp_path / "stack.onnx"
+    program.save(path, external_data=True)
+    loaded = onnx.load(str(path))
+    saved = sorted((t.name, onnx.numpy_helper.to_array(t)) for t in loaded.graph.initializer if tuple(t.dims) == (40, 40))
+    expected = sorted(layer.weight.detach().numpy().T.tobytes() for layer in model)
+    assert sorted(array.tobytes() for _, array in saved) == expected
