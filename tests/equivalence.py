@@ -220,7 +220,7 @@ def assert_dynamic_equivalent(
     shapes = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(t.shape) if s >= 2} or None for t in inputs)
     program = dynexport.export(fn, inputs, dynamic_shapes=shapes if dynamic else None)
     onnx.checker.check_model(program.model_proto, full_check=True)
-    run = _runner(program, "auto" if runtime == "auto" else runtime)
+    run = _runner(program, runtime)
     calls = [inputs]
     if growth is not None:
         new_sizes: dict[str, int] = {}

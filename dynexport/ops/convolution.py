@@ -43,9 +43,15 @@ def convolution(ctx, input, weight, bias, stride, padding, dilation, transposed,
             if all(e < s for e, s in zip(extra, attributes["strides"])):
                 return ctx.op.ConvTranspose(x, w, b, output_padding=extra, **attributes)
             # onnxruntime takes output_padding below the stride only (PyTorch: below the stride
-            # or the dilation). The extra trailing positions see no input, only the bias.
-            y = ctx.op.ConvTranspose(x, w, **attributes)
-            y = ctx.op.Pad(y, ints(ctx, [0] * (n + 2) + [0, 0] + extra))
+            # or the dilation). output_padding is less end padding instead; positions past the
+            # unpadded output see no input, only the bias.
+            begin, end = attributes["pads"][:n], [p - e for p, e in zip(attributes["pads"][n:], extra)]
+            trailing = [max(-p, 0) for p in end]
+            pads = begin + [max(p, 0) for p in end]
+            if not any(trailing):
+                return ctx.op.ConvTranspose(x, w, b, **{**attributes, "pads": pads})
+            y = ctx.op.ConvTranspose(x, w, **{**attributes, "pads": pads})
+            y = ctx.op.Pad(y, ints(ctx, [0] * (n + 2) + [0, 0] + trailing))
             return y if b is None else ctx.op.Add(y, ctx.op.Reshape(b, ints(ctx, [-1] + [1] * n)))
         return ctx.op.Conv(x, w, b, **attributes)
 

@@ -198,3 +198,22 @@ def test_softmax_on_0d_and_integer_inputs():
         ),
         (torch.tensor(2.5), torch.arange(6).reshape(2, 3)),
     )
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [nn.functional.elu, nn.functional.selu, nn.functional.celu, nn.functional.hardsigmoid, nn.functional.hardswish, nn.functional.mish, nn.functional.softplus, nn.functional.logsigmoid,
+     lambda x: nn.functional.elu(x, alpha=0.5) * 2],
+    ids=["elu", "selu", "celu", "hardsigmoid", "hardswish", "mish", "softplus", "logsigmoid", "elu_scaled"],
+)
+def test_bfloat16_activations_without_onnx_bfloat16_kernels(fn):
+    # Regression (property tests): these ONNX ops take bfloat16 only from opset 22.
+    x = (torch.randn(2, 5) * 3).to(torch.bfloat16)
+    program = assert_batch_dynamic_equivalent(fn, x, atol=2e-2, rtol=2e-2)
+    assert program.model.graph.outputs[0].dtype.name == "BFLOAT16"
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16])
+def test_relu_on_integers(dtype):
+    # Regression (property tests): ONNX Relu has no unsigned kernel type.
+    assert_batch_dynamic_equivalent(torch.relu, torch.tensor([[0, 3, 100], [7, 1, 2]], dtype=dtype))

@@ -174,3 +174,12 @@ def test_integer_convolution_is_reported_unsupported():
     x = torch.ones(1, 3, 5, 5, dtype=torch.int64)
     with pytest.raises(UnsupportedOperatorError, match="convolution"):
         assert_exports_equivalent(lambda x: nn.functional.conv2d(x, weight), (x,))
+
+
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_transpose_output_padding_below_dilation_not_stride(padding, bias):
+    # Regression (property tests): PyTorch allows output_padding < dilation with stride 1;
+    # onnxruntime's ConvTranspose rejects output_padding >= stride.
+    module = nn.ConvTranspose2d(2, 3, (1, 3), stride=1, padding=(0, padding), dilation=2, output_padding=1, bias=bias).eval()
+    assert_exports_equivalent(module, (torch.randn(1, 2, 3, 5),))

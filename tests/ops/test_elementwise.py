@@ -199,3 +199,9 @@ def test_hypot(dtype):
     x = torch.tensor([[3.0, 0.0, -5.0, big, float("inf"), float("nan"), 1e-3, -0.0]], dtype=dtype)
     y = torch.tensor([[4.0, 0.0, 12.0, big, float("nan"), 2.0, 2e-3, 0.0]], dtype=dtype)
     assert_batch_dynamic_equivalent(torch.hypot, x, y)
+
+
+def test_uint8_with_negative_python_scalars_wraps_like_pytorch():
+    # Regression (property tests): the constant -1 overflowed uint8 at export; PyTorch wraps it.
+    x = torch.tensor([[0, 1, 200, 255]], dtype=torch.uint8)
+    assert_batch_dynamic_equivalent(lambda a: (a + (-1), a - (-3), torch.add(a, a, alpha=-1), a > -4), x)

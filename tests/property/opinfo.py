@@ -1,0 +1,139 @@
+"""PyTorch's own OpInfo sample inputs (``common_methods_invocations.op_db``) through export and
+onnxruntime.
+
+Which OpInfos we cover is decided by exporting: a sample whose export raises
+UnsupportedOperatorError is a gap (its operators are recorded), one torch.export cannot capture
+(data-dependent output shapes, Python-side checks) is skipped as such; complex dtypes, random
+ops and outputs that are not tensors are not compared. Everything else must match eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from dynexport.errors import CaptureError, UnsupportedOperatorError
+from tests.equivalence import assert_dynamic_equivalent
+from tests.property.strategies import ALL
+
+__all__ = ["KNOWN_FAILURES", "Outcome", "check_sample", "opinfos", "run_opinfo"]
+
+# Random outputs cannot be compared with eager values.
+_RANDOM = ("rand", "normal", "bernoulli", "multinomial", "dropout", "uniform", "poisson", "exponential", "geometric", "cauchy", "log_normal", "randperm", "empty", "new_empty")
+
+# OpInfo (name, dtype) pairs whose first samples fail for a known reason: the OpInfo test checks
+# they still fail (a fixed one must leave this table) and that nothing else fails.
+_TIES = "ties: which index PyTorch returns among equal values is unspecified (int64 samples repeat values)"
+_REPLICATE = "bug: replicate Pad with negative pads fails in onnxruntime ('zero effective input extent'); the rule must crop with Slice (padding.py)"
+_CIRCULAR = "bug: onnxruntime's CPU Pad has no 'wrap' mode; circular padding must be built from Slice and Concat (padding.py)"
+_INDEX_SELECT = "bug: index_select of a 0-d tensor emits Gather on a rank-0 tensor (indexing.index_select)"
+_MASKED_INDEX = "bug: translating it mutates an FX node's immutable args (TypeError: 'immutable_list' object does not support mutation)"
+_BUCKETIZE = "bug: its decomposition is data-dependent (GuardOnDataDependentSymNode) instead of being reported unsupported"
+KNOWN_FAILURES: dict[tuple[str, torch.dtype], str] = {
+    ("kthvalue", torch.int64): _TIES,
+    ("topk", torch.int64): _TIES,
+    ("nn.functional.pad.replicate_negative", torch.float32): _REPLICATE,
+    ("nn.functional.pad.replicate_negative", torch.int64): _REPLICATE,
+    ("nn.functional.pad.circular", torch.float32): _CIRCULAR,
+    ("nn.functional.pad.circular", torch.int64): _CIRCULAR,
+    ("index_select", torch.float32): _INDEX_SELECT,
+    ("index_select", torch.int64): _INDEX_SELECT,
+    ("_unsafe_masked_index", torch.float32): _MASKED_INDEX,
+    ("_unsafe_masked_index", torch.int64): _MASKED_INDEX,
+    ("_unsafe_masked_index_put_accumulate", torch.float32): _MASKED_INDEX,
+    ("_unsafe_masked_index_put_accumulate", torch.int64): _MASKED_INDEX,
+    ("bucketize", torch.float32): _BUCKETIZE,
+    ("bucketize", torch.int64): _BUCKETIZE,
+}
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one OpInfo sample did: ``status`` is "pass", "gap" (no rule, no decomposition),
+    "capture" (torch.export cannot capture it), "skip" (not comparable) or "fail"."""
+
+    status: str
+    detail: str = ""
+    aten_ops: tuple[str, ...] = ()
+
+
+@functools.cache
+def opinfos() -> tuple[Any, ...]:
+    """The OpInfos worth exporting (imported lazily: op_db is large)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return tuple(op for op in op_db if not any(word in op.name for word in _RANDOM))
+
+
+def opinfo_id(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def _aten_ops(program) -> tuple[str, ...]:
+    graph = program.exported_program.graph
+    return tuple(sorted({str(n.target) for n in graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}))
+
+
+def check_sample(op, sample) -> Outcome:
+    """Export ``op`` on one sample, run it and compare it with eager PyTorch."""
+    if sample.kwargs.get("training") is True:
+        return Outcome("skip", "random output (training-mode dropout)")
+    flat, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    positions = [i for i, leaf in enumerate(flat) if isinstance(leaf, torch.Tensor)]
+    tensors = [flat[i] for i in positions]
+    if any(t.is_complex() or t.layout != torch.strided for t in tensors):
+        return Outcome("skip", "complex or sparse input")
+
+    def one_op(*values):
+        leaves = list(flat)
+        for i, value in zip(positions, values):
+            leaves[i] = value
+        x, args, kwargs = pytree.tree_unflatten(leaves, spec)
+        return op.op(x, *args, **kwargs)
+
+    try:
+        with torch.no_grad():
+            expected = one_op(*tensors)
+    except Exception as error:
+        return Outcome("skip", f"eager PyTorch raises {type(error).__name__}")
+    leaves = pytree.tree_leaves(expected)
+    if not leaves or not all(isinstance(v, torch.Tensor) and not v.is_complex() for v in leaves):
+        return Outcome("skip", "outputs that are not real tensors")
+    try:
+        program = assert_dynamic_equivalent(one_op, tensors, dynamic=False)
+    except UnsupportedOperatorError as error:
+        return Outcome("gap", ", ".join(use.target for use in error.uses) if hasattr(error, "uses") else str(error).splitlines()[1].strip())
+    except CaptureError as error:
+        return Outcome("capture", str(error).splitlines()[1].strip()[:160] if len(str(error).splitlines()) > 1 else str(error)[:160])
+    except Exception as error:
+        message = " ".join(str(error).split())[:300]
+        return Outcome("fail", f"{type(error).__name__}: {message}")
+    return Outcome("pass", aten_ops=_aten_ops(program))
+
+
+def run_opinfo(op, dtype: torch.dtype, samples: int) -> list[Outcome]:
+    """The outcomes of ``op``'s first ``samples`` sample inputs at ``dtype`` (seeded)."""
+    if dtype not in op.supported_dtypes("cpu"):
+        return []
+    torch.manual_seed(0)
+    try:
+        generator = op.sample_inputs("cpu", dtype, requires_grad=False)
+        generated = list(itertools.islice(generator, samples))
+        # Closed now: a generator finalized later would run its cleanup under an export's tracer.
+        getattr(generator, "close", lambda: None)()
+    except Exception as error:
+        return [Outcome("skip", f"sample_inputs raises {type(error).__name__}")]
+    return [check_sample(op, sample) for sample in generated]
+
+
+def dtypes_of(op, deep: bool) -> list[torch.dtype]:
+    """The dtypes an OpInfo is run at: float32 and int64 by default, every dtype ONNX has when
+    ``deep``."""
+    supported = op.supported_dtypes("cpu")
+    wanted = ALL if deep else (torch.float32, torch.int64)
+    return [d for d in wanted if d in supported]
