@@ -471,7 +471,7 @@ class TranslationSummary:
             name = target_name(node.target) if node.op == "call_function" else None
             if node in translator._rules:
                 self.translated[name] += 1
-            elif node in getattr(translator, "fallbacks", {}):
+            elif node in translator.fallbacks:
                 self.custom_domain[name] += 1
             elif node in translator._decompositions:
                 self.decomposed[name] += 1

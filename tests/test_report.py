@@ -65,3 +65,13 @@ def test_report_argument_is_checked_before_work(tmp_path):
         dynexport.export(Small(), (torch.randn(2, 4),), report=tmp_path / "missing" / "r.md")
     with pytest.raises(TypeError, match="report"):
         dynexport.export(Small(), (torch.randn(2, 4),), report=3)
+
+
+def test_report_marks_operators_kept_as_custom_domain_nodes(tmp_path):
+    path = tmp_path / "fallback.md"
+    with pytest.warns(UserWarning, match="custom-domain"):
+        dynexport.export(UsesMystery(), (torch.randn(3, 3),), report=path, fallback="custom_domain")
+    text = path.read_text()
+    assert "status: success" in text
+    assert "1 kept as custom-domain nodes" in text
+    assert "| dynexport_report_test.mystery.default | 1 | custom domain |" in text

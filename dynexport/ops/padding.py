@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import ints, is_floating, scalar, shape_tensor
+from dynexport.ops._helpers import ints, scalar, shape_tensor
 from dynexport.registry import translates
 
 aten = torch.ops.aten
