@@ -199,6 +199,7 @@ def export(
 
         with _phase(timings, "decompose"):
             program = _functionalized(program)
+            simplifications = simplify_program(program, fold_constants=do_constant_folding) if optimize else None
         record.exported_program = program
         io_names = signature.graph_io(program, input_names, output_names, requested_dims)
         onnx_model = translate_program(
@@ -213,7 +214,7 @@ def export(
             fallback_to_custom_domain=fallback == "custom_domain",
             custom_opsets=dict(custom_opsets or {}),
             module_functions=module_functions,
-            simplifications=simplify_program(program, fold_constants=do_constant_folding) if optimize else None,
+            simplifications=simplifications,
         )
         _notify("translate", timings.get("translate", 0.0))
         with _phase(timings, "optimize"):
