@@ -188,8 +188,14 @@ def native_dropout(ctx, input, p, train):
         return ctx.op.Identity(input), ctx.op.Expand(ctx.constant(True, ir.DataType.BOOL), shape)
     if p == 1:
         return ctx.op.Expand(ctx.constant(0, input.dtype), shape), ctx.op.Expand(ctx.constant(False, ir.DataType.BOOL), shape)
-    mask = _kept(ctx, shape, p)
-    return _dropped_out(ctx, input, mask, p), mask
+    output, mask = _onnx_dropout(ctx, input, p, outputs=2)
+    return output, mask
+
+
+def _onnx_dropout(ctx, input, p: float, outputs: int):
+    # ONNX's own Dropout in training mode: one node, which runtimes know as dropout.
+    training = ctx.constant(True, ir.DataType.BOOL)
+    return ctx.op.Dropout(input, ctx.constant(float(p), _FLOAT), training, _outputs=outputs)
 
 
 def _dropout(ctx, input, p: float, noise_shape: ir.Value) -> ir.Value:
@@ -203,6 +209,8 @@ def _dropout(ctx, input, p: float, noise_shape: ir.Value) -> ir.Value:
 
 @translates(aten.dropout.default, checker=lambda node: bool(node.args[2]))
 def dropout(ctx, input, p, train):
+    if 0 < p < 1:
+        return _onnx_dropout(ctx, input, p, outputs=1)
     return _dropout(ctx, input, p, ctx.op.Shape(input))
 
 
