@@ -193,9 +193,16 @@ def native_dropout(ctx, input, p, train):
 
 
 def _onnx_dropout(ctx, input, p: float, outputs: int):
-    # ONNX's own Dropout in training mode: one node, which runtimes know as dropout.
+    # ONNX's own Dropout in training mode: one node, which runtimes know as dropout. Runtimes
+    # lack bfloat16 Dropout kernels: it runs in float32.
     training = ctx.constant(True, ir.DataType.BOOL)
-    return ctx.op.Dropout(input, ctx.constant(float(p), _FLOAT), training, _outputs=outputs)
+    x = cast(ctx, input, _FLOAT) if input.dtype == ir.DataType.BFLOAT16 else input
+    results = ctx.op.Dropout(x, ctx.constant(float(p), _FLOAT), training, _outputs=outputs)
+    if x is input:
+        return results
+    if outputs == 1:
+        return cast(ctx, results, input.dtype)
+    return cast(ctx, results[0], input.dtype), results[1]
 
 
 def _dropout(ctx, input, p: float, noise_shape: ir.Value) -> ir.Value:
