@@ -6,6 +6,7 @@ int64 scalars (SymInts); :func:`shape_tensor` turns it into the 1-D int64 tensor
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from dynexport.dtypes import FLOATING
 
 __all__ = [
     "argument",
+    "bfloat16_as_float",
     "cast",
     "floating_input",
     "ints",
@@ -75,6 +77,27 @@ def cast(ctx, x: ir.Value, dtype: ir.DataType) -> ir.Value:
     result = ctx.op.Cast(x, to=dtype)
     result.shape = x.shape
     return result
+
+
+def bfloat16_as_float(rule):
+    """For ONNX ops that take bfloat16 only from opset 22: before it, ``rule`` computes in float32
+    (its bfloat16 tensor arguments cast) and the result is cast back, as PyTorch computes too."""
+
+    @functools.wraps(rule)
+    def wrapper(ctx, self, *args, **kwargs):
+        if self.dtype != ir.DataType.BFLOAT16 or ctx.opset >= 22:
+            return rule(ctx, self, *args, **kwargs)
+        args = [_bfloat16_to_float(ctx, a) for a in args]
+        result = rule(ctx, cast(ctx, self, ir.DataType.FLOAT), *args, **kwargs)
+        return cast(ctx, result, ir.DataType.BFLOAT16)
+
+    return wrapper
+
+
+def _bfloat16_to_float(ctx, value):
+    if isinstance(value, ir.Value) and value.dtype == ir.DataType.BFLOAT16:
+        return cast(ctx, value, ir.DataType.FLOAT)
+    return value
 
 
 def scalar(ctx, value: int | float | bool | ir.Value, dtype: ir.DataType) -> ir.Value:

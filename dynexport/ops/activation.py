@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, ints, normalize_dim, only_first_output_used, rank, scalar_like
+from dynexport.ops._helpers import bfloat16_as_float, cast, ints, normalize_dim, only_first_output_used, rank, scalar_like
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -16,19 +15,7 @@ aten = torch.ops.aten
 # ONNX Relu has no unsigned or bool kernel type; relu is the identity on them.
 _NON_NEGATIVE = frozenset({ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64, ir.DataType.BOOL})
 
-
-def _bfloat16_as_float(rule):
-    """ONNX Elu, Selu, HardSigmoid, HardSwish, Mish and Softplus take bfloat16 only from opset
-    22: before it, ``rule`` computes in float32 and the result is cast back."""
-
-    @functools.wraps(rule)
-    def wrapper(ctx, self, *args, **kwargs):
-        if self.dtype == ir.DataType.BFLOAT16 and ctx.opset < 22:
-            result = rule(ctx, cast(ctx, self, ir.DataType.FLOAT), *args, **kwargs)
-            return cast(ctx, result, ir.DataType.BFLOAT16)
-        return rule(ctx, self, *args, **kwargs)
-
-    return wrapper
+# ONNX Elu, Selu, HardSigmoid, HardSwish, Mish and Softplus take bfloat16 only from opset 22.
 
 
 @translates(aten.relu.default)
@@ -73,7 +60,7 @@ def gelu_composed(ctx, self, *, approximate="none"):
 
 
 @translates(aten.softplus.default)
-@_bfloat16_as_float
+@bfloat16_as_float
 def softplus(ctx, self, beta=1, threshold=20):
     scaled = self if beta == 1 else ctx.op.Mul(self, scalar_like(ctx, beta, self))
     smooth = ctx.op.Softplus(scaled)
@@ -89,19 +76,19 @@ def leaky_relu(ctx, self, negative_slope=0.01):
 
 
 @translates(aten.hardswish.default)
-@_bfloat16_as_float
+@bfloat16_as_float
 def hardswish(ctx, self):
     return ctx.op.HardSwish(self)
 
 
 @translates(aten.hardsigmoid.default)
-@_bfloat16_as_float
+@bfloat16_as_float
 def hardsigmoid(ctx, self):
     return ctx.op.HardSigmoid(self, alpha=1 / 6, beta=0.5)
 
 
 @translates(aten.elu.default)
-@_bfloat16_as_float
+@bfloat16_as_float
 def elu(ctx, self, alpha=1, scale=1, input_scale=1):
     if input_scale == 1:
         result = ctx.op.Elu(self, alpha=float(alpha))
@@ -115,7 +102,7 @@ def elu(ctx, self, alpha=1, scale=1, input_scale=1):
 
 
 @translates(aten.selu.default)
-@_bfloat16_as_float
+@bfloat16_as_float
 def selu(ctx, self):
     # ONNX Selu's default alpha and gamma are PyTorch's constants.
     return ctx.op.Selu(self)
@@ -130,13 +117,13 @@ def celu(ctx, self, alpha=1.0):
 
 
 @translates(aten.mish.default)
-@_bfloat16_as_float
+@bfloat16_as_float
 def mish(ctx, self):
     return ctx.op.Mish(self)
 
 
 @translates(aten.log_sigmoid.default)
-@_bfloat16_as_float
+@bfloat16_as_float
 def log_sigmoid(ctx, self):
     # Softplus is evaluated stably by onnxruntime, so -softplus(-x) keeps large |x| finite.
     return ctx.op.Neg(ctx.op.Softplus(ctx.op.Neg(self)))

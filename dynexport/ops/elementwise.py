@@ -7,7 +7,7 @@ import math
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, is_floating, scalar, scalar_like
+from dynexport.ops._helpers import bfloat16_as_float, cast, is_floating, scalar, scalar_like
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -70,7 +70,7 @@ def floor_divide(ctx, self, other):
 
 def _floor_divide(ctx, self, other):
     if is_floating(self):
-        return ctx.op.Floor(ctx.op.Div(self, other))
+        return _floor_divide_floating(ctx, self, other)
     # Integer Div truncates; subtract one where the signs differ and the division is inexact.
     quotient = ctx.op.Div(self, other)
     zero = scalar_like(ctx, 0, self)
@@ -78,6 +78,29 @@ def _floor_divide(ctx, self, other):
     inexact = ctx.op.Not(ctx.op.Equal(ctx.op.Mul(quotient, other), self))
     adjust = ctx.op.And(signs_differ, inexact)
     return ctx.op.Sub(quotient, cast(ctx, adjust, self.dtype))
+
+
+def _floor_divide_floating(ctx, self, other):
+    # c10::div_floor_floating, not Floor(Div): it goes through fmod, so inf // 5 is NaN and
+    # -5 // inf is -1. Half types compute in float32.
+    dtype = self.dtype
+    if dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        self, other = cast(ctx, self, ir.DataType.FLOAT), cast(ctx, other, ir.DataType.FLOAT)
+    zero, one, half = (scalar_like(ctx, v, self) for v in (0.0, 1.0, 0.5))
+    mod = ctx.op.Mod(self, other, fmod=1)
+    quotient = ctx.op.Div(ctx.op.Sub(self, mod), other)
+    signs_differ = ctx.op.Xor(ctx.op.Less(other, zero), ctx.op.Less(mod, zero))
+    adjust = ctx.op.And(ctx.op.Not(ctx.op.Equal(mod, zero)), signs_differ)
+    quotient = ctx.op.Sub(quotient, cast(ctx, adjust, self.dtype))
+    floored = ctx.op.Floor(quotient)
+    floored = ctx.op.Where(ctx.op.Greater(ctx.op.Sub(quotient, floored), half), ctx.op.Add(floored, one), floored)
+    true_quotient = ctx.op.Div(self, other)
+    is_zero = ctx.op.Equal(quotient, zero)
+    result = ctx.op.Where(ctx.op.Equal(other, zero), true_quotient, ctx.op.Where(is_zero, zero, floored))
+    # A zero takes the true quotient's sign; multiplied in, as onnxruntime's Where drops -0.0.
+    negative = ctx.op.And(is_zero, _signbit(ctx, true_quotient))
+    result = ctx.op.Mul(result, ctx.op.Where(negative, ctx.op.Neg(one), one))
+    return cast(ctx, result, dtype)
 
 
 def _trunc(ctx, x):
@@ -104,11 +127,43 @@ def fmod(ctx, self, other):
     promoted=("self", "exponent"),
 )
 def pow(ctx, self, exponent):
+    if self.dtype in _NARROW_POW_BITS:
+        return _narrow_integer_pow(ctx, self, exponent)
     return ctx.op.Pow(self, exponent)
+
+
+# ONNX Pow has no 8- or 16-bit integer types, and a wider Pow goes through double, inexact
+# past 2**53, where PyTorch's products wrap around.
+_NARROW_POW_BITS = {ir.DataType.INT8: 8, ir.DataType.UINT8: 8, ir.DataType.INT16: 16}
+
+
+def _narrow_integer_pow(ctx, self, exponent):
+    # Square-and-multiply over the exponent's bits in int32 (a product of two narrow values
+    # fits), each product wrapped to the narrow type as PyTorch's are.
+    int32 = ir.DataType.INT32
+
+    def wrapped_product(a, b):
+        return cast(ctx, cast(ctx, ctx.op.Mul(a, b), self.dtype), int32)
+
+    base, exponent = cast(ctx, self, int32), cast(ctx, exponent, int32)
+    magnitude = ctx.op.Abs(exponent)
+    zero, one = ctx.constant(0, int32), ctx.constant(1, int32)
+    result = ctx.op.Expand(one, ctx.op.Shape(ctx.op.Add(base, magnitude)))
+    power = base
+    for bit in range(_NARROW_POW_BITS[self.dtype]):
+        bit_set = ctx.op.Not(ctx.op.Equal(ctx.op.BitwiseAnd(magnitude, ctx.constant(1 << bit, int32)), zero))
+        result = ctx.op.Where(bit_set, wrapped_product(result, power), result)
+        power = wrapped_product(power, power)
+    # A negative exponent truncates 1 / base**-exponent: zero unless the base is 1 or -1.
+    vanishes = ctx.op.And(ctx.op.Less(exponent, zero), ctx.op.Not(ctx.op.Equal(ctx.op.Abs(base), one)))
+    return cast(ctx, ctx.op.Where(vanishes, zero, result), self.dtype)
 
 
 @translates(aten.neg.default, promote=Promote.RESULT)
 def neg(ctx, self):
+    if self.dtype == ir.DataType.UINT8:
+        # ONNX Neg has no unsigned types; the cast back wraps around as PyTorch's uint8 does.
+        return cast(ctx, ctx.op.Neg(cast(ctx, self, ir.DataType.INT32)), self.dtype)
     return ctx.op.Neg(self)
 
 
@@ -128,6 +183,9 @@ def reciprocal(ctx, self):
 def sign(ctx, self):
     if self.dtype == ir.DataType.BOOL:
         return ctx.op.Identity(self)
+    if is_floating(self):
+        # PyTorch's sign(NaN) is 0; ONNX Sign propagates NaN.
+        return ctx.op.Where(ctx.op.IsNaN(self), scalar_like(ctx, 0.0, self), ctx.op.Sign(self))
     return ctx.op.Sign(self)
 
 
@@ -169,12 +227,16 @@ def clamp_max(ctx, self, max):
 
 # -- unary math ----------------------------------------------------------------------------
 
+# These take bfloat16 only from opset 22.
+_BFLOAT16_FROM_22 = frozenset({"Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"})
+
+
 def _unary(onnx_op: str):
     def rule(ctx, self):
         return getattr(ctx.op, onnx_op)(self)
 
     rule.__name__ = rule.__qualname__ = onnx_op.lower()
-    return rule
+    return bfloat16_as_float(rule) if onnx_op in _BFLOAT16_FROM_22 else rule
 
 
 for _aten_op, _onnx_op in {
@@ -205,7 +267,15 @@ def rounding(ctx, self):
     name = ctx.node.target.overloadpacket.__name__
     if name == "trunc":
         return _trunc(ctx, self)
+    if name == "round":
+        return _round(ctx, self)
     return getattr(ctx.op, name.capitalize())(self)
+
+
+@bfloat16_as_float
+def _round(ctx, self):
+    # ONNX Round takes bfloat16 only from opset 22.
+    return ctx.op.Round(self)
 
 
 @translates(aten.rsqrt.default, promote=Promote.RESULT)
@@ -240,14 +310,22 @@ def square(ctx, self):
 
 
 @translates(aten.atan2.default, promote=Promote.RESULT)
+@bfloat16_as_float
 def atan2(ctx, self, other):
-    # atan(y/x) is off by pi in the left half-plane; x == 0 gives +-pi/2 through atan(+-inf).
-    angle = ctx.op.Atan(ctx.op.Div(self, other))
-    pi = scalar_like(ctx, math.pi, self)
-    zero = scalar_like(ctx, 0.0, self)
-    left = ctx.op.Less(other, zero)
-    correction = ctx.op.Where(ctx.op.Less(self, zero), ctx.op.Neg(pi), pi)
-    return ctx.op.Where(left, ctx.op.Add(angle, correction), angle)
+    # C's atan2: the angle in the first quadrant from the magnitudes, then mirrored by the
+    # sign bits (signed zeros included). 0/0 and inf/inf, NaN for Atan, give 0 and pi/4.
+    y, x = ctx.op.Abs(self), ctx.op.Abs(other)
+    zero, pi = scalar_like(ctx, 0.0, y), scalar_like(ctx, math.pi, y)
+    angle = ctx.op.Atan(ctx.op.Div(y, x))
+    both_zero = ctx.op.And(ctx.op.Equal(y, zero), ctx.op.Equal(x, zero))
+    angle = ctx.op.Where(both_zero, zero, angle)
+    both_infinite = ctx.op.And(ctx.op.IsInf(y), ctx.op.IsInf(x))
+    angle = ctx.op.Where(both_infinite, scalar_like(ctx, math.pi / 4, y), angle)
+    angle = ctx.op.Where(_signbit(ctx, other), ctx.op.Sub(pi, angle), angle)
+    # A multiplied sign rather than Neg or Where: onnxruntime's Neg(0.0) and its Where choosing
+    # -0.0 both give 0.0.
+    one = scalar_like(ctx, 1.0, angle)
+    return ctx.op.Mul(angle, ctx.op.Where(_signbit(ctx, self), ctx.op.Neg(one), one))
 
 
 def _signbit(ctx, x):

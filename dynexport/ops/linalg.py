@@ -117,7 +117,13 @@ def outer(ctx, self, vec2):
 @translates(aten.einsum.default)
 def einsum(ctx, equation, tensors, *, path=None):
     # ONNX's equation grammar has no spaces; its implicit output (no "->") matches PyTorch's.
-    return _product(ctx, "Einsum", *tensors, equation=equation.replace(" ", ""))
+    equation = equation.replace(" ", "")
+    dtype = tensors[0].dtype
+    if dtype == ir.DataType.BFLOAT16:
+        # Einsum has no bfloat16 in any opset; PyTorch accumulates bfloat16 products in float32.
+        wide = [cast(ctx, x, ir.DataType.FLOAT) for x in tensors]
+        return cast(ctx, ctx.op.Einsum(*wide, equation=equation), dtype)
+    return _product(ctx, "Einsum", *tensors, equation=equation)
 
 
 @translates(aten.linalg_det.default, aten.det.default)

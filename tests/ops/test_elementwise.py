@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -205,3 +207,63 @@ def test_uint8_with_negative_python_scalars_wraps_like_pytorch():
     # Regression (property tests): the constant -1 overflowed uint8 at export; PyTorch wraps it.
     x = torch.tensor([[0, 1, 200, 255]], dtype=torch.uint8)
     assert_batch_dynamic_equivalent(lambda a: (a + (-1), a - (-3), torch.add(a, a, alpha=-1), a > -4), x)
+
+
+@pytest.mark.parametrize("opset", [20, 22])
+@pytest.mark.parametrize("op", ["acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan", "round"])
+def test_bfloat16_math_before_and_from_opset_22(op, opset):
+    # Regression (property tests): ONNX gives these bfloat16 only from opset 22.
+    x = torch.tensor([[0.25, -0.5, 0.75, 1.5, 2.5]], dtype=torch.bfloat16)
+    x = x.abs() + 1 if op == "acosh" else x.clamp(-0.9, 0.9) if op in ("acos", "asin", "atanh") else x
+    assert_batch_dynamic_equivalent(getattr(torch, op), x, opset_version=opset, rtol=1e-2, atol=1e-2)
+
+
+def test_bfloat16_atan2():
+    y = torch.tensor([[1.0, -1.0, 0.5, -2.0]], dtype=torch.bfloat16)
+    x = torch.tensor([[1.0, -1.0, -3.0, 0.25]], dtype=torch.bfloat16)
+    assert_batch_dynamic_equivalent(torch.atan2, y, x, rtol=1e-2, atol=1e-2)
+
+
+def test_atan2_signed_zeros_and_infinities_follow_pytorch():
+    # Regression (property tests): atan2(0, 0) was NaN; PyTorch follows C's atan2.
+    values = [0.0, -0.0, math.inf, -math.inf, 1.0, -1.0, math.nan]
+    y = torch.tensor([[a for a in values for _ in values]])
+    x = torch.tensor([[b for _ in values for b in values]])
+    program = assert_batch_dynamic_equivalent(torch.atan2, y, x)
+    actual, expected = program(y, x), torch.atan2(y, x)
+    # assert_close does not tell -0.0 from 0.0 (nor need NaNs agree in sign).
+    numbers = ~expected.isnan()
+    assert torch.equal(torch.signbit(actual[numbers]), torch.signbit(expected[numbers]))
+
+
+def test_sign_of_nan_is_zero():
+    x = torch.tensor([[math.nan, -2.0, 0.0, 3.0, -math.inf]])
+    assert_batch_dynamic_equivalent(torch.sign, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_floor_division_of_infinities_follows_pytorch(dtype):
+    # Regression (property tests): PyTorch floors through fmod, so inf // 2 is NaN, -5 // inf is -1.
+    x = torch.tensor([[math.inf, -math.inf, math.nan, 5.0, -5.0, 0.0, -0.0, 1.0, 7.0, -7.0]], dtype=dtype)
+    y = torch.tensor([[2.0, 2.0, 2.0, math.inf, math.inf, -math.inf, 2.0, 0.0, -0.0, -math.inf]], dtype=dtype)
+    program = assert_batch_dynamic_equivalent(lambda a, b: (torch.div(a, b, rounding_mode="floor"), a // b), x, y)
+    zeros = torch.tensor([[0.0, -0.0, 0.0, -0.0, 3.0, -3.0, 3.0, -3.0, 1.0, -1.0]], dtype=dtype)
+    divisors = torch.tensor([[5.0, 5.0, -5.0, -5.0, math.inf, -math.inf, 4.0, -4.0, -0.5, 0.5]], dtype=dtype)
+    # assert_close does not tell -0.0 from 0.0.
+    actual, expected = program(zeros, divisors)[0], torch.div(zeros, divisors, rounding_mode="floor")
+    assert torch.equal(torch.signbit(actual), torch.signbit(expected))
+
+
+def test_neg_uint8_wraps_like_pytorch():
+    x = torch.tensor([[0, 1, 128, 200, 255]], dtype=torch.uint8)
+    assert_batch_dynamic_equivalent(torch.neg, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_pow_narrow_integers_wraps_like_pytorch(dtype):
+    # Regression (property tests): ONNX Pow has no 8- or 16-bit integer types. Large powers
+    # wrap around; negative exponents give 0 but for bases 1 and -1.
+    signed = dtype != torch.uint8
+    x = torch.tensor([[0, 1, 2, 3, 7, 127, -3 if signed else 5, 1, -1 if signed else 9, 2]], dtype=dtype)
+    e = torch.tensor([[3, 0, 5, 40, 30, 100, 21, -1 if signed else 200, -3 if signed else 77, -2 if signed else 9]], dtype=dtype)
+    assert_batch_dynamic_equivalent(lambda a, b: (torch.pow(a, b), a**2, 3**b), x, e)

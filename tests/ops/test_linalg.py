@@ -209,7 +209,7 @@ def test_einsum(equation, shapes):
     assert op_histogram(program)["Einsum"] == 1
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64])
 def test_einsum_dtypes(dtype):
     _batch_dynamic(lambda a, b: torch.einsum("bij,bjk->bik", a, b), _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5))
 
