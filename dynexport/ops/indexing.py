@@ -3,10 +3,21 @@ the ops that move elements within a tensor (triangles, repeat, roll, flip)."""
 
 from __future__ import annotations
 
+import math
+
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, ints, normalize_dim, rank, scalar, shape_tensor, size_of
+from dynexport.dtypes import to_torch_dtype
+from dynexport.ops._helpers import (
+    cast,
+    ints,
+    normalize_dim,
+    rank,
+    scalar,
+    shape_tensor,
+    size_of,
+)
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -194,15 +205,53 @@ def scatter_add(ctx, self, dim, index, src):
     return _scatter(ctx, self, dim, index, src, "add")
 
 
-_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+_REDUCTIONS = {"sum": "add", "mean": "add", "prod": "mul", "amax": "max", "amin": "min"}
 
 
-@translates(
-    aten.scatter_reduce.two,
-    checker=lambda node: node.args[4] in _REDUCTIONS and node.kwargs.get("include_self", True),
-)
+@translates(aten.scatter_reduce.two, checker=lambda node: node.args[4] in _REDUCTIONS)
 def scatter_reduce(ctx, self, dim, index, src, reduce, *, include_self=True):
-    return _scatter(ctx, self, dim, index, src, _REDUCTIONS[reduce])
+    if include_self and reduce != "mean":
+        return _scatter(ctx, self, dim, index, src, _REDUCTIONS[reduce])
+    counts = _scatter_counts(ctx, self, dim, index)
+    written = ctx.op.Greater(counts, ctx.constant(0, _INT64))
+    if not include_self:
+        # Written positions start from the reduction's identity, so self does not take part.
+        shape = self.shape
+        self = ctx.op.Where(written, _identity(ctx, reduce, self.dtype), self)
+        self.shape = shape
+    result = _scatter(ctx, self, dim, index, src, _REDUCTIONS[reduce])
+    if reduce != "mean":
+        return result
+    counts = ctx.op.Add(counts, ctx.constant(1, _INT64)) if include_self else ctx.op.Max(counts, ctx.constant(1, _INT64))
+    return _divided(ctx, result, counts)
+
+
+def _scatter_counts(ctx, self, dim, index) -> ir.Value:
+    """How many index entries point at each position of ``self`` (int64)."""
+    zeros = ctx.op.Expand(ctx.constant(0, _INT64), ctx.op.Shape(self))
+    ones = ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(index))
+    return ctx.op.ScatterElements(zeros, index, ones, axis=normalize_dim(dim, rank(self)), reduction="add")
+
+
+def _identity(ctx, reduce: str, dtype: ir.DataType) -> ir.Value:
+    if reduce in ("sum", "mean"):
+        return ctx.constant(0, dtype)
+    if reduce == "prod":
+        return ctx.constant(1, dtype)
+    torch_dtype = to_torch_dtype(dtype)
+    if torch_dtype.is_floating_point:
+        return ctx.constant(-math.inf if reduce == "amax" else math.inf, dtype)
+    bounds = torch.iinfo(torch_dtype)
+    return ctx.constant(bounds.min if reduce == "amax" else bounds.max, dtype)
+
+
+def _divided(ctx, total: ir.Value, counts: ir.Value) -> ir.Value:
+    """``total / counts`` as PyTorch's scatter mean divides: floored for integers."""
+    counts = cast(ctx, counts, total.dtype)
+    if to_torch_dtype(total.dtype).is_floating_point:
+        return ctx.op.Div(total, counts)
+    # Mod with fmod=0 takes the sign of the (positive) count, so the division below is exact.
+    return ctx.op.Div(ctx.op.Sub(total, ctx.op.Mod(total, counts, fmod=0)), counts)
 
 
 @translates(aten.slice_scatter.default)

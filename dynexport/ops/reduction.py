@@ -13,7 +13,15 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import to_torch_dtype
-from dynexport.ops._helpers import cast, ints, is_floating, normalize_dim, normalize_dims, rank, scalar_like
+from dynexport.ops._helpers import (
+    cast,
+    ints,
+    is_floating,
+    normalize_dim,
+    normalize_dims,
+    rank,
+    scalar_like,
+)
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -90,21 +98,37 @@ def cumsum(ctx, self, dim, *, dtype=None):
 _MAX_PREFIX = 1024
 
 
-def _small_static_dim(node: torch.fx.Node) -> bool:
+def _small_scan(node: torch.fx.Node) -> bool:
+    """Whether the scanned length is small: a dynamic one is judged by its example size."""
     self, dim = node.args[0].meta["val"], node.args[1]
     if self.dim() == 0:
         return True
     size = self.shape[dim]
-    return isinstance(size, int) and size <= _MAX_PREFIX
+    size = size if isinstance(size, int) else size.node.hint
+    return size is not None and size <= _MAX_PREFIX
 
 
-def _prefixes(ctx, x: ir.Value, dim: int, filler: float) -> ir.Value:
-    """``x`` with ``dim`` moved last and repeated as rows: row i keeps elements 0..i, ``filler``
-    elsewhere."""
-    size = x.shape[dim]
-    x = ctx.op.Unsqueeze(_last(ctx, x, dim, rank(x)), ints(ctx, [-2]))
-    kept = ctx.constant(torch.ones(size, size, dtype=torch.bool).tril(), ir.DataType.BOOL)
-    return ctx.op.Where(kept, x, ctx.constant(filler, x.dtype))
+def _positions(ctx, x: ir.Value) -> ir.Value:
+    """0, 1, ..., n - 1 for the (possibly dynamic) size n of ``x``'s last dim."""
+    zero, one = ctx.constant(0, ir.DataType.INT64), ctx.constant(1, ir.DataType.INT64)
+    return ctx.op.Range(zero, ctx.sym_size(x, -1), one)
+
+
+def _prefixes(ctx, x: ir.Value, filler: float) -> tuple[ir.Value, ir.Value]:
+    """``x`` (scanned along its last dim) repeated as rows: row i keeps elements 0..i, ``filler``
+    elsewhere; and the [n, n] mask of the kept elements."""
+    positions = _positions(ctx, x)
+    columns = ctx.op.Unsqueeze(positions, ints(ctx, [0]))
+    kept = ctx.op.LessOrEqual(columns, ctx.op.Unsqueeze(positions, ints(ctx, [1])))
+    rows = ctx.op.Unsqueeze(x, ints(ctx, [-2]))
+    return ctx.op.Where(kept, rows, ctx.constant(filler, x.dtype)), kept
+
+
+def _scan(ctx, op_type: str, prefixes: ir.Value, x: ir.Value) -> ir.Value:
+    """``prefixes`` reduced over each row, shaped like ``x``: onnxruntime gives wrong shapes when
+    it reduces an empty axis, and the reshape (of no elements then) corrects them."""
+    reduced = getattr(ctx.op, op_type)(prefixes, ints(ctx, [-1]), keepdims=0)
+    return ctx.op.Reshape(reduced, ctx.op.Shape(x))
 
 
 def _last(ctx, x: ir.Value, dim: int, rank_: int) -> ir.Value:
@@ -116,27 +140,29 @@ def _last(ctx, x: ir.Value, dim: int, rank_: int) -> ir.Value:
     return ctx.op.Transpose(x, perm=perm)
 
 
-@translates(aten.cumprod.default, checker=_small_static_dim)
+@translates(aten.cumprod.default, checker=_small_scan)
 def cumprod(ctx, self, dim, *, dtype=None):
     x = _accumulator(ctx, self, ctx.out_dtype)
     if rank(self) == 0:
         return cast(ctx, x, ctx.out_dtype)
     dim = normalize_dim(dim, rank(self))
-    products = ctx.op.ReduceProd(_prefixes(ctx, x, dim, 1), ints(ctx, [-1]), keepdims=0)
+    x = _last(ctx, x, dim, rank(self))
+    products = _scan(ctx, "ReduceProd", _prefixes(ctx, x, 1)[0], x)
     return cast(ctx, _last(ctx, products, dim, rank(self)), ctx.out_dtype)
 
 
-@translates(aten.logcumsumexp.default, checker=_small_static_dim)
+@translates(aten.logcumsumexp.default, checker=_small_scan)
 def logcumsumexp(ctx, self, dim):
     if rank(self) == 0:
         return self
     dim = normalize_dim(dim, rank(self))
-    x = _prefixes(ctx, _accumulator(ctx, self, self.dtype), dim, -math.inf)
-    peak = ctx.op.ReduceMax(x, ints(ctx, [-1]), keepdims=1)
+    x = _last(ctx, _accumulator(ctx, self, self.dtype), dim, rank(self))
+    prefixes, _ = _prefixes(ctx, x, -math.inf)
+    peak = _scan(ctx, "ReduceMax", prefixes, x)
     # As in logsumexp: an all-infinite prefix is shifted by 0, not by itself.
     peak = ctx.op.Where(ctx.op.IsInf(peak), ctx.constant(0.0, peak.dtype), peak)
-    total = ctx.op.ReduceSum(ctx.op.Exp(ctx.op.Sub(x, peak)), ints(ctx, [-1]), keepdims=1)
-    result = ctx.op.Squeeze(ctx.op.Add(ctx.op.Log(total), peak), ints(ctx, [-1]))
+    shifted = ctx.op.Exp(ctx.op.Sub(prefixes, ctx.op.Unsqueeze(peak, ints(ctx, [-1]))))
+    result = ctx.op.Add(ctx.op.Log(_scan(ctx, "ReduceSum", shifted, x)), peak)
     return cast(ctx, _last(ctx, result, dim, rank(self)), self.dtype)
 
 
@@ -150,31 +176,46 @@ def _cumulative_extremum(ctx, op_type: str, self: ir.Value, dim: int):
     else:
         bounds = torch.iinfo(to_torch_dtype(x.dtype))
         filler = bounds.min if op_type == "ReduceMax" else bounds.max
-    prefixes = _prefixes(ctx, x, dim, filler)
-    values = getattr(ctx.op, op_type)(prefixes, ints(ctx, [-1]), keepdims=1)
+    x = _last(ctx, x, dim, rank(self))
+    prefixes, kept = _prefixes(ctx, x, filler)
+    values = _scan(ctx, op_type, prefixes, x)
     # PyTorch's index is the last position up to i holding the extremum.
-    size = self.shape[dim]
-    positions = ctx.constant(torch.arange(size).expand(size, size).tril(), ir.DataType.INT64)
-    hits = ctx.op.Where(ctx.op.Equal(prefixes, values), positions, ctx.constant(-1, ir.DataType.INT64))
-    indices = ctx.op.ReduceMax(hits, ints(ctx, [-1]), keepdims=0)
-    values = ctx.op.Squeeze(values, ints(ctx, [-1]))
+    hit = ctx.op.And(kept, ctx.op.Equal(prefixes, ctx.op.Unsqueeze(values, ints(ctx, [-1]))))
+    indices = _last_hit(ctx, hit, x)
+    if is_floating(x):
+        # As PyTorch's: a NaN is the extremum from where it occurs on, with the last NaN's index.
+        nan_indices = _last_hit(ctx, ctx.op.And(kept, ctx.op.IsNaN(prefixes)), x)
+        has_nan = ctx.op.GreaterOrEqual(nan_indices, ctx.constant(0, ir.DataType.INT64))
+        values = ctx.op.Where(has_nan, ctx.constant(math.nan, x.dtype), values)
+        indices = ctx.op.Where(has_nan, nan_indices, indices)
     return cast(ctx, _last(ctx, values, dim, rank(self)), self.dtype), _last(ctx, indices, dim, rank(self))
 
 
-@translates(aten.cummax.default, checker=_small_static_dim)
+def _last_hit(ctx, hit: ir.Value, x: ir.Value) -> ir.Value:
+    """The last column of each row of ``hit`` that is True, or -1."""
+    hits = ctx.op.Where(hit, _positions(ctx, x), ctx.constant(-1, ir.DataType.INT64))
+    return _scan(ctx, "ReduceMax", hits, x)
+
+
+@translates(aten.cummax.default, checker=_small_scan)
 def cummax(ctx, self, dim):
     return _cumulative_extremum(ctx, "ReduceMax", self, dim)
 
 
-@translates(aten.cummin.default, checker=_small_static_dim)
+@translates(aten.cummin.default, checker=_small_scan)
 def cummin(ctx, self, dim):
     return _cumulative_extremum(ctx, "ReduceMin", self, dim)
 
 
 @translates(aten.mean.default, aten.mean.dim)
 def mean(ctx, self, dim=None, keepdim=False, *, dtype=None):
+    # ReduceMean of no elements gives 0; PyTorch's sum / count gives NaN.
     x = _accumulator(ctx, self, ctx.out_dtype)
-    return cast(ctx, ctx.op.ReduceMean(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+    total = ctx.op.ReduceSum(x, *_axes(ctx, self, dim), keepdims=int(keepdim))
+    # Counted on x: onnxruntime's Size takes no bfloat16.
+    count = _count(ctx, x, dim)
+    count = ctx.constant(float(count), x.dtype) if isinstance(count, int) else cast(ctx, count, x.dtype)
+    return cast(ctx, ctx.op.Div(total, count), ctx.out_dtype)
 
 
 @translates(aten.prod.default, aten.prod.dim_int)
@@ -207,18 +248,34 @@ def count_nonzero(ctx, self, dim=None):
 
 def _extremum(ctx, op_type: str, self: ir.Value, dim, keepdim: bool) -> ir.Value:
     x = cast(ctx, self, ir.DataType.INT32) if self.dtype in _NO_EXTREMUM else self
-    result = getattr(ctx.op, op_type)(x, *_axes(ctx, self, dim), keepdims=int(keepdim))
+    axes = _axes(ctx, self, dim)
+    result = getattr(ctx.op, op_type)(x, *axes, keepdims=int(keepdim))
+    if is_floating(x):
+        # onnxruntime's ReduceMax/ReduceMin skip NaN; PyTorch's extremum of a slice with NaN is NaN.
+        flags = cast(ctx, ctx.op.IsNaN(x), ir.DataType.INT32)
+        has_nan = ctx.op.Greater(ctx.op.ReduceMax(flags, *axes, keepdims=int(keepdim)), ctx.constant(0, ir.DataType.INT32))
+        result = ctx.op.Where(has_nan, ctx.constant(math.nan, x.dtype), result)
     return cast(ctx, result, self.dtype)
 
 
 def _index_of_extremum(ctx, op_type: str, self: ir.Value, dim, keepdim: bool) -> ir.Value:
     x = cast(ctx, self, ir.DataType.INT32) if self.dtype in _NO_EXTREMUM else self
     if dim is None or rank(self) == 0:
-        index = getattr(ctx.op, op_type)(ctx.op.Reshape(x, ints(ctx, [-1])), axis=0, keepdims=0)
+        index = _arg_extremum(ctx, op_type, ctx.op.Reshape(x, ints(ctx, [-1])), 0, False)
         return ctx.op.Reshape(index, ints(ctx, [1] * rank(self))) if keepdim and rank(self) else index
+    return _arg_extremum(ctx, op_type, x, normalize_dim(dim, rank(self)), keepdim)
+
+
+def _arg_extremum(ctx, op_type: str, x: ir.Value, axis: int, keepdim: bool) -> ir.Value:
     # PyTorch returns the first of tied indices, which is select_last_index=0.
-    axis = normalize_dim(dim, rank(self))
-    return getattr(ctx.op, op_type)(x, axis=axis, keepdims=int(keepdim), select_last_index=0)
+    index = getattr(ctx.op, op_type)(x, axis=axis, keepdims=int(keepdim), select_last_index=0)
+    if not is_floating(x):
+        return index
+    # PyTorch takes NaN as the extremum: the index of a slice's first NaN.
+    flags = cast(ctx, ctx.op.IsNaN(x), ir.DataType.INT32)
+    first_nan = ctx.op.ArgMax(flags, axis=axis, keepdims=int(keepdim), select_last_index=0)
+    has_nan = ctx.op.Greater(ctx.op.ReduceMax(flags, ints(ctx, [axis]), keepdims=int(keepdim)), ctx.constant(0, ir.DataType.INT32))
+    return ctx.op.Where(has_nan, first_nan, index)
 
 
 @translates(aten.amax.default, aten.max.default)

@@ -244,6 +244,19 @@ def test_scatter_reduce(reduce):
     _batch_dynamic(lambda x, i, s: x.scatter_reduce(1, i, s, reduce), (x, index, src), (True, True, True))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.int32])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "prod", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_mean_and_without_self_like_pytorch(dtype, reduce, include_self):
+    # Column 2 is never written; integer means floor negative averages, as PyTorch does.
+    x = (torch.tensor([[3.0, -7.0, 5.0, 1.0, -2.0], [4.0, 2.0, -1.0, 9.0, 6.0], [-3.0, 8.0, 0.0, 2.0, -5.0]]) * 2).to(dtype)
+    index = torch.tensor([[0, 1, 0, 4], [3, 3, 3, 3], [1, 3, 1, 0]])
+    src = torch.tensor([[1.0, -4.0, 2.0, 7.0], [-3.0, 5.0, -6.0, 2.0], [8.0, -1.0, -9.0, 3.0]]).to(dtype)
+    _batch_dynamic(
+        lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self), (x, index, src), (True, True, True)
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 @pytest.mark.parametrize(
     "target",

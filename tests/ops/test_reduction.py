@@ -289,7 +289,8 @@ def test_module_with_reductions_uses_direct_rules():
 
     program = assert_batch_dynamic_equivalent(Pool().eval(), torch.randn(3, 4, 5))
     counts = op_histogram(program)
-    assert counts["ReduceMean"] == 2 and counts["ReduceSumSquare"] == 1 and counts["ArgMax"] == 1
+    # mean is ReduceSum / count (NaN when empty); argmax adds an ArgMax for the first NaN.
+    assert counts["ReduceMean"] == 1 and counts["ReduceSumSquare"] == 1 and counts["ArgMax"] == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.int32, torch.bool])
@@ -329,3 +330,36 @@ def test_cummax_cummin_take_the_last_tied_index(dtype):
 def test_cumulative_ops_decline_long_dims():
     with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="prod"):
         dynexport.export(lambda x: torch.cumprod(x, 0), (torch.randn(2000),))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_extrema_propagate_nan_and_index_the_first_nan_like_pytorch(dtype):
+    x = torch.tensor([[1.0, math.nan, 2.0, math.nan], [3.0, math.inf, -1.0, 0.0], [math.nan, 5.0, 6.0, -math.inf]], dtype=dtype)
+    assert_batch_dynamic_equivalent(
+        lambda x: (
+            x.amax(), x.amin(1), x.max(), x.min(), *x.max(1), *x.min(0, keepdim=True),
+            x.argmax(), x.argmin(1), x.argmax(0, keepdim=True), x.amax(1, keepdim=True),
+        ),
+        x,
+    )
+
+
+def test_mean_over_no_elements_is_nan_like_pytorch():
+    assert_exports_equivalent(lambda x: (x.mean(0), x.mean(), x.mean(1, keepdim=True)), (torch.zeros(0, 2),))
+    assert_batch_dynamic_equivalent(lambda x: (x.mean(0), x.mean()), torch.randn(3, 2), smaller=True)
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_scans_over_a_dynamic_length(dim):
+    x = torch.tensor([[1.5, -2.0, 0.0], [2.0, 3.0, -0.5], [0.5, 1.0, 3.0], [-1.0, 4.0, 2.0]])
+    assert_exports_equivalent(
+        lambda t: (torch.cumprod(t, dim), torch.logcumsumexp(t, dim), *torch.cummax(t, dim), *torch.cummin(t, dim)),
+        (x,), dynamic_shapes=({0: torch.export.Dim("n"), 1: torch.export.Dim("m")},),
+        resized=[(torch.randn(7, 5),), (torch.randn(0, 5),), (torch.randn(6, 0),)],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cummax_cummin_propagate_nan_with_the_last_nan_index(dtype):
+    x = torch.tensor([[1.0, math.nan, 2.0, math.nan, 5.0], [3.0, 1.0, -1.0, 0.0, math.nan], [-math.inf, 5.0, math.inf, 7.0, 6.0]], dtype=dtype)
+    assert_batch_dynamic_equivalent(lambda x: (*torch.cummax(x, 1), *torch.cummin(x, 1), *torch.cummax(x, 0)), x)

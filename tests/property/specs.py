@@ -829,25 +829,11 @@ LOW_PRECISION_SUM = {torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
 # Near-constant groups divide rounding noise by sqrt(eps).
 NORMALIZED = {torch.float32: (1e-3, 1e-3), torch.float64: (1e-6, 1e-6), torch.float16: (5e-2, 5e-2), torch.bfloat16: (1e-1, 1e-1)}
 
-# ONNX gives these math ops bfloat16 only from opset 22 (the default opset is 20).
-_NO_BFLOAT16 = {"acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "round", "sin", "sinh", "tan"}
-
-
-def _bfloat16_gap(name: str) -> dict:
-    op = name.split(".")[0]
-    if op not in _NO_BFLOAT16:
-        return {}
-    return {torch.bfloat16: f"bug: ONNX {op.capitalize()} has no bfloat16 before opset 22; the rule must compute in float32 (elementwise.{op})"}
-
-
-_POW_GAPS = {d: f"bug: ONNX Pow has no {_dtype_name(d)} type; the rule must compute in int32 (elementwise.pow)" for d in (torch.int8, torch.int16, torch.uint8)}
-
-_SCANS = "bug: the rule declines a dynamic scan length and nothing decomposes it (UnsupportedOperatorError), and empty inputs get wrong shapes (reduction.py)"
 
 SPECS: list[OpSpec] = [
     # elementwise: unary math
     *(
-        _unary(name, fn, domain, xfail=_bfloat16_gap(name))
+        _unary(name, fn, domain)
         for name, fn, domain in [
             ("abs.default", aten.abs.default, SPECIALS),
             ("acos.default", aten.acos.default, Domain(-1, 1, specials=True)),
@@ -886,8 +872,8 @@ SPECS: list[OpSpec] = [
         ]
     ),
     _unary("relu.default", aten.relu.default, SPECIALS, dtypes=NUMERIC),
-    _unary("neg.default", aten.neg.default, SPECIALS, dtypes=NUMERIC, xfail={torch.uint8: "bug: ONNX Neg has no uint8 type (elementwise.neg)"}),
-    _unary("sign.default(nan)", aten.sign.default, NANS, dtypes=F32, xfail={None: "bug: sign(NaN) is NaN in ONNX, PyTorch gives 0 (elementwise.sign)"}),
+    _unary("neg.default", aten.neg.default, SPECIALS, dtypes=NUMERIC),
+    _unary("sign.default(nan)", aten.sign.default, NANS, dtypes=F32),
     _unary("bitwise_not.default", aten.bitwise_not.default, Domain(-100, 100), dtypes=INTS + BOOL),
     # elementwise: binary
     OpSpec("add.Tensor", aten.add.Tensor, two(alpha=st.sampled_from([1, 2, -1])), ALL),
@@ -895,14 +881,14 @@ SPECS: list[OpSpec] = [
     _binary("mul.Tensor", aten.mul.Tensor, dtypes=ALL),
     _binary("div.Tensor", aten.div.Tensor, SPECIALS, NONZERO),
     OpSpec("div.Tensor_mode", aten.div.Tensor_mode, two(NO_NAN_OR_INF, NONZERO_INT, rounding_mode=st.sampled_from(["trunc", "floor"])), NUMERIC),
-    OpSpec("div.Tensor_mode(inf, floor)", aten.div.Tensor_mode, two(Domain(fill=math.inf), Domain(fill=5.0), rounding_mode=st.just("floor")), F32, xfail={None: "bug: floor division of inf gives NaN, PyTorch gives inf (elementwise.div)"}),
+    OpSpec("div.Tensor_mode(inf, floor)", aten.div.Tensor_mode, two(Domain(fill=math.inf), Domain(fill=5.0), rounding_mode=st.just("floor")), F32),
     _binary("remainder.Tensor", aten.remainder.Tensor, Domain(-10, 10), NONZERO_INT),
     _binary("fmod.Tensor", aten.fmod.Tensor, Domain(-10, 10), NONZERO_INT),
-    _binary("pow.Tensor_Tensor", aten.pow.Tensor_Tensor, Domain(-4, 4, specials=True), Domain(0, 3, integral=True), xfail=_POW_GAPS),
+    _binary("pow.Tensor_Tensor", aten.pow.Tensor_Tensor, Domain(-4, 4, specials=True), Domain(0, 3, integral=True)),
     _binary("maximum.default", aten.maximum.default, dtypes=ALL),
     _binary("minimum.default", aten.minimum.default, dtypes=ALL),
-    _binary("atan2.default", aten.atan2.default, SPECIALS, Domain(-10, 10, exclude_zero=True, specials=True), dtypes=MATH, xfail={torch.bfloat16: "bug: ONNX Atan has no bfloat16 before opset 22; the rule must compute in float32 (elementwise.atan2)"}),
-    _binary("atan2.default(zeros)", aten.atan2.default, ZEROS, ZEROS, dtypes=F32, xfail={None: "bug: atan2(0, 0) is NaN, PyTorch gives 0 (elementwise.atan2)"}),
+    _binary("atan2.default", aten.atan2.default, SPECIALS, Domain(-10, 10, exclude_zero=True, specials=True), dtypes=MATH),
+    _binary("atan2.default(zeros)", aten.atan2.default, ZEROS, ZEROS, dtypes=F32),
     _binary("floor_divide.default", aten.floor_divide.default, Domain(-10, 10), NONZERO_INT),
     *(_binary(f"{op}.Tensor", getattr(aten, op).Tensor, dtypes=ALL) for op in ("eq", "ne", "lt", "le", "gt", "ge")),
     *(_binary(f"{op}.default", getattr(aten, op).default, dtypes=ALL) for op in ("logical_and", "logical_or", "logical_xor")),
@@ -924,7 +910,7 @@ SPECS: list[OpSpec] = [
             *((f"{op}.Scalar", getattr(aten, op).Scalar, Domain(-100, 100), INTS, lambda d: st.integers(-8, 8)) for op in ("bitwise_and", "bitwise_or", "bitwise_xor")),
         ]
     ),
-    OpSpec("pow.Tensor_Scalar", aten.pow.Tensor_Scalar, with_scalar(Domain(-4, 4, specials=True), lambda d: st.sampled_from([0, 1, 2, 3, 0.5, -1, 2.5]) if d.is_floating_point else st.sampled_from([0, 1, 2, 3]), name="exponent"), NUMERIC, xfail=_POW_GAPS),
+    OpSpec("pow.Tensor_Scalar", aten.pow.Tensor_Scalar, with_scalar(Domain(-4, 4, specials=True), lambda d: st.sampled_from([0, 1, 2, 3, 0.5, -1, 2.5]) if d.is_floating_point else st.sampled_from([0, 1, 2, 3]), name="exponent"), NUMERIC),
     OpSpec("pow.Scalar", lambda x, base: aten.pow.Scalar(base, x), with_scalar(Domain(-3, 3), lambda d: st.sampled_from([2, 0.5, 3.0]), name="base"), FLOATS),
     OpSpec("div.Scalar_mode", aten.div.Scalar_mode, with_scalar(Domain(-10, 10), lambda d: st.sampled_from([2, -3, 1.5]), name="other", rounding_mode=st.sampled_from(["trunc", "floor"])), NUMERIC),
     # activations
@@ -951,7 +937,7 @@ SPECS: list[OpSpec] = [
     OpSpec("sum.default", aten.sum.default, reduce(Domain(-10, 10), dims="none", keepdim=False), ALL, tolerances=LOW_PRECISION_SUM),
     OpSpec("mean.dim", aten.mean.dim, reduce(Domain(-10, 10), min_side=1), FLOATS, tolerances=LOW_PRECISION_SUM),
     OpSpec("mean.default", aten.mean.default, reduce(Domain(-10, 10), dims="none", keepdim=False, min_side=1), FLOATS, tolerances=LOW_PRECISION_SUM),
-    OpSpec("mean.dim(empty)", lambda x: aten.mean.dim(x, [0]), lambda draw, dtype: ((torch.zeros(0, 2, dtype=dtype),), {}), F32, dynamic=False, xfail={None: "bug: the mean over an empty dim is 0, PyTorch gives NaN (reduction.mean)"}),
+    OpSpec("mean.dim(empty)", lambda x: aten.mean.dim(x, [0]), lambda draw, dtype: ((torch.zeros(0, 2, dtype=dtype),), {}), F32, dynamic=False),
     OpSpec("amax.default", aten.amax.default, reduce(NO_NAN), ALL),
     OpSpec("amin.default", aten.amin.default, reduce(NO_NAN), ALL),
     OpSpec("argmax.default", aten.argmax.default, reduce(Domain(-10, 10, integral=True), dims="optional"), NUMERIC),
@@ -961,7 +947,7 @@ SPECS: list[OpSpec] = [
     OpSpec("max.default", aten.max.default, reduce(NO_NAN, dims="none", keepdim=False, min_side=1), ALL),
     OpSpec("min.default", aten.min.default, reduce(NO_NAN, dims="none", keepdim=False, min_side=1), ALL),
     *(
-        OpSpec(f"{name}(nan)", fn, lambda draw, dtype: ((torch.tensor([1.0, math.nan, 2.0], dtype=dtype),), {}), F32, dynamic=False, xfail={None: "bug: onnxruntime ReduceMax/ReduceMin skip NaN, PyTorch propagates it (reduction.py)"})
+        OpSpec(f"{name}(nan)", fn, lambda draw, dtype: ((torch.tensor([1.0, math.nan, 2.0], dtype=dtype),), {}), F32, dynamic=False)
         for name, fn in [("amax.default", lambda x: aten.amax.default(x, [0])), ("amin.default", lambda x: aten.amin.default(x, [0])), ("max.default", aten.max.default), ("min.default", aten.min.default)]
     ),
     OpSpec("prod.default", aten.prod.default, reduce(Domain(-2, 2), dims="none", keepdim=False), ALL, tolerances=LOW_PRECISION_SUM),
@@ -1020,7 +1006,7 @@ SPECS: list[OpSpec] = [
     OpSpec("scatter.value", lambda x, i, dim, value: aten.scatter.value(x, dim, i, value), _scatter("value"), NUMERIC, dynamic=False),
     OpSpec("scatter_add.default", lambda x, i, s, dim: aten.scatter_add.default(x, dim, i, s), _scatter_add, NUMERIC, dynamic=False, tolerances=LOW_PRECISION_SUM),
     OpSpec("scatter_reduce.two", lambda x, i, s, dim, reduce, include_self: aten.scatter_reduce.two(x, dim, i, s, reduce, include_self=include_self), _scatter("reduce"), FLOATS + (torch.int64, torch.int32), dynamic=False, tolerances=LOW_PRECISION_SUM),
-    OpSpec("scatter_reduce.two(mean, include_self=False)", lambda x, i, s: (aten.scatter_reduce.two(x, 0, i, s, "mean"), aten.scatter_reduce.two(x, 0, i, s, "sum", include_self=False)), lambda draw, dtype: ((torch.ones(3, 2, dtype=dtype), torch.tensor([[0, 2]]), torch.ones(1, 2, dtype=dtype)), {}), F32, dynamic=False, xfail={None: "gap: scatter_reduce with reduce='mean' or include_self=False has no rule and no decomposition (indexing.py)"}),
+    OpSpec("scatter_reduce.two(mean, include_self=False)", lambda x, i, s: (aten.scatter_reduce.two(x, 0, i, s, "mean"), aten.scatter_reduce.two(x, 0, i, s, "sum", include_self=False)), lambda draw, dtype: ((torch.ones(3, 2, dtype=dtype), torch.tensor([[0, 2]]), torch.ones(1, 2, dtype=dtype)), {}), F32, dynamic=False),
     OpSpec("embedding.default", aten.embedding.default, _embedding, NUMERIC, dynamic=False),
     OpSpec("masked_fill.Scalar", aten.masked_fill.Scalar, _masked_fill, ALL),
     OpSpec("slice_scatter.default", aten.slice_scatter.default, _slice_scatter, NUMERIC, dynamic=False),
@@ -1066,10 +1052,10 @@ SPECS: list[OpSpec] = [
     OpSpec("topk.default", aten.topk.default, _sort("topk"), NUMERIC, dynamic=False),
     OpSpec("kthvalue.default", aten.kthvalue.default, _sort("kthvalue"), NUMERIC, dynamic=False),
     OpSpec("median.dim", aten.median.dim, _sort("median"), NUMERIC),
-    OpSpec("cumprod.default", aten.cumprod.default, _cumsum, NUMERIC, tolerances=LOW_PRECISION_SUM, xfail={None: _SCANS}),
-    OpSpec("logcumsumexp.default", aten.logcumsumexp.default, _cumsum, FLOATS, tolerances=LOW_PRECISION_SUM, xfail={None: _SCANS}),
-    OpSpec("cummax.default", aten.cummax.default, lambda draw, dtype: ((_distinct(draw, dtype, min_rank=1),), {"dim": 0}), NUMERIC, xfail={None: _SCANS}),
-    OpSpec("cummin.default", aten.cummin.default, lambda draw, dtype: ((_distinct(draw, dtype, min_rank=1),), {"dim": 0}), NUMERIC, xfail={None: _SCANS}),
+    OpSpec("cumprod.default", aten.cumprod.default, _cumsum, NUMERIC, tolerances=LOW_PRECISION_SUM),
+    OpSpec("logcumsumexp.default", aten.logcumsumexp.default, _cumsum, FLOATS, tolerances=LOW_PRECISION_SUM),
+    OpSpec("cummax.default", aten.cummax.default, lambda draw, dtype: ((_distinct(draw, dtype, min_rank=1),), {"dim": 0}), NUMERIC),
+    OpSpec("cummin.default", aten.cummin.default, lambda draw, dtype: ((_distinct(draw, dtype, min_rank=1),), {"dim": 0}), NUMERIC),
     # padding and resampling
     *(OpSpec(f"{mode}_pad{r}d.default", getattr(aten, f"{mode}_pad{r}d").default, _pad_nd(r, mode), FLOATS if r < 3 else F32 + (torch.float64,), dynamic=False) for mode in ("reflection", "replication") for r in (1, 2, 3)),
     OpSpec("upsample_nearest1d.vec", lambda x, output_size: aten.upsample_nearest1d.vec(x, output_size, None), _resample(1, False), FLOATS, dynamic=False),
@@ -1096,7 +1082,7 @@ SPECS: list[OpSpec] = [
     OpSpec("dot.default", aten.dot.default, _vectors(same=True), NUMERIC),
     OpSpec("outer.default", aten.outer.default, _vectors(same=False), NUMERIC),
     OpSpec("linalg_det.default", aten.linalg_det.default, _square, F32 + (torch.float64,), tolerances={torch.float32: (1e-3, 1e-3)}),
-    OpSpec("einsum.default", lambda a, b, equation: aten.einsum.default(equation, [a, b]), lambda draw, dtype: _einsum(draw, dtype), FLOATS, xfail={torch.bfloat16: "bug: ONNX Einsum has no bfloat16; the rule must compute in float32 (linalg.einsum)"}),
+    OpSpec("einsum.default", lambda a, b, equation: aten.einsum.default(equation, [a, b]), lambda draw, dtype: _einsum(draw, dtype), FLOATS),
     # creation
     OpSpec("full.default", lambda **a: aten.full.default(a["size"], a["fill_value"], dtype=a["dtype"]), _full, ALL),
     OpSpec("zeros_like.default", aten.zeros_like.default, _like, ALL),
