@@ -145,7 +145,8 @@ def trace_decomposition(
     fn = decomposition_for(target)
     if fn is None:
         return None
-    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    # FX's immutable lists and dicts become plain ones: decompositions may change their arguments.
+    flat, spec = pytree.tree_flatten(_plain((node.args, node.kwargs)))
     leaves = [leaf for leaf in flat if isinstance(leaf, torch.fx.Node)]
 
     def run(*traced: Any) -> Any:
@@ -176,6 +177,16 @@ def trace_decomposition(
     if not inplace_ops_are_local(graph):
         return None
     return Decomposition(graph, leaves)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 class _Declined(Exception):

@@ -289,12 +289,8 @@ class _Translator:
         if rule is None:
             return self.decompose(node, env, name_prefix, origin)
         self.builder.set_origin(node, origin)
-        args = torch.fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = {
-            k: torch.fx.node.map_arg(v, env.__getitem__)
-            for k, v in node.kwargs.items()
-            if k not in _PLACEMENT_KWARGS
-        }
+        args = tuple(_argument_value(a, env) for a in node.args)
+        kwargs = {k: _argument_value(v, env) for k, v in node.kwargs.items() if k not in _PLACEMENT_KWARGS}
         ctx = TranslationContext(self, node)
         if rule.promote is not None:
             args, kwargs = _promote(ctx, rule, args, kwargs)
@@ -381,6 +377,18 @@ def _inlined_region(node: torch.fx.Node) -> Decomposition | None:
         return None  # an enabled autocast changes dtypes: no rule yet
     body = node.graph.owning_module.get_submodule(node.args[first_operand - 1].target)
     return Decomposition(body.graph, list(node.args[first_operand:]))
+
+
+def _argument_value(argument: Any, env: dict[torch.fx.Node, Any]) -> Any:
+    """An FX argument with its nodes replaced by their ONNX values; FX's immutable lists become
+    plain lists, which a rule may change."""
+    if isinstance(argument, torch.fx.Node):
+        return env[argument]
+    if isinstance(argument, list):
+        return [_argument_value(a, env) for a in argument]
+    if isinstance(argument, tuple):
+        return tuple(_argument_value(a, env) for a in argument)
+    return argument
 
 
 def _attribute_value(value: Any) -> Any:

@@ -402,3 +402,9 @@ def test_diagonal(offset, dims):
     x = torch.randn(2, 3, 5)
     _batch_dynamic(lambda x: torch.diagonal(x, offset, *dims) * 2, (x,), (True,))
     assert_exports_equivalent(lambda x: torch.diagonal(x, offset), (torch.randn(4, 4),))
+
+
+def test_masked_index_decomposition_may_change_its_list_argument():
+    # torch's decomposition of _unsafe_masked_index rewrites its indices list in place.
+    x, mask, index = torch.randn(4, 5), torch.rand(2, 5) > 0.5, torch.tensor([0, 2])
+    assert_exports_equivalent(lambda x, m, i: torch.ops.aten._unsafe_masked_index(x, m, [i], 0.0), (x, mask, index))

@@ -32,7 +32,6 @@ _TIES = "ties: which index PyTorch returns among equal values is unspecified (in
 _REPLICATE = "bug: replicate Pad with negative pads fails in onnxruntime ('zero effective input extent'); the rule must crop with Slice (padding.py)"
 _CIRCULAR = "bug: onnxruntime's CPU Pad has no 'wrap' mode; circular padding must be built from Slice and Concat (padding.py)"
 _INDEX_SELECT = "bug: index_select of a 0-d tensor emits Gather on a rank-0 tensor (indexing.index_select)"
-_MASKED_INDEX = "bug: translating it mutates an FX node's immutable args (TypeError: 'immutable_list' object does not support mutation)"
 _BUCKETIZE = "bug: its decomposition is data-dependent (GuardOnDataDependentSymNode) instead of being reported unsupported"
 KNOWN_FAILURES: dict[tuple[str, torch.dtype], str] = {
     ("kthvalue", torch.int64): _TIES,
@@ -43,10 +42,6 @@ KNOWN_FAILURES: dict[tuple[str, torch.dtype], str] = {
     ("nn.functional.pad.circular", torch.int64): _CIRCULAR,
     ("index_select", torch.float32): _INDEX_SELECT,
     ("index_select", torch.int64): _INDEX_SELECT,
-    ("_unsafe_masked_index", torch.float32): _MASKED_INDEX,
-    ("_unsafe_masked_index", torch.int64): _MASKED_INDEX,
-    ("_unsafe_masked_index_put_accumulate", torch.float32): _MASKED_INDEX,
-    ("_unsafe_masked_index_put_accumulate", torch.int64): _MASKED_INDEX,
     ("bucketize", torch.float32): _BUCKETIZE,
     ("bucketize", torch.int64): _BUCKETIZE,
 }
