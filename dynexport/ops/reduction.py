@@ -209,11 +209,14 @@ def cummin(ctx, self, dim):
 
 @translates(aten.mean.default, aten.mean.dim)
 def mean(ctx, self, dim=None, keepdim=False, *, dtype=None):
-    # ReduceMean of no elements gives 0; PyTorch's sum / count gives NaN.
     x = _accumulator(ctx, self, ctx.out_dtype)
-    total = ctx.op.ReduceSum(x, *_axes(ctx, self, dim), keepdims=int(keepdim))
     # Counted on x: onnxruntime's Size takes no bfloat16.
     count = _count(ctx, x, dim)
+    if isinstance(count, int) and count > 0:
+        return cast(ctx, ctx.op.ReduceMean(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+    # ReduceMean of no elements gives 0 where PyTorch's sum / count gives NaN: when the count
+    # may be 0, divide explicitly.
+    total = ctx.op.ReduceSum(x, *_axes(ctx, self, dim), keepdims=int(keepdim))
     count = ctx.constant(float(count), x.dtype) if isinstance(count, int) else cast(ctx, count, x.dtype)
     return cast(ctx, ctx.op.Div(total, count), ctx.out_dtype)
 
