@@ -4,8 +4,18 @@
 """
 
 from dynexport import errors
-from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export, export_to_pretty_string
-from dynexport.modes import TrainingMode, is_in_onnx_export, select_model_mode_for_export, shape_as_tensor
+from dynexport.api import (
+    DEFAULT_OPSET,
+    SUPPORTED_OPSETS,
+    export,
+    export_to_pretty_string,
+)
+from dynexport.modes import (
+    TrainingMode,
+    is_in_onnx_export,
+    select_model_mode_for_export,
+    shape_as_tensor,
+)
 from dynexport.program import ONNXProgram
 from dynexport.registry import (
     Promote,

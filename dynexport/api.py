@@ -16,8 +16,8 @@ import torch
 from dynexport import capture as capture_stage
 from dynexport import report as report_stage
 from dynexport import signature
-from dynexport.module_functions import module_selector
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
+from dynexport.module_functions import module_selector
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model

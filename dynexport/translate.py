@@ -11,9 +11,9 @@ SymInts are ONNX int64 scalars (0-d); ``sym_size`` reads them from ``Shape``.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,12 +23,13 @@ import torch
 from onnx_ir.tensor_adapters import TorchTensor
 from torch.export.graph_signature import InputKind, OutputKind
 
-from dynexport.decompositions import Decomposition, decomposition_table, trace_decomposition
 from dynexport.builder import ModelBuilder
+from dynexport.decompositions import (
+    Decomposition,
+    decomposition_table,
+    trace_decomposition,
+)
 from dynexport.dtypes import to_onnx_dtype, to_torch_dtype
-from dynexport.module_functions import extract_module_functions
-from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
-from dynexport.passes.fx.simplify import Simplifications
 from dynexport.errors import (
     ExportError,
     TranslationError,
@@ -36,6 +37,9 @@ from dynexport.errors import (
     UnsupportedUse,
     source_line,
 )
+from dynexport.module_functions import extract_module_functions
+from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
+from dynexport.passes.fx.simplify import Simplifications
 from dynexport.registry import Promote, Rule, TranslationTable, target_name
 
 __all__ = ["GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]

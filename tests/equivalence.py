@@ -18,7 +18,9 @@ import torch
 import torch.utils._pytree as pytree
 
 import dynexport
-from dynexport.verification import tolerance  # the one dtype tolerance table, shared with verify()
+from dynexport.verification import (
+    tolerance,  # the one dtype tolerance table, shared with verify()
+)
 
 __all__ = [
     "BATCH",
@@ -91,7 +93,9 @@ def _runner(program: dynexport.ONNXProgram, runtime: str):
         return reference
     if runtime == "onnxruntime":
         return program
-    from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
+    from onnxruntime.capi.onnxruntime_pybind11_state import (
+        NotImplemented as OrtNotImplemented,
+    )
 
     def auto(*args, **kwargs):
         try:

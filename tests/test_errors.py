@@ -6,7 +6,12 @@ import pytest
 import torch
 
 import dynexport
-from dynexport.errors import CaptureError, ExportError, TranslationError, UnsupportedOperatorError
+from dynexport.errors import (
+    CaptureError,
+    ExportError,
+    TranslationError,
+    UnsupportedOperatorError,
+)
 
 
 @torch.library.custom_op("dynexport_test::mystery", mutates_args=())

@@ -7,7 +7,15 @@ import math
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import bfloat16_as_float, cast, ints, normalize_dim, only_first_output_used, rank, scalar_like
+from dynexport.ops._helpers import (
+    bfloat16_as_float,
+    cast,
+    ints,
+    normalize_dim,
+    only_first_output_used,
+    rank,
+    scalar_like,
+)
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten

@@ -6,7 +6,14 @@ from collections.abc import Sequence
 
 import torch
 
-from dynexport.ops._helpers import cast, floating_input, ints, per_dim, rank, run_batched
+from dynexport.ops._helpers import (
+    cast,
+    floating_input,
+    ints,
+    per_dim,
+    rank,
+    run_batched,
+)
 from dynexport.registry import translates
 
 aten = torch.ops.aten

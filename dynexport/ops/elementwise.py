@@ -7,7 +7,13 @@ import math
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import bfloat16_as_float, cast, is_floating, scalar, scalar_like
+from dynexport.ops._helpers import (
+    bfloat16_as_float,
+    cast,
+    is_floating,
+    scalar,
+    scalar_like,
+)
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten

@@ -5,7 +5,14 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, ints, normalize_dim, rank, shape_tensor, size_of
+from dynexport.ops._helpers import (
+    cast,
+    ints,
+    normalize_dim,
+    rank,
+    shape_tensor,
+    size_of,
+)
 from dynexport.registry import translates
 
 aten = torch.ops.aten

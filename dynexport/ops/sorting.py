@@ -12,7 +12,15 @@ import math
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, ints, is_floating, normalize_dim, rank, shape_tensor, size_of
+from dynexport.ops._helpers import (
+    cast,
+    ints,
+    is_floating,
+    normalize_dim,
+    rank,
+    shape_tensor,
+    size_of,
+)
 from dynexport.registry import translates
 
 aten = torch.ops.aten

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+from dynexport.passes.onnx.values import (
+    NONDETERMINISTIC_OPS,
+    add_initializer,
+    constant_array,
+    replace_value,
+)
 from onnx.reference import ReferenceEvaluator
 from onnx_ir.tensor_adapters import TorchTensor
-
-from dynexport.passes.onnx.values import NONDETERMINISTIC_OPS, add_initializer, constant_array, replace_value
 
 __all__ = ["SMALL_BYTES", "fold_constants"]
 

@@ -7,8 +7,13 @@ from __future__ import annotations
 import math
 
 import onnx_ir as ir
-
-from dynexport.passes.onnx.values import constant_array, constant_scalar, insert_replacement, producer, single_consumer
+from dynexport.passes.onnx.values import (
+    constant_array,
+    constant_scalar,
+    insert_replacement,
+    producer,
+    single_consumer,
+)
 
 __all__ = ["fuse_attention"]
 

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-
-from dynexport.passes.onnx.values import add_initializer, constant_array, insert_replacement, producer, single_consumer
+from dynexport.passes.onnx.values import (
+    add_initializer,
+    constant_array,
+    insert_replacement,
+    producer,
+    single_consumer,
+)
 
 __all__ = ["fuse_conv_batchnorm"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-
 from dynexport.passes.onnx.fuse_layer_norm import reduces_last_axis
 from dynexport.passes.onnx.values import (
     add_initializer,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import onnx_ir as ir
-
 from dynexport.passes.onnx.values import constant_scalar, single_consumer
 
 __all__ = ["is_number", "leaves", "smallest_root"]

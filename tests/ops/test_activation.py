@@ -10,7 +10,12 @@ import torch
 from torch import nn
 
 import dynexport
-from tests.equivalence import assert_batch_dynamic_equivalent, assert_close, assert_exports_equivalent, op_histogram
+from tests.equivalence import (
+    assert_batch_dynamic_equivalent,
+    assert_close,
+    assert_exports_equivalent,
+    op_histogram,
+)
 
 aten = torch.ops.aten
 B = torch.export.Dim("batch")

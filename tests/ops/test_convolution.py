@@ -7,7 +7,11 @@ import torch
 from torch import nn
 
 from dynexport.errors import UnsupportedOperatorError
-from tests.equivalence import assert_exports_equivalent, assert_spatial_dynamic_equivalent, op_histogram
+from tests.equivalence import (
+    assert_exports_equivalent,
+    assert_spatial_dynamic_equivalent,
+    op_histogram,
+)
 
 aten = torch.ops.aten
 B = torch.export.Dim("batch")

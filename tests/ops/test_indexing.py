@@ -7,7 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
+from tests.equivalence import (
+    assert_batch_dynamic_equivalent,
+    assert_exports_equivalent,
+    op_histogram,
+)
 
 B = torch.export.Dim("batch", min=2)
 COLUMNS = torch.export.Dim("columns", min=4)

@@ -8,7 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
+from tests.equivalence import (
+    assert_batch_dynamic_equivalent,
+    assert_exports_equivalent,
+    op_histogram,
+)
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
 INT_DTYPES = [torch.int32, torch.int64]

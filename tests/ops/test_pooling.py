@@ -6,7 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from tests.equivalence import assert_exports_equivalent, assert_spatial_dynamic_equivalent, op_histogram
+from tests.equivalence import (
+    assert_exports_equivalent,
+    assert_spatial_dynamic_equivalent,
+    op_histogram,
+)
 
 aten = torch.ops.aten
 B = torch.export.Dim("batch")

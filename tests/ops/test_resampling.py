@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.equivalence import assert_exports_equivalent, assert_spatial_dynamic_equivalent, op_histogram
+from tests.equivalence import (
+    assert_exports_equivalent,
+    assert_spatial_dynamic_equivalent,
+    op_histogram,
+)
 
 aten = torch.ops.aten
 B = torch.export.Dim("batch")

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
+from tests.equivalence import (
+    assert_batch_dynamic_equivalent,
+    assert_exports_equivalent,
+    op_histogram,
+)
 
 B = torch.export.Dim("batch", min=2)
 N = torch.export.Dim("n", min=4)

@@ -8,7 +8,6 @@ import dynexport
 from dynexport.examples import EXAMPLES
 from tests.equivalence import assert_exports_equivalent
 
-
 # The MLP translates to Gemm, Relu, Gemm, Gelu, Gemm: nothing is left to remove.
 ALREADY_MINIMAL = {"mlp"}
 

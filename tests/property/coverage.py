@@ -95,7 +95,13 @@ def _run_opinfo(index: int, samples: int) -> list[tuple]:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from tests.property.opinfo import ALL, KNOWN_FAILURES, opinfo_id, opinfos, run_opinfo
+    from tests.property.opinfo import (
+        ALL,
+        KNOWN_FAILURES,
+        opinfo_id,
+        opinfos,
+        run_opinfo,
+    )
 
     op = opinfos()[index]
     records = []
@@ -130,8 +136,9 @@ def _status(op, table, decomposition_for) -> str:
 
 
 def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
-    import dynexport.ops  # noqa: F401  (fills the table)
     from dynexport.decompositions import decomposition_for, preserved_ops
+
+    import dynexport.ops  # noqa: F401  (fills the table)
     from dynexport.registry import default_table
 
     core = _core_overloads()

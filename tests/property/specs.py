@@ -22,7 +22,6 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from tests.equivalence import assert_dynamic_equivalent
-
 from tests.property.strategies import (
     ALL,
     BOOL,

@@ -16,7 +16,13 @@ import torch
 
 pytest.importorskip("expecttest", reason="op_db needs expecttest (pip install expecttest)")
 
-from tests.property.opinfo import KNOWN_FAILURES, dtypes_of, opinfo_id, opinfos, run_opinfo  # noqa: E402
+from tests.property.opinfo import (  # noqa: E402
+    KNOWN_FAILURES,
+    dtypes_of,
+    opinfo_id,
+    opinfos,
+    run_opinfo,
+)
 
 DEEP = os.environ.get("DYNEXPORT_HYPOTHESIS_PROFILE") == "deep"
 SHARDS = 8
