@@ -59,7 +59,8 @@ def export(
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
 
-    Mirrors ``torch.onnx.export(..., dynamo=True)``: switching is a change of module name.
+    Takes the arguments of PyTorch's own ONNX exporter (its dynamo mode): switching is a change of
+    module name.
 
     Args:
         model: an ``nn.Module``, a plain function, or an already captured

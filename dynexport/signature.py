@@ -41,7 +41,7 @@ _LEAF_TYPES = (torch.Tensor, int, float, bool, type(None))
 
 
 def split_legacy_args(args: Any, kwargs: Mapping[str, Any] | None) -> tuple[tuple, dict]:
-    """Apply torch.onnx.export's argument conventions: a lone tensor is ``(tensor,)``; a
+    """Apply the legacy ONNX exporter's argument conventions: a lone tensor is ``(tensor,)``; a
     trailing dict in ``args`` holds keyword arguments (an empty one lets a real dict be the last
     positional argument)."""
     if isinstance(args, torch.Tensor):
