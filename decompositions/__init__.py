@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from torch._decomp import core_aten_decompositions
 from torch._decomp import decomposition_table as torch_decompositions
 from torch.func import functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from dynexport.passes.fx.functionalize import inplace_ops_are_local
 
 __all__ = [
     "Decomposition",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dynexport.decompositions import decomposition_for, preserved_ops
 
 import dynexport
+from dynexport.decompositions import decomposition_for, preserved_ops
 from dynexport.registry import default_table
 from tests.equivalence import assert_exports_equivalent, op_histogram
 

@@ -17,6 +17,7 @@ on folding) are skipped. docs/optimizer.md describes each pass.
 from __future__ import annotations
 
 import onnx_ir as ir
+
 from dynexport.passes.onnx.collapse_chains import collapse_chains
 from dynexport.passes.onnx.common_subexpressions import eliminate_common_subexpressions
 from dynexport.passes.onnx.dead_code import remove_dead_code

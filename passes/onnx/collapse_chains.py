@@ -4,6 +4,7 @@ Reshape of a Reshape, Cast of a lossless Cast, Squeeze of an Unsqueeze on the sa
 from __future__ import annotations
 
 import onnx_ir as ir
+
 from dynexport.passes.onnx.values import constant_array, replace_value
 
 __all__ = ["collapse_chains"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import onnx_ir as ir
+
 from dynexport.passes.onnx.values import NONDETERMINISTIC_OPS
 
 __all__ = ["eliminate_common_subexpressions"]

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
+from onnx_ir.tensor_adapters import TorchTensor
+
 from dynexport.passes.onnx.values import (
     NONDETERMINISTIC_OPS,
     add_initializer,
     constant_array,
     replace_value,
 )
-from onnx.reference import ReferenceEvaluator
-from onnx_ir.tensor_adapters import TorchTensor
 
 __all__ = ["SMALL_BYTES", "fold_constants"]
 

@@ -23,6 +23,7 @@ import re
 import numpy as np
 import onnx_ir as ir
 import sympy
+
 from dynexport.passes.onnx.values import add_initializer, constant_array, replace_value
 
 __all__ = ["fold_shapes"]

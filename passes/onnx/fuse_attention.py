@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import onnx_ir as ir
+
 from dynexport.passes.onnx.values import (
     constant_array,
     constant_scalar,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+
 from dynexport.passes.onnx.values import (
     add_initializer,
     constant_array,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import onnx_ir as ir
+
 from dynexport.passes.onnx.patterns import is_number, leaves, smallest_root
 from dynexport.passes.onnx.values import insert_replacement, producer, single_consumer
 

@@ -4,6 +4,7 @@ one way to the result, and ``MatMul(a, Transpose(w))`` with ``transB``."""
 from __future__ import annotations
 
 import onnx_ir as ir
+
 from dynexport.passes.onnx.values import insert_replacement, producer, single_consumer
 
 __all__ = ["fuse_gemm"]

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
-from dynexport.passes.onnx.fuse_layer_norm import reduces_last_axis
-from dynexport.passes.onnx.values import (
-    add_initializer,
-    constant_array,
-    constant_scalar,
-    insert_replacement,
-    producer,
-    single_consumer,
+
+from dynexport.passes.onnx.patterns import (
+    is_square_of,
+    last_axis_scale,
+    mean_plus_epsilon,
+    reduces_last_axis,
+    scaled_by_vector,
 )
+from dynexport.passes.onnx.values import constant_scalar, insert_replacement, single_consumer
 
 __all__ = ["fuse_rms_norm"]
 
@@ -33,17 +32,11 @@ def fuse_rms_norm(graph: ir.Graph) -> int:
         normalized = _normalized(sqrt, x)
         if normalized is None:
             continue
-        root, scale = normalized, None
-        consumer = single_consumer(normalized.outputs[0])
-        if consumer is not None and consumer.op_type == "Mul":
-            other = consumer.inputs[1] if consumer.inputs[0] is normalized.outputs[0] else consumer.inputs[0]
-            array = constant_array(other)
-            if array is not None and array.ndim == 1:
-                root, scale = consumer, other
+        root, scale = scaled_by_vector(normalized.outputs[0]) or (normalized, None)
         if scale is None:
-            if x.shape is None or not isinstance(x.shape[-1], int):
+            scale = last_axis_scale(graph, x, "rms_norm_scale")
+            if scale is None:
                 continue
-            scale = add_initializer(graph, np.ones(x.shape[-1], dtype=x.dtype.numpy()), "rms_norm_scale")
         norm = ir.Node("", "RMSNormalization", [x, scale], [ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", epsilon)])
         fused += insert_replacement(graph, root, norm, root.outputs[0])
     return fused
@@ -51,20 +44,14 @@ def fuse_rms_norm(graph: ir.Graph) -> int:
 
 def _mean_square(sqrt: ir.Node) -> tuple[ir.Value, float] | None:
     """(x, eps) when ``sqrt`` computes ``sqrt(mean(x**2, last axis) + eps)``."""
-    add = producer(sqrt.inputs[0], "Add")
-    if add is None:
+    matched = mean_plus_epsilon(sqrt)
+    square = matched[0].inputs[0].producer() if matched is not None else None
+    if square is None:
         return None
-    mean, epsilon = add.inputs if constant_scalar(add.inputs[1]) is not None else add.inputs[::-1]
-    epsilon = constant_scalar(epsilon)
-    mean = producer(mean, "ReduceMean")
-    square = mean.inputs[0].producer() if mean is not None else None
-    if epsilon is None or square is None:
-        return None
-    is_pow = square.op_type == "Pow" and constant_scalar(square.inputs[1]) == 2.0
     x = square.inputs[0]
-    if not (is_pow or (square.op_type == "Mul" and x is square.inputs[1])) or x.shape is None:
+    if not is_square_of(square, x) or x.shape is None or not reduces_last_axis(matched[0], len(x.shape)):
         return None
-    return (x, epsilon) if reduces_last_axis(mean, len(x.shape)) else None
+    return x, matched[1]
 
 
 def _normalized(sqrt: ir.Node, x: ir.Value) -> ir.Node | None:

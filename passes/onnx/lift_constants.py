@@ -4,6 +4,7 @@ kind of constant (and they cost no node)."""
 from __future__ import annotations
 
 import onnx_ir as ir
+
 from dynexport.passes.onnx.values import add_initializer
 
 __all__ = ["lift_constants"]

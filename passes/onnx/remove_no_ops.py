@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+
 from dynexport.passes.onnx.values import constant_array, replace_value
 
 __all__ = ["remove_no_ops"]

@@ -1,7 +1,7 @@
 import numpy as np
+
 from dynexport.passes.onnx.collapse_chains import collapse_chains
 from dynexport.passes.onnx.dead_code import remove_dead_code
-
 from tests.passes.graphs import model, ops, run
 
 

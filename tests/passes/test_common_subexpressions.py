@@ -1,7 +1,7 @@
 import numpy as np
+
 from dynexport.passes.onnx.common_subexpressions import eliminate_common_subexpressions
 from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
-
 from tests.passes.graphs import model, ops, run
 
 
@@ -47,8 +47,9 @@ def test_deduplicate_initializers_compares_views_and_samples_exactly():
     import numpy as np
     import onnx_ir as ir
     import torch
-    from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
     from onnx_ir.tensor_adapters import TorchTensor
+
+    from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
 
     base = torch.randn(100, 80)
     almost = base.t().clone()

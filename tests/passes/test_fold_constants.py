@@ -1,9 +1,9 @@
 import numpy as np
 import onnx
 import torch
+
 from dynexport.passes.onnx.fold_constants import fold_constants
 from dynexport.passes.onnx.lift_constants import lift_constants
-
 from tests.equivalence import assert_exports_equivalent, op_histogram
 from tests.passes.graphs import model, ops, run
 

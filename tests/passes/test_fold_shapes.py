@@ -1,9 +1,9 @@
 import numpy as np
 import torch
+
 from dynexport.passes.onnx.dead_code import remove_dead_code
 from dynexport.passes.onnx.fold_shapes import fold_shapes
 from dynexport.passes.onnx.lift_constants import lift_constants
-
 from tests.equivalence import assert_exports_equivalent, op_histogram
 from tests.passes.graphs import assert_same_results, model, ops, run
 

@@ -4,9 +4,9 @@ mutation (then torch functionalizes the program)."""
 from __future__ import annotations
 
 import torch
-from dynexport.passes.fx.functionalize import functional_variant, inplace_ops_are_local
 
 import dynexport
+from dynexport.passes.fx.functionalize import functional_variant, inplace_ops_are_local
 from tests.equivalence import assert_exports_equivalent
 
 aten = torch.ops.aten

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import torch
+
 from dynexport.passes.onnx.dead_code import remove_dead_code
 from dynexport.passes.onnx.fold_constants import fold_constants
 from dynexport.passes.onnx.fuse_attention import fuse_attention
@@ -13,7 +14,6 @@ from dynexport.passes.onnx.fuse_gelu import fuse_gelu
 from dynexport.passes.onnx.fuse_gemm import fuse_gemm
 from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
 from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
-
 from tests.equivalence import assert_exports_equivalent, op_histogram
 from tests.passes.graphs import assert_same_results, model, ops, run
 

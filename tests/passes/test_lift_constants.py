@@ -1,6 +1,6 @@
 import numpy as np
-from dynexport.passes.onnx.lift_constants import lift_constants
 
+from dynexport.passes.onnx.lift_constants import lift_constants
 from tests.passes.graphs import model, ops, run
 
 

@@ -1,6 +1,6 @@
 import numpy as np
-from dynexport.passes.onnx.remove_no_ops import remove_no_ops
 
+from dynexport.passes.onnx.remove_no_ops import remove_no_ops
 from tests.passes.graphs import model, ops, run
 
 

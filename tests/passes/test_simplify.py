@@ -2,9 +2,9 @@
 evaluated with torch; the user's ExportedProgram is never changed."""
 
 import torch
-from dynexport.passes.fx.simplify import simplify_program
 
 import dynexport
+from dynexport.passes.fx.simplify import simplify_program
 from tests.equivalence import assert_exports_equivalent, op_histogram
 
 aten = torch.ops.aten

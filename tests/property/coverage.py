@@ -136,9 +136,8 @@ def _status(op, table, decomposition_for) -> str:
 
 
 def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
-    from dynexport.decompositions import decomposition_for, preserved_ops
-
     import dynexport.ops  # noqa: F401  (fills the table)
+    from dynexport.decompositions import decomposition_for, preserved_ops
     from dynexport.registry import default_table
 
     core = _core_overloads()
