@@ -68,6 +68,17 @@ def suite() -> dict[str, Callable[[], tuple]]:
     return {**EXAMPLES, **_transformers_models()}
 
 
+def selected_models(parser: argparse.ArgumentParser, names: str | None) -> dict[str, Callable[[], tuple]]:
+    """The suite, or the comma-separated subset ``names`` of it (an unknown name is an error)."""
+    models = suite()
+    if not names:
+        return models
+    unknown = set(names.split(",")) - set(models)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {sorted(models)}")
+    return {name: models[name] for name in names.split(",")}
+
+
 def _time_dynexport(model, args, dynamic_shapes, path) -> tuple[float, dict[str, float]]:
     start = time.perf_counter()
     program = dynexport.export(model, args, path, dynamic_shapes=dynamic_shapes)
@@ -121,12 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     options = parser.parse_args(argv)
     torch.set_num_threads(options.threads)
-    models = suite()
-    if options.models:
-        unknown = set(options.models.split(",")) - set(models)
-        if unknown:
-            parser.error(f"unknown models {sorted(unknown)}; choose from {sorted(models)}")
-        models = {name: models[name] for name in options.models.split(",")}
+    models = selected_models(parser, options.models)
 
     header = f"{'model':<20} {'ours s':>8} " + " ".join(f"{p[:9]:>9}" for p in PHASES) + f" {'torch.onnx s':>12} {'speedup':>8}"
     print(header)

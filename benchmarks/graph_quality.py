@@ -31,7 +31,7 @@ import torch
 import dynexport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_speed import suite  # noqa: E402  (the same models, defined once)
+from export_speed import selected_models, suite  # noqa: E402  (the same models, defined once)
 
 EXPORTERS = ("dynexport", "dynamo", "torchscript")
 
@@ -138,12 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(suite()))
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
-    models = suite()
-    if options.models:
-        unknown = set(options.models.split(",")) - set(models)
-        if unknown:
-            parser.error(f"unknown models {sorted(unknown)}; choose from {sorted(models)}")
-        models = {name: models[name] for name in options.models.split(",")}
+    models = selected_models(parser, options.models)
 
     columns = f"{'nodes':>6} {'init':>9} {'file':>9} {'latency':>9}"
     print(f"{'model':<20} " + " | ".join(f"{e:^36}" for e in EXPORTERS) + " | ratios ours/dynamo, ours/torchscript")

@@ -321,7 +321,7 @@ class _Translator:
         schema = target._schema.arguments
         bound = list(zip(schema, node.args)) + [(a, node.kwargs[a.name]) for a in schema if a.name in node.kwargs]
         for argument, value in bound:
-            translated = torch.fx.node.map_arg(value, env.__getitem__)
+            translated = _argument_value(value, env)
             if isinstance(translated, ir.Value):
                 inputs.append(translated)
             elif isinstance(translated, (list, tuple)) and any(isinstance(v, ir.Value) for v in translated):
