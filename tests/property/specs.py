@@ -913,7 +913,9 @@ SPECS: list[OpSpec] = [
     OpSpec("pow.Scalar", lambda x, base: aten.pow.Scalar(base, x), with_scalar(Domain(-3, 3), lambda d: st.sampled_from([2, 0.5, 3.0]), name="base"), FLOATS),
     OpSpec("div.Scalar_mode", aten.div.Scalar_mode, with_scalar(Domain(-10, 10), lambda d: st.sampled_from([2, -3, 1.5]), name="other", rounding_mode=st.sampled_from(["trunc", "floor"])), NUMERIC),
     # activations
-    OpSpec("gelu.default", aten.gelu.default, _activation(approximate=["none", "tanh"]), tolerances=LOW_PRECISION_SUM),
+    # Finite inputs: PyTorch's vectorized float32 CPU kernel returns NaN for gelu(inf) (its scalar
+    # and float64 paths return inf), so eager itself is no reference there.
+    OpSpec("gelu.default", aten.gelu.default, _activation(Domain(), approximate=["none", "tanh"]), tolerances=LOW_PRECISION_SUM),
     OpSpec("silu.default", aten.silu.default, _activation()),
     OpSpec("hardswish.default", aten.hardswish.default, _activation()),
     OpSpec("hardsigmoid.default", aten.hardsigmoid.default, _activation()),
