@@ -195,18 +195,23 @@ def sign(ctx, self):
     return ctx.op.Sign(self)
 
 
+def _larger(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
+    # Max and Min have no bool kernels: for bools they are Or and And.
+    return ctx.op.Or(a, b) if a.dtype == ir.DataType.BOOL else ctx.op.Max(a, b)
+
+
+def _smaller(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
+    return ctx.op.And(a, b) if a.dtype == ir.DataType.BOOL else ctx.op.Min(a, b)
+
+
 @translates(aten.maximum.default, aten.max.other, promote=Promote.RESULT)
 def maximum(ctx, self, other):
-    if self.dtype == ir.DataType.BOOL:
-        return ctx.op.Or(self, other)
-    return ctx.op.Max(self, other)
+    return _larger(ctx, self, other)
 
 
 @translates(aten.minimum.default, aten.min.other, promote=Promote.RESULT)
 def minimum(ctx, self, other):
-    if self.dtype == ir.DataType.BOOL:
-        return ctx.op.And(self, other)
-    return ctx.op.Min(self, other)
+    return _smaller(ctx, self, other)
 
 
 @translates(
@@ -215,20 +220,20 @@ def minimum(ctx, self, other):
 def clamp(ctx, self, min=None, max=None):
     # Max/Min instead of Clip: they broadcast tensor bounds and propagate NaN like PyTorch.
     if min is not None:
-        self = ctx.op.Max(self, min)
+        self = _larger(ctx, self, min)
     if max is not None:
-        self = ctx.op.Min(self, max)
+        self = _smaller(ctx, self, max)
     return self
 
 
 @translates(aten.clamp_min.default, aten.clamp_min.Tensor, promote=Promote.RESULT, promoted=("self", "min"))
 def clamp_min(ctx, self, min):
-    return ctx.op.Max(self, min)
+    return _larger(ctx, self, min)
 
 
 @translates(aten.clamp_max.default, aten.clamp_max.Tensor, promote=Promote.RESULT, promoted=("self", "max"))
 def clamp_max(ctx, self, max):
-    return ctx.op.Min(self, max)
+    return _smaller(ctx, self, max)
 
 
 # -- unary math ----------------------------------------------------------------------------

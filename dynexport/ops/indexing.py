@@ -48,6 +48,9 @@ def index_select(ctx, self, dim, index):
     if rank(index) == 0:
         # A 0-d index still keeps the dim, with size 1.
         index = ctx.op.Reshape(index, ints(ctx, [1]))
+    if rank(self) == 0:
+        # A 0-d tensor is indexed as if it had one element (its index can only be 0).
+        return ctx.op.Identity(self)
     return ctx.op.Gather(self, index, axis=normalize_dim(dim, rank(self)))
 
 

@@ -7,7 +7,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import FLOATING
-from dynexport.ops._helpers import cast, ints, rank, scalar_like
+from dynexport.ops._helpers import cast, ints, rank, scalar_like, shape_tensor, size_of
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -18,16 +18,22 @@ _NARROW_INTEGRAL = frozenset(
 )
 
 
-def _product(ctx, op_type: str, *operands: ir.Value, **attributes) -> ir.Value:
-    """``op_type`` (MatMul, Einsum) over ``operands``, narrow integers computed in int32.
+def _compute_dtype(op_type: str, result: ir.DataType) -> ir.DataType:
+    """The dtype MatMul or Einsum computes a ``result`` in: narrow integers in int32 (wrapping
+    back agrees with PyTorch, whose narrow integer products wrap too), bfloat16 Einsum in float32
+    (Einsum has no bfloat16 in any opset; PyTorch accumulates bfloat16 products in float32)."""
+    if result in _NARROW_INTEGRAL:
+        return ir.DataType.INT32
+    if result == ir.DataType.BFLOAT16 and op_type == "Einsum":
+        return ir.DataType.FLOAT
+    return result
 
-    Wrapping the int32 result back agrees with PyTorch, whose narrow integer products wrap too.
-    """
+
+def _product(ctx, op_type: str, *operands: ir.Value) -> ir.Value:
+    """MatMul over ``operands``, in their dtype."""
     dtype = operands[0].dtype
-    if dtype not in _NARROW_INTEGRAL:
-        return getattr(ctx.op, op_type)(*operands, **attributes)
-    wide = [cast(ctx, x, ir.DataType.INT32) for x in operands]
-    return cast(ctx, getattr(ctx.op, op_type)(*wide, **attributes), dtype)
+    compute = _compute_dtype(op_type, dtype)
+    return cast(ctx, getattr(ctx.op, op_type)(*[cast(ctx, x, compute) for x in operands]), dtype)
 
 
 def _matmul(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -85,8 +91,11 @@ def baddbmm(ctx, self, batch1, batch2, *, beta=1, alpha=1):
 
 @translates(aten.addbmm.default)
 def addbmm(ctx, self, batch1, batch2, *, beta=1, alpha=1):
-    products = _matmul(ctx, batch1, batch2)
-    return _scaled_add(ctx, self, ctx.op.ReduceSum(products, ints(ctx, [0]), keepdims=0), beta, alpha)
+    # The sum of the b products [n, m] @ [m, p] is one product [n, b*m] @ [b*m, p]: one
+    # accumulation, as PyTorch's, and no ReduceSum (which has no narrow integer types).
+    rows = ctx.op.Reshape(ctx.op.Transpose(batch1, perm=[1, 0, 2]), ints(ctx, [0, -1]))
+    columns = ctx.op.Reshape(batch2, shape_tensor(ctx, [-1, size_of(ctx, batch2, 2)]))
+    return _scaled_add(ctx, self, _product(ctx, "MatMul", rows, columns), beta, alpha)
 
 
 @translates(aten.addmv.default)
@@ -117,13 +126,33 @@ def outer(ctx, self, vec2):
 @translates(aten.einsum.default)
 def einsum(ctx, equation, tensors, *, path=None):
     # ONNX's equation grammar has no spaces; its implicit output (no "->") matches PyTorch's.
-    equation = equation.replace(" ", "")
-    dtype = tensors[0].dtype
-    if dtype == ir.DataType.BFLOAT16:
-        # Einsum has no bfloat16 in any opset; PyTorch accumulates bfloat16 products in float32.
-        wide = [cast(ctx, x, ir.DataType.FLOAT) for x in tensors]
-        return cast(ctx, ctx.op.Einsum(*wide, equation=equation), dtype)
-    return _product(ctx, "Einsum", *tensors, equation=equation)
+    inputs, arrow, output = equation.replace(" ", "").partition("->")
+    tensors, ellipsis_rank = _equal_ellipses(ctx, inputs.split(","), tensors)
+    # onnxruntime wants an ellipsis in the output when the inputs have one: keep its dims and
+    # sum them afterwards.
+    summed = bool(arrow) and ellipsis_rank > 0 and "..." not in output
+    if summed:
+        output = "..." + output
+    # A one-operand integer reduction ("i->") sums into int64, as PyTorch's sum does.
+    compute = _compute_dtype("Einsum", ctx.out_dtype)
+    result = ctx.op.Einsum(*[cast(ctx, x, compute) for x in tensors], equation=inputs + arrow + output)
+    if summed:
+        result = ctx.op.ReduceSum(result, ints(ctx, list(range(ellipsis_rank))), keepdims=0)
+    return cast(ctx, result, ctx.out_dtype)
+
+
+def _equal_ellipses(ctx, terms: list[str], tensors: list[ir.Value]) -> tuple[list[ir.Value], int]:
+    """The operands with size-1 dims added where their ``...`` covers fewer dims than another's
+    (PyTorch broadcasts ellipses right-aligned, ONNX wants them all of one rank), and that rank."""
+    covered = [rank(x) - len(term.replace("...", "")) if "..." in term else None for term, x in zip(terms, tensors)]
+    widest = max((n for n in covered if n is not None), default=0)
+    aligned = []
+    for term, x, n in zip(terms, tensors, covered):
+        if n is not None and n < widest:
+            start = term.index("...")
+            x = ctx.op.Unsqueeze(x, ints(ctx, list(range(start, start + widest - n))))
+        aligned.append(x)
+    return aligned, widest
 
 
 @translates(aten.linalg_det.default, aten.det.default)

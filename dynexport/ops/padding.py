@@ -34,20 +34,37 @@ def _fill(ctx, value, dtype: ir.DataType) -> ir.Value:
 
 
 def _pad(ctx, self, pad, mode: str, value=None) -> ir.Value:
-    pads, axes = _pads(ctx, pad)
     if mode == "constant":
+        pads, axes = _pads(ctx, pad)
         return ctx.op.Pad(self, pads, _fill(ctx, value, self.dtype), axes, mode="constant")
+    if any(isinstance(p, int) and p < 0 for p in pad):
+        # onnxruntime rejects negative pads outside constant mode: crop first, then pad.
+        self = _crop(ctx, self, pad)
+        pad = [p if not isinstance(p, int) else max(p, 0) for p in pad]
+        if not any(pad):
+            return self
+    pads, axes = _pads(ctx, pad)
     return ctx.op.Pad(self, pads, None, axes, mode=_ONNX_MODES[mode])
 
 
+def _crop(ctx, self, pad) -> ir.Value:
+    """``self`` with the negative pads of ``pad`` cut off."""
+    starts, ends, axes = [], [], []
+    for i, (left, right) in enumerate(zip(pad[0::2], pad[1::2])):
+        left, right = (p if isinstance(p, int) else 0 for p in (left, right))
+        if left < 0 or right < 0:
+            starts.append(max(-left, 0))
+            ends.append(right if right < 0 else 2**63 - 1)
+            axes.append(-1 - i)
+    return ctx.op.Slice(self, ints(ctx, starts), ints(ctx, ends), ints(ctx, axes))
+
+
 def _wrap_composed(ctx, self, pad) -> ir.Value:
-    """Circular padding from slices, for opsets before Pad's ``wrap`` mode (19)."""
-    y = self
+    """Circular padding from slices: onnxruntime's CPU Pad has no ``wrap`` mode (ONNX's since
+    opset 19), so Pad(wrap) is used only where the pads are symbolic."""
+    y = _crop(ctx, self, pad) if any(p < 0 for p in pad) else self
     for i, (left, right) in enumerate(zip(pad[0::2], pad[1::2])):
         axis = ints(ctx, [-1 - i])
-        if left < 0 or right < 0:
-            end = right if right < 0 else 2**63 - 1
-            y = ctx.op.Slice(y, ints(ctx, [max(-left, 0)]), ints(ctx, [end]), axis)
         pieces = [y]
         if left > 0:
             pieces.insert(0, ctx.op.Slice(y, ints(ctx, [-left]), ints(ctx, [2**63 - 1]), axis))
@@ -85,17 +102,14 @@ def replication_pad(ctx, self, padding):
     return _pad(ctx, self, padding, "replicate")
 
 
+# Before opset 19 (no Pad ``wrap``) symbolic circular pads have no rule: the node decomposes.
 @translates(aten.pad.default, aten._pad_enum.default, aten._pad_circular.default, min_opset=19)
-def pad(ctx, self, pad, mode="constant", value=None):
-    return _pad(ctx, self, pad, _mode(ctx.node), value)
-
-
 @translates(
     aten.pad.default, aten._pad_enum.default, aten._pad_circular.default,
     checker=lambda node: _mode(node) != "circular" or _static_pads(node),
 )
-def pad_before_wrap(ctx, self, pad, mode="constant", value=None):
+def pad(ctx, self, pad, mode="constant", value=None):
     mode = _mode(ctx.node)
-    if mode == "circular":
+    if mode == "circular" and _static_pads(ctx.node):
         return _wrap_composed(ctx, self, pad)
     return _pad(ctx, self, pad, mode, value)

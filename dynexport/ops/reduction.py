@@ -28,6 +28,7 @@ aten = torch.ops.aten
 
 # PyTorch accumulates half-precision reductions in float32 (squares overflow float16 at 256).
 _HALF = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+_NARROW_INTEGERS = frozenset({ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16})
 # ReduceMax/ReduceMin take neither 16-bit integers nor (before opset 20) bool; ArgMax no bool.
 _NO_EXTREMUM = frozenset({ir.DataType.BOOL, ir.DataType.INT16, ir.DataType.UINT16})
 
@@ -50,8 +51,14 @@ def _drop_reduced(ctx, value: ir.Value, self: ir.Value, dim) -> ir.Value:
 
 
 def _accumulator(ctx, self: ir.Value, dtype: ir.DataType) -> ir.Value:
-    """``self`` as ``dtype``, or as float32 where ``dtype`` is a half type."""
-    return cast(ctx, self, ir.DataType.FLOAT if dtype in _HALF else dtype)
+    """``self`` as ``dtype``, or as float32 where ``dtype`` is a half type, or as int64 where it is
+    an integer type narrower than 32 bits (ReduceSum, ReduceProd and CumSum take none; the cast
+    back to ``dtype`` wraps around as PyTorch's own arithmetic does)."""
+    if dtype in _HALF:
+        return cast(ctx, self, ir.DataType.FLOAT)
+    if dtype in _NARROW_INTEGERS:
+        return cast(ctx, self, ir.DataType.INT64)
+    return cast(ctx, self, dtype)
 
 
 def _count(ctx, self: ir.Value, dim) -> int | ir.Value:
@@ -84,8 +91,6 @@ def sum(ctx, self, dim=None, keepdim=False, *, dtype=None):
 
 @translates(aten.cumsum.default)
 def cumsum(ctx, self, dim, *, dtype=None):
-    # CumSum has no bool or 8/16-bit integer kernels; the result dtype (int64 for integer and bool
-    # inputs, as PyTorch) or float32 for half types accumulates instead.
     x = _accumulator(ctx, self, ctx.out_dtype)
     axis = ctx.constant(normalize_dim(dim, rank(self)), ir.DataType.INT64) if rank(self) else None
     if axis is None:

@@ -1,4 +1,5 @@
-"""Sorting and selection: sort, topk, kthvalue, median and nonzero, all built on ONNX TopK.
+"""Sorting and selection: sort, topk, kthvalue, median and nonzero, all built on ONNX TopK;
+bucketize and searchsorted, which count the boundaries below each value.
 
 TopK breaks ties by the lower index, which is what PyTorch's stable sort does in both
 directions. It orders NaN arbitrarily, while PyTorch treats NaN as larger than +inf; floating
@@ -21,7 +22,7 @@ from dynexport.ops._helpers import (
     shape_tensor,
     size_of,
 )
-from dynexport.registry import translates
+from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
 
@@ -130,3 +131,33 @@ def nonzero(ctx, self):
         count = cast(ctx, cast(ctx, self, ir.DataType.BOOL), _INT64)
         return ctx.op.Expand(ctx.constant(0, _INT64), shape_tensor(ctx, [count, 0]))
     return ctx.op.Transpose(ctx.op.NonZero(self), perm=[1, 0])
+
+
+def _count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_int32: bool) -> ir.Value:
+    """For each value, how many of the sorted ``boundaries`` (along their last dim) lie below it
+    (or at it, with ``right``): its insertion index."""
+    values = ctx.op.Unsqueeze(values, ints(ctx, [-1]))
+    if rank(boundaries) > 1:
+        boundaries = ctx.op.Unsqueeze(boundaries, ints(ctx, [-2]))
+    below = (ctx.op.LessOrEqual if right else ctx.op.Less)(boundaries, values)
+    if is_floating(values):
+        # NaN sorts after everything in PyTorch: it goes past every boundary.
+        below = ctx.op.Or(below, ctx.op.IsNaN(values))
+    counts = ctx.op.ReduceSum(cast(ctx, below, _INT64), ints(ctx, [-1]), keepdims=0)
+    return cast(ctx, counts, ir.DataType.INT32 if out_int32 else _INT64)
+
+
+@translates(aten.bucketize.Tensor, aten.bucketize.Scalar, promote=Promote.COMMON, promoted=("self", "boundaries"))
+def bucketize(ctx, self, boundaries, *, out_int32=False, right=False):
+    return _count_below(ctx, boundaries, self, right, out_int32)
+
+
+@translates(
+    aten.searchsorted.Tensor, aten.searchsorted.Scalar, promote=Promote.COMMON, promoted=("sorted_sequence", "self")
+)
+def searchsorted(ctx, sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        ordered = ctx.op.GatherElements(sorted_sequence, sorter, axis=-1)
+        ordered.shape = sorted_sequence.shape
+        sorted_sequence = ordered
+    return _count_below(ctx, sorted_sequence, self, right or side == "right", out_int32)

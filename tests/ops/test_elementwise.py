@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tests.equivalence import assert_batch_dynamic_equivalent
+from tests.equivalence import assert_batch_dynamic_equivalent, op_histogram
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.float64]
 INT_DTYPES = [torch.int32, torch.int64]
@@ -115,6 +115,14 @@ def test_clamp_scalar_and_tensor_bounds(dtype):
         lambda a, lo, hi: (a.clamp(-1, 2), a.clamp(min=0), a.clamp(max=1), torch.clamp(a, lo, hi)),
         x, low, high,
     )
+
+
+def test_bool_extrema_and_clamps_are_or_and():
+    a, b = torch.tensor([[True, False, True, False]]), torch.tensor([[True, True, False, False]])
+    program = assert_batch_dynamic_equivalent(
+        lambda a, b: (torch.clamp_min(a, b), torch.clamp_max(a, b), torch.maximum(a, b), torch.minimum(a, b)), a, b
+    )
+    assert "Max" not in op_histogram(program) and "Min" not in op_histogram(program)
 
 
 def test_clamp_propagates_nan():

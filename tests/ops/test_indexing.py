@@ -48,6 +48,13 @@ def test_index_select(dim):
     )
 
 
+@pytest.mark.parametrize("dim", [0, -1])
+def test_index_select_of_a_0d_tensor(dim):
+    assert_exports_equivalent(
+        lambda x, i: (x.index_select(dim, i), x.index_select(dim, i[0])), (torch.tensor(2.5), torch.tensor([0]))
+    )
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_gather(dtype, dim):

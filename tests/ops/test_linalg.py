@@ -160,7 +160,7 @@ def test_linear_functional(dtype):
 # -- batched and accumulating variants ----------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int8, torch.int16])
 @pytest.mark.parametrize("beta, alpha", [(1, 1), (2, 3), (0, 2)])
 def test_baddbmm_addbmm_addmv(dtype, beta, alpha):
     b1, b2 = _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5)
@@ -213,9 +213,26 @@ def test_einsum(equation, shapes):
     assert op_histogram(program)["Einsum"] == 1
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int8, torch.uint8, torch.int16]
+)
 def test_einsum_dtypes(dtype):
-    _batch_dynamic(lambda a, b: torch.einsum("bij,bjk->bik", a, b), _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5))
+    # "bi->b" on integers sums into int64, as PyTorch's einsum does.
+    _batch_dynamic(
+        lambda a, b: (torch.einsum("bij,bjk->bik", a, b), torch.einsum("bij->b", a)),
+        _sample(dtype, 3, 2, 4), _sample(dtype, 3, 4, 5),
+    )
+
+
+def test_einsum_ellipses_of_different_ranks_broadcast_and_sum():
+    a, b = torch.randn(1, 2, 3), torch.randn(3)
+    program = assert_exports_equivalent(
+        lambda a, b, c: (
+            torch.einsum("...ik, ...j -> ij", a, b), torch.einsum("...ij,...jk", c, a[0].T), torch.einsum("i...->...", c[0]),
+        ),
+        (a, b, torch.randn(4, 2, 3)),
+    )
+    assert op_histogram(program)["Einsum"] == 3
 
 
 # -- opsets -------------------------------------------------------------------------------

@@ -367,3 +367,17 @@ def test_scans_over_a_dynamic_length(dim):
 def test_cummax_cummin_propagate_nan_with_the_last_nan_index(dtype):
     x = torch.tensor([[1.0, math.nan, 2.0, math.nan, 5.0], [3.0, 1.0, -1.0, 0.0, math.nan], [-math.inf, 5.0, math.inf, 7.0, 6.0]], dtype=dtype)
     assert_batch_dynamic_equivalent(lambda x: (*torch.cummax(x, 1), *torch.cummin(x, 1), *torch.cummax(x, 0)), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_sums_and_products_kept_in_narrow_integer_dtypes(dtype):
+    # ReduceSum, ReduceProd and CumSum have no 8/16-bit kernels: they accumulate in int64 and the
+    # result wraps back, as PyTorch's own narrow arithmetic does.
+    x = _sample(dtype, 3, 5).abs().to(dtype) * 40
+    assert_batch_dynamic_equivalent(
+        lambda x: (
+            x.sum(1, dtype=dtype), x.cumsum(0, dtype=dtype), x.prod(1, dtype=dtype), x.cumprod(1, dtype=dtype),
+            x.sum(), torch.tensordot(x, x.T, dims=1),
+        ),
+        x,
+    )

@@ -157,3 +157,43 @@ def test_nonzero_coordinates_index_the_input():
 
     _batch_dynamic(model, torch.randn(5, 6))
 
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
+def test_bucketize(dtype, right):
+    boundaries = torch.tensor([-2, 0, 0, 3, 7]).to(dtype)
+    values = torch.tensor([[-5, -2, 0, 1], [3, 6, 7, 9]]).to(dtype)
+    grown = torch.arange(-6, 10).reshape(4, 4).to(dtype)
+    program = assert_exports_equivalent(
+        lambda x, b: (torch.bucketize(x, b, right=right), torch.bucketize(x, b, right=right, out_int32=True)),
+        (values, boundaries), dynamic_shapes=({0: B, 1: N}, {0: torch.export.Dim("m", min=2)}),
+        resized=[(grown, boundaries[:3]), (grown[:2], torch.arange(-4, 12).to(dtype))],
+    )
+    assert "Loop" not in op_histogram(program)
+
+
+def test_bucketize_nan_goes_past_every_boundary_and_mixed_dtypes_promote():
+    boundaries = torch.tensor([-1, 0, 4], dtype=torch.int64)
+    assert_exports_equivalent(
+        lambda x, b: (torch.bucketize(x, b), torch.bucketize(2.5, b), torch.bucketize(x, b.double(), right=True)),
+        (torch.tensor([NAN, -INF, INF, 0.0, 3.5]), boundaries),
+    )
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted_batched_with_sorter(side):
+    unsorted = torch.randn(3, 8)
+    sorter = torch.argsort(unsorted)
+    values = torch.randn(3, 5)
+    grown = torch.randn(4, 8)
+    assert_exports_equivalent(
+        lambda s, v, so: (
+            torch.searchsorted(s.sort().values, v, side=side),
+            torch.searchsorted(s, v, side=side, sorter=so),
+            torch.searchsorted(s[0].sort().values, v),
+            torch.searchsorted(s[1].sort().values, 0.25, out_int32=True),
+        ),
+        (unsorted, values, sorter), dynamic_shapes=({0: B}, {0: B, 1: N}, {0: B}),
+        resized=[(grown, torch.randn(4, 9), torch.argsort(grown))],
+    )
