@@ -8,6 +8,7 @@ input set, and compares each output with eager PyTorch under dtype-aware toleran
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "grown",
     "assert_batch_dynamic_equivalent",
     "assert_spatial_dynamic_equivalent",
+    "assert_as_accurate",
     "assert_close",
     "assert_dynamic_equivalent",
     "assert_exports_equivalent",
@@ -210,6 +212,7 @@ def assert_dynamic_equivalent(
     runtime: str = "auto",
     check_values: bool = True,
     dynamic: bool = True,
+    half_accuracy: bool = False,
 ) -> dynexport.ONNXProgram:
     """Export ``fn(*inputs)`` with every dim of size >= 2 dynamic (``Dim.AUTO``: torch relates
     or specializes them as the op requires), compare with eager PyTorch at ``inputs``, then at
@@ -217,7 +220,9 @@ def assert_dynamic_equivalent(
     related dims stay equal).
 
     ``check_values=False`` compares shapes and dtypes only (uninitialized or random outputs);
-    ``dynamic=False`` exports with static shapes.
+    ``dynamic=False`` exports with static shapes. ``half_accuracy``: a float16/bfloat16 output
+    that differs from eager's passes when it is as accurate as eager's, both measured against
+    ``fn`` computed in float64 (the two round and accumulate differently; neither is the truth).
     """
     inputs = tuple(inputs)
     fn = _fixed_arity(fn, len(inputs))
@@ -251,7 +256,16 @@ def assert_dynamic_equivalent(
             continue  # the resized inputs are not valid for this op in eager PyTorch either
         actual = run(*call)
         where = "example inputs" if index == 0 else "resized inputs " + str([tuple(t.shape) for t in call])
-        if check_values:
+        if check_values and half_accuracy:
+            try:
+                assert_close(actual, expected, rtol=rtol, atol=atol, where=where)
+            except AssertionError:
+                if not any(t.dtype in _HALF for t in pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)):
+                    raise
+                with torch.no_grad():
+                    precise = fn(*[t.double() if t.is_floating_point() else t for t in call])
+                assert_as_accurate(actual, expected, precise, where=where)
+        elif check_values:
             assert_close(actual, expected, rtol=rtol, atol=atol, where=where)
         else:
             assert_same_structure(actual, expected, where=where)
@@ -274,6 +288,35 @@ def _fixed_arity(fn: Any, count: int) -> Any:
     """``fn`` (which may take ``*args``) as a function of exactly ``count`` positional tensors,
     so that ``dynamic_shapes`` is one entry per tensor."""
     return _ARITIES[count](fn) if count < len(_ARITIES) else fn
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def assert_as_accurate(actual: Any, expected: Any, precise: Any, *, where: str = "") -> None:
+    """Half-precision outputs no further from ``precise`` (the float64 computation) than twice
+    eager's largest error, within the dtype's tolerance; other outputs equal to eager's."""
+    for i, (a, e, p) in enumerate(zip(*(pytree.tree_leaves(x) for x in (actual, expected, precise)))):
+        if e.dtype not in _HALF:
+            assert_close(a, e, where=where)
+            continue
+        rtol, atol = tolerance(e.dtype)
+        dtype = e.dtype
+        a, e, p = (torch.as_tensor(x).double() for x in (a, e, p))
+        ours, eager = _error(a, p), _error(e, p)
+        eager_worst = float(eager.max()) if eager.numel() else 0.0
+        worse = ~(ours <= atol + rtol * p.abs() + 2 * eager_worst)
+        assert not worse.any(), (
+            f"{where} output {i}: {int(worse.sum())} of {worse.numel()} {dtype} elements are further from "
+            f"the float64 result than eager PyTorch's (largest error {ours[worse].max():.4g}, eager's {float(eager_worst):.4g})"
+        )
+
+
+def _error(value: torch.Tensor, precise: torch.Tensor) -> torch.Tensor:
+    """|value - precise|: 0 where both are NaN or the same infinity, inf where only one is NaN."""
+    error = (value - precise).abs()
+    error = torch.where(value == precise, 0.0, error)
+    return torch.where(value.isnan() | precise.isnan(), torch.where(value.isnan() & precise.isnan(), 0.0, math.inf), error)
 
 
 def assert_same_structure(actual: Any, expected: Any, *, where: str = "") -> None:

@@ -11,6 +11,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from dynexport.ops._helpers import (
     argument,
+    bfloat16_as_float,
     cast,
     ints,
     rank,
@@ -58,6 +59,7 @@ def scaled_dot_product_attention_23(
 
 
 @translates(aten.scaled_dot_product_attention.default, checker=_without_dropout)
+@bfloat16_as_float
 def scaled_dot_product_attention(
     ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):

@@ -174,6 +174,10 @@ def masked_scatter(ctx, self, mask, source):
 
 
 def _scatter(ctx, self, dim, index, src, reduction: str) -> ir.Value:
+    if rank(self) == 0:
+        # ScatterElements needs an axis: a 0-d scatter is one of a single element.
+        self, index, src = (_one_element(ctx, x) for x in (self, index, src))
+        return ctx.op.Reshape(_scatter(ctx, self, 0, index, src, reduction), ints(ctx, []))
     if src.shape != index.shape:
         # PyTorch reads only the leading index-shaped block of a larger src.
         zeros = ints(ctx, [0] * rank(index))
@@ -181,12 +185,22 @@ def _scatter(ctx, self, dim, index, src, reduction: str) -> ir.Value:
     return _reduced(ctx, "ScatterElements", self, index, src, reduction, axis=normalize_dim(dim, rank(self)))
 
 
+def _one_element(ctx, x: ir.Value) -> ir.Value:
+    """A 0-d (or one-element) ``x`` as a 1-D tensor of one element."""
+    flat = ctx.op.Reshape(x, ints(ctx, [1]))
+    flat.shape = ir.Shape([1])
+    return flat
+
+
 def _reduced(ctx, op_type: str, self, index, updates, reduction: str, **attributes) -> ir.Value:
-    """A ScatterND/ScatterElements; reductions run in float for 16-bit floats, which
-    onnxruntime's CPU kernels only scatter with reduction "none"."""
+    """A ScatterND/ScatterElements; reductions run in float for 16-bit floats and in uint8 for
+    bools (as 0/1 bytes max is or, min is and), which onnxruntime's CPU kernels only scatter
+    with reduction "none"."""
     dtype = self.dtype
     if reduction != "none" and dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         dtype = ir.DataType.FLOAT
+    elif reduction != "none" and dtype == ir.DataType.BOOL:
+        dtype = ir.DataType.UINT8
     scatter = getattr(ctx.op, op_type)
     result = scatter(cast(ctx, self, dtype), index, cast(ctx, updates, dtype), reduction=reduction, **attributes)
     return cast(ctx, result, self.dtype)
@@ -200,7 +214,24 @@ def scatter(ctx, self, dim, index, src):
 @translates(aten.scatter.value, promote=Promote.RESULT, promoted=("value",))
 def scatter_value(ctx, self, dim, index, value):
     src = ctx.op.Expand(value, ctx.op.Shape(index))
-    return ctx.op.ScatterElements(self, index, src, axis=normalize_dim(dim, rank(self)))
+    src.shape = index.shape
+    return _scatter(ctx, self, dim, index, src, "none")
+
+
+# scatter's deprecated ``reduce=`` argument.
+_SCATTER_REDUCE_ARGUMENTS = {"add": "add", "multiply": "mul"}
+
+
+@translates(aten.scatter.reduce)
+def scatter_with_reduce_argument(ctx, self, dim, index, src, *, reduce):
+    return _scatter(ctx, self, dim, index, src, _SCATTER_REDUCE_ARGUMENTS[reduce])
+
+
+@translates(aten.scatter.value_reduce, promote=Promote.RESULT, promoted=("value",))
+def scatter_value_with_reduce_argument(ctx, self, dim, index, value, *, reduce):
+    src = ctx.op.Expand(value, ctx.op.Shape(index))
+    src.shape = index.shape
+    return _scatter(ctx, self, dim, index, src, _SCATTER_REDUCE_ARGUMENTS[reduce])
 
 
 @translates(aten.scatter_add.default)
@@ -229,11 +260,24 @@ def scatter_reduce(ctx, self, dim, index, src, reduce, *, include_self=True):
     return _divided(ctx, result, counts)
 
 
+@translates(aten.index_reduce.default, checker=lambda node: node.args[4] in _REDUCTIONS)
+def index_reduce(ctx, self, dim, index, source, reduce, *, include_self=True):
+    # index_reduce is scatter_reduce with the 1-D index spread over source's other dims.
+    dim = normalize_dim(dim, rank(self))
+    along = [1] * rank(source)
+    if along:
+        along[dim] = -1
+    spread = ctx.op.Expand(ctx.op.Reshape(index, ints(ctx, along)), ctx.op.Shape(source))
+    spread.shape = source.shape
+    return scatter_reduce(ctx, self, dim, spread, source, reduce, include_self=include_self)
+
+
 def _scatter_counts(ctx, self, dim, index) -> ir.Value:
     """How many index entries point at each position of ``self`` (int64)."""
     zeros = ctx.op.Expand(ctx.constant(0, _INT64), ctx.op.Shape(self))
     ones = ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(index))
-    return ctx.op.ScatterElements(zeros, index, ones, axis=normalize_dim(dim, rank(self)), reduction="add")
+    zeros.shape, ones.shape = self.shape, index.shape
+    return _scatter(ctx, zeros, dim, index, ones, "add")
 
 
 def _identity(ctx, reduce: str, dtype: ir.DataType) -> ir.Value:
@@ -242,6 +286,8 @@ def _identity(ctx, reduce: str, dtype: ir.DataType) -> ir.Value:
     if reduce == "prod":
         return ctx.constant(1, dtype)
     torch_dtype = to_torch_dtype(dtype)
+    if torch_dtype == torch.bool:
+        return ctx.constant(reduce == "amin", dtype)
     if torch_dtype.is_floating_point:
         return ctx.constant(-math.inf if reduce == "amax" else math.inf, dtype)
     bounds = torch.iinfo(torch_dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import ints, scalar, shape_tensor
+from dynexport.ops._helpers import ints, rank, scalar, shape_tensor, size_of
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -37,6 +37,8 @@ def _pad(ctx, self, pad, mode: str, value=None) -> ir.Value:
     if mode == "constant":
         pads, axes = _pads(ctx, pad)
         return ctx.op.Pad(self, pads, _fill(ctx, value, self.dtype), axes, mode="constant")
+    if mode == "replicate" and any(isinstance(p, int) and p < 0 for p in pad) and _static_ints(pad):
+        return _replicate_by_gather(ctx, self, pad)
     if any(isinstance(p, int) and p < 0 for p in pad):
         # onnxruntime rejects negative pads outside constant mode: crop first, then pad.
         self = _crop(ctx, self, pad)
@@ -45,6 +47,31 @@ def _pad(ctx, self, pad, mode: str, value=None) -> ir.Value:
             return self
     pads, axes = _pads(ctx, pad)
     return ctx.op.Pad(self, pads, None, axes, mode=_ONNX_MODES[mode])
+
+
+def _static_ints(pad) -> bool:
+    return all(isinstance(p, int) for p in pad)
+
+
+def _replicate_by_gather(ctx, self, pad) -> ir.Value:
+    """Replicate padding with negative pads: position j of a dim reads the input at
+    clamp(j - left, 0, size - 1), as PyTorch does, even where the crop leaves nothing."""
+    for i, (left, right) in enumerate(zip(pad[0::2], pad[1::2])):
+        if left == right == 0:
+            continue
+        axis = rank(self) - 1 - i
+        size = size_of(ctx, self, axis)
+        if isinstance(size, int):
+            positions = ints(ctx, torch.arange(size + left + right).sub(left).clamp(0, size - 1).tolist())
+        else:
+            length = ctx.op.Add(size, ctx.constant(left + right, ir.DataType.INT64))
+            shifted = ctx.op.Sub(ctx.op.Range(ctx.constant(0, ir.DataType.INT64), length, ctx.constant(1, ir.DataType.INT64)), ctx.constant(left, ir.DataType.INT64))
+            last = ctx.op.Sub(size, ctx.constant(1, ir.DataType.INT64))
+            positions = ctx.op.Max(ctx.op.Min(shifted, last), ctx.constant(0, ir.DataType.INT64))
+        shape = self.shape
+        self = ctx.op.Gather(self, positions, axis=axis)
+        self.shape = ir.Shape([*shape[:axis], None, *shape[axis + 1:]]) if shape is not None else None
+    return self
 
 
 def _crop(ctx, self, pad) -> ir.Value:

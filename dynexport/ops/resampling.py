@@ -16,6 +16,8 @@ import torch
 
 from dynexport.ops._helpers import (
     argument,
+    bfloat16_as_float,
+    cast,
     ints,
     normalize_dim,
     rank,
@@ -27,6 +29,7 @@ from dynexport.registry import translates
 aten = torch.ops.aten
 
 _INT64 = ir.DataType.INT64
+_FLOAT = ir.DataType.FLOAT
 
 
 def _spatial_rank(node: torch.fx.Node) -> int:
@@ -57,10 +60,16 @@ def _resizable(node: torch.fx.Node) -> bool:
     )
 
 
-def _resize(ctx, self, output_size, align_corners: bool | None, **attributes) -> ir.Value:
+def _resize(ctx, self, output_size, align_corners: bool | None, *, only: int | None = None, **attributes) -> ir.Value:
+    """One Resize over the node's spatial dims (or its spatial dim ``only``)."""
     scales = _scales(ctx.node)
     n = len(scales)
-    axes = list(range(rank(self) - n, rank(self)))
+    # The node's rank: ``self`` may be an intermediate Resize whose shape is not inferred.
+    rank_ = ctx.node.args[0].meta["val"].dim()
+    axes = list(range(rank_ - n, rank_))
+    if only is not None:
+        axes, scales = [axes[only]], [scales[only]]
+        output_size = None if output_size is None else [output_size[only]]
     # PyTorch maps aligned corners from the sizes alone, whatever the scale factor.
     use_scales = scales[0] is not None and not (align_corners and output_size is not None)
     if align_corners is not None:
@@ -101,14 +110,31 @@ def upsample_nearest_exact(ctx, input, output_size, *scales):
     )
 
 
+def _interpolate(ctx, input, output_size, align_corners, **attributes) -> ir.Value:
+    """A linear or cubic Resize; uint8 images interpolate in float32 and round back
+    (onnxruntime's uint8 Resize truncates, and has no uint8 cubic kernel), bfloat16 in float32
+    (onnxruntime has no bfloat16 Resize)."""
+    if input.dtype == ir.DataType.BFLOAT16:
+        return cast(ctx, _resize(ctx, cast(ctx, input, _FLOAT), output_size, align_corners, **attributes), input.dtype)
+    if input.dtype != ir.DataType.UINT8:
+        return _resize(ctx, input, output_size, align_corners, **attributes)
+    # PyTorch resizes uint8 one dim at a time, last first, rounding and clamping in between
+    # (a cubic's overshoot is clamped before the next dim sees it).
+    result = cast(ctx, input, _FLOAT)
+    for i in reversed(range(len(_scales(ctx.node)))):
+        result = _resize(ctx, result, output_size, align_corners, only=i, **attributes)
+        result = ctx.op.Clip(ctx.op.Round(result), ctx.constant(0.0, _FLOAT), ctx.constant(255.0, _FLOAT))
+    return cast(ctx, result, ir.DataType.UINT8)
+
+
 @translates(*_LINEAR, checker=_resizable)
 def upsample_linear(ctx, input, output_size, align_corners, *scales):
-    return _resize(ctx, input, output_size, align_corners, mode="linear")
+    return _interpolate(ctx, input, output_size, align_corners, mode="linear")
 
 
 @translates(aten.upsample_bicubic2d.vec, aten.upsample_bicubic2d.default, checker=_resizable)
 def upsample_bicubic2d(ctx, input, output_size, align_corners, *scales):
-    return _resize(ctx, input, output_size, align_corners, mode="cubic", cubic_coeff_a=-0.75)
+    return _interpolate(ctx, input, output_size, align_corners, mode="cubic", cubic_coeff_a=-0.75)
 
 
 # grid_sampler's interpolation_mode and padding_mode enums, named as GridSample names them; opset
@@ -121,6 +147,7 @@ _GRID_PADDINGS = ["zeros", "border", "reflection"]
     aten.grid_sampler_2d.default, aten.grid_sampler.default,
     checker=lambda node: node.args[0].meta["val"].dim() == 4,
 )
+@bfloat16_as_float
 def grid_sampler_2d(ctx, input, grid, interpolation_mode, padding_mode, align_corners):
     modes = _GRID_MODES[20 if ctx.opset >= 20 else 16]
     return ctx.op.GridSample(

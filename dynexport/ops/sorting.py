@@ -136,14 +136,16 @@ def nonzero(ctx, self):
 def _count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_int32: bool) -> ir.Value:
     """For each value, how many of the sorted ``boundaries`` (along their last dim) lie below it
     (or at it, with ``right``): its insertion index."""
-    values = ctx.op.Unsqueeze(values, ints(ctx, [-1]))
+    columns = ctx.op.Unsqueeze(values, ints(ctx, [-1]))
     if rank(boundaries) > 1:
         boundaries = ctx.op.Unsqueeze(boundaries, ints(ctx, [-2]))
-    below = (ctx.op.LessOrEqual if right else ctx.op.Less)(boundaries, values)
+    below = (ctx.op.LessOrEqual if right else ctx.op.Less)(boundaries, columns)
     if is_floating(values):
         # NaN sorts after everything in PyTorch: it goes past every boundary.
-        below = ctx.op.Or(below, ctx.op.IsNaN(values))
+        below = ctx.op.Or(below, ctx.op.IsNaN(columns))
     counts = ctx.op.ReduceSum(cast(ctx, below, _INT64), ints(ctx, [-1]), keepdims=0)
+    # onnxruntime shapes a reduction over an empty axis wrongly; the reshape corrects it.
+    counts = ctx.op.Reshape(counts, ctx.op.Shape(values))
     return cast(ctx, counts, ir.DataType.INT32 if out_int32 else _INT64)
 
 

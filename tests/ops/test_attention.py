@@ -177,3 +177,11 @@ def test_dropout_is_declined(opset):
     assert default_table.lookup(aten.scaled_dot_product_attention.default, _sdpa_node(0.5), opset) is None
     rule = default_table.lookup(aten.scaled_dot_product_attention.default, _sdpa_node(0.0), opset)
     assert rule.fn.__name__ == ("scaled_dot_product_attention_23" if opset >= 23 else "scaled_dot_product_attention")
+
+
+def test_bfloat16_attention_computes_in_float32_as_pytorch_does():
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.bfloat16) * 3 for _ in range(3))
+    program = assert_exports_equivalent(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), runtime="onnxruntime"
+    )
+    assert op_histogram(program)["Softmax"] == 1

@@ -268,6 +268,49 @@ def test_scatter_reduce_mean_and_without_self_like_pytorch(dtype, reduce, includ
     )
 
 
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_of_bools(reduce, include_self):
+    # onnxruntime reduces no bools: they scatter as bytes.
+    x = torch.tensor([[True, False, True, False, False], [False, True, True, False, True]])
+    index = torch.tensor([[0, 1, 0, 4], [3, 3, 3, 3]])
+    src = torch.tensor([[False, True, True, False], [True, False, True, True]])
+    _batch_dynamic(
+        lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self), (x, index, src), (True, True, True)
+    )
+
+
+def test_scatters_of_0d_tensors():
+    x, index, src = torch.tensor(2.0), torch.tensor(0), torch.tensor(5.0)
+    assert_exports_equivalent(
+        lambda x, i, s: (
+            x.scatter(0, i, s), x.scatter(0, i, 3.0), x.scatter_add(0, i, s), x.scatter_reduce(0, i, s, "amin"),
+            x.scatter_reduce(0, i, s, "mean", include_self=False), x.index_reduce(0, i.reshape(1), s, "prod"),
+        ),
+        (x, index, src),
+    )
+
+
+def test_scatter_with_the_deprecated_reduce_argument():
+    x, index, src = torch.randn(3, 5), torch.tensor([[0, 1, 0, 4], [2, 2, 2, 2], [1, 3, 1, 0]]), torch.randn(3, 4)
+    _batch_dynamic(
+        lambda x, i, s: (x.scatter(1, i, s, reduce="add"), x.scatter(1, i, s, reduce="multiply"), x.scatter(1, i, 2.0, reduce="multiply")),
+        (x, index, src), (True, True, True),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(dtype, reduce, include_self):
+    x, source = (torch.randn(5, 3) * 8).to(dtype), (torch.randn(4, 3) * 8).to(dtype)
+    index = torch.tensor([0, 4, 0, 2])
+    _batch_dynamic(
+        lambda x, s, i: (x.index_reduce(0, i, s, reduce, include_self=include_self), x.T.index_reduce(1, i, s.T, reduce)),
+        (x, source, index), (False, False, False),
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 @pytest.mark.parametrize(
     "target",

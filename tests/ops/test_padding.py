@@ -46,6 +46,9 @@ def test_pad_modes(mode, n, pad):
     histogram = op_histogram(program)
     if mode == "circular":
         assert "Pad" not in histogram and histogram["Concat"] == sum(1 for p in zip(pad[0::2], pad[1::2]) if max(p) > 0)
+    elif mode == "replicate" and min(pad) < 0:
+        # Each padded dim gathers clamped positions (a crop may leave nothing to replicate).
+        assert "Pad" not in histogram and histogram["Gather"] == sum(1 for p in zip(pad[0::2], pad[1::2]) if any(p))
     else:
         assert histogram["Pad"] == 1
         # Negative pads outside constant mode are cropped by a Slice before the Pad.
@@ -77,6 +80,13 @@ def test_pad_dtypes(mode, dtype):
 def test_constant_pad_value(value, dtype):
     x = _data(dtype, 2, 3, 6, 7)
     assert_spatial_dynamic_equivalent(lambda x: F.pad(x, (2, -1, 0, 1), value=value), x)
+
+
+@pytest.mark.parametrize("pad", [(-4, 5, 0, 0), (5, -4, -4, 3), (-5, 7, 1, -2)], ids=["left", "both", "beyond"])
+def test_replicate_pads_that_crop_a_dim_away(pad):
+    # PyTorch clamps each output position into the input: a dim cropped to nothing still
+    # replicates its last remaining element.
+    assert_spatial_dynamic_equivalent(lambda x: F.pad(x, pad, mode="replicate"), torch.randn(2, 3, 4, 4), spatial=False)
 
 
 def test_constant_pad_with_symbolic_pads():

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import dynexport
 from tests.equivalence import (
+    assert_as_accurate,
     assert_exports_equivalent,
     assert_spatial_dynamic_equivalent,
     op_histogram,
@@ -77,6 +79,28 @@ def test_interpolate_dtypes(mode, dtype):
 def test_interpolate_nearest_uint8():
     x = torch.randint(0, 255, (2, 3, 6, 7), dtype=torch.uint8)
     assert_spatial_dynamic_equivalent(lambda x: F.interpolate(x, scale_factor=(2.0, 1.5), mode="nearest"), x, spatial=False)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_interpolate_uint8_rounds_like_pytorch(mode):
+    # Computed in float32 and rounded; PyTorch's uint8 kernels interpolate in fixed point, so
+    # an element may differ by one.
+    x = torch.randint(0, 256, (2, 3, 6, 7), dtype=torch.uint8)
+    program = assert_exports_equivalent(
+        lambda x: F.interpolate(x, size=(9, 5), mode=mode), (x,), runtime="onnxruntime", atol=1, rtol=0
+    )
+    assert op_histogram(program)["Round"] == 2
+
+
+def test_bfloat16_resampling_runs_in_onnxruntime_in_float32():
+    x, grid = torch.randn(2, 3, 6, 7, dtype=torch.bfloat16), (torch.rand(2, 5, 4, 2) * 2 - 1).to(torch.bfloat16)
+    assert_exports_equivalent(
+        lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear", align_corners=True), (x,), runtime="onnxruntime"
+    )
+    # PyTorch's bfloat16 grid_sample computes sample positions in bfloat16: compared with the
+    # float64 result, ours is at least as accurate.
+    program = dynexport.export(F.grid_sample, (x, grid))
+    assert_as_accurate(program(x, grid), F.grid_sample(x, grid), F.grid_sample(x.double(), grid.double()))
 
 
 def test_interpolate_to_a_size_read_from_another_input():
