@@ -60,6 +60,8 @@ def _element_type(node: ir.Node) -> list[ir.DataType | None]:
         dtype = node.inputs[1].dtype
     elif op in ("TopK", "MaxPool"):
         return [first, ir.DataType.INT64][: len(node.outputs)]
+    elif op == "Unique":
+        return [first, ir.DataType.INT64, ir.DataType.INT64, ir.DataType.INT64][: len(node.outputs)]
     elif op == "LayerNormalization":
         # Mean and InvStdDev are kept in stash_type, float32 by default.
         stash = ir.DataType(attrs["stash_type"].as_int()) if "stash_type" in attrs else ir.DataType.FLOAT
@@ -112,8 +114,12 @@ def _schema(op_type: str, domain: str, version: int) -> onnx.defs.OpSchema | Non
 class ModelBuilder(GraphBuilder):
     """A GraphBuilder that names and annotates what it builds after the current FX node."""
 
-    def __init__(self, graph: ir.Graph):
-        super().__init__(graph)
+    def __init__(self, graph: ir.Graph, parent: ModelBuilder | None = None, scope: str = ""):
+        # A subgraph's builder (``parent`` given) puts the constants it promotes in the main
+        # graph, which every subgraph can read; ``scope`` prefixes the names it gives, which
+        # must differ from those of every enclosing graph.
+        super().__init__(graph, parent=parent)
+        self._scope = scope
         # Python scalars passed to an op are cast to its type-bound inputs' type (CAST_INPUTS);
         # positional arguments are inputs and keywords are attributes.
         self._features = BuilderFeature.CAST_INPUTS | BuilderFeature.INFER_SHAPES
@@ -126,13 +132,14 @@ class ModelBuilder(GraphBuilder):
 
     @property
     def origin_name(self) -> str:
-        """The name of the FX node being translated (new value names start with it)."""
+        """The name of the FX node being translated, after the subgraph's scope (new value names
+        start with it)."""
         return self._origin_name
 
     def set_origin(self, fx_node: torch.fx.Node, origin: torch.fx.Node | None = None) -> None:
         """Name and annotate what is built next after ``fx_node``; the metadata (module, source
         line) comes from ``origin``, the model's node that ``fx_node`` decomposes, if any."""
-        self._origin_name = fx_node.name
+        self._origin_name = self._scope + fx_node.name
         source = origin or fx_node
         cached = self._origins.get(source)
         if cached is None:

@@ -107,6 +107,7 @@ def source_line(node) -> str | None:
         if line.startswith("File "):
             code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
             frames.append(f"{line}: {code}" if code else line)
-    own = (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}")
+    # torch.export's generated code (branch and loop bodies) is no user's line either.
+    own = (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}", "<eval_with_key>")
     user_frames = [f for f in frames if not any(part in f.split(",")[0] for part in own)]
     return user_frames[-1] if user_frames else None

@@ -6,6 +6,11 @@ mode into a small FX graph, which is translated the same way. Nothing else in th
 re-traced, which is what makes this stage cheap.
 
 SymInts are ONNX int64 scalars (0-d); ``sym_size`` reads them from ``Shape``.
+
+Control-flow operators (``torch.cond``, ``while_loop``, ``scan``, ``map``) carry FX subgraphs:
+planning recurses into them, and their rules translate them with the same table into ONNX
+subgraphs (``TranslationContext.subgraph`` and ``call_graph``) that read enclosing values
+through ONNX's outer scope.
 """
 
 from __future__ import annotations
@@ -65,17 +70,24 @@ class GraphIO:
 class TranslationContext:
     """What a rule knows about the node it translates.
 
-    ``op`` emits ONNX ops (``ctx.op.Add(x, y)``); ``node`` is the FX node; ``out`` its
-    ``meta["val"]``; ``opset`` the target ONNX opset.
+    ``op`` emits ONNX ops (``ctx.op.Add(x, y)``) into the graph being built; ``node`` is the FX
+    node; ``name`` the name its result gets; ``out`` its ``meta["val"]``; ``opset`` the target
+    ONNX opset. Control-flow rules translate the node's FX subgraphs with :meth:`call_graph`
+    and :meth:`subgraph`.
     """
 
-    __slots__ = ("op", "node", "opset", "_translator")
+    __slots__ = ("node", "name", "opset", "_origin", "_translator")
 
-    def __init__(self, translator: _Translator, node: torch.fx.Node):
+    def __init__(self, translator: _Translator, node: torch.fx.Node, name: str, origin: torch.fx.Node | None):
         self._translator = translator
-        self.op = translator.builder.op
         self.node = node
+        self.name = name
         self.opset = translator.opset
+        self._origin = origin
+
+    @property
+    def op(self) -> Any:
+        return self._translator.builder.op
 
     @property
     def out(self) -> Any:
@@ -104,6 +116,28 @@ class TranslationContext:
         size = self.op.Shape(x, start=dim, end=dim + 1 if dim != -1 else None)
         size.shape = ir.Shape([1])
         return self.op.Squeeze(size)
+
+    def call_graph(self, module: torch.fx.GraphModule, args: Sequence[Any], label: str) -> list[Any]:
+        """Translate ``module`` (an FX subgraph of the node) into the graph being built, its
+        placeholders bound to ``args`` (ONNX values, or Python values for constants); return its
+        outputs as a list. ``label`` names the subgraph's values (``<node>.<label>.<fx name>``)."""
+        outputs = self._translator.inline_graph(module, args, f"{self.name}.{label}.")
+        self._translator.builder.set_origin(self.node, self._origin)
+        return outputs
+
+    def subgraph(self, label: str, inputs: Sequence[ir.Value], emit: Callable[[], Sequence[Any]]) -> ir.Graph:
+        """A new ONNX graph for a graph attribute (If's branches, Loop's and Scan's bodies):
+        ``emit()`` runs with ``op`` and :meth:`call_graph` emitting into it, and returns its
+        outputs. ``inputs`` are its fresh input values; values of enclosing graphs may be read
+        directly (ONNX's outer scope)."""
+        return self._translator.subgraph(f"{self.name}.{label}", inputs, emit, self.node, self._origin)
+
+    def value(self, name: str, val: Any) -> ir.Value:
+        """A fresh value (a subgraph input) named ``<node>.<name>``, typed after ``val`` (a fake
+        tensor, a SymInt or a Python scalar)."""
+        value = ir.Value(name=f"{self.name}.{name}")
+        self._translator.annotate(value, val, None)
+        return value
 
 
 def _symbolic_dtype(val: Any) -> ir.DataType:
@@ -164,7 +198,10 @@ class _Translator:
         self.graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="main_graph")
         self.builder = ModelBuilder(self.graph)
         self.dims = _DimNamer(dim_names)
-        self._constants: dict[tuple[Any, ir.DataType], ir.Value] = {}
+        # One constant cache per graph being built, innermost last: a subgraph may read its
+        # enclosing graphs' constants, never the other way round.
+        self._constant_scopes: list[dict[tuple[Any, ir.DataType], ir.Value]] = [{}]
+        self._constant_count = 0
 
     # -- values ---------------------------------------------------------------------------
 
@@ -174,7 +211,7 @@ class _Translator:
         ):
             # repr tells -0.0 from 0.0, which compare (and hash) equal.
             key = (repr(value), type(value), dtype)
-            cached = self._constants.get(key)
+            cached = next((scope[key] for scope in self._constant_scopes if key in scope), None)
             if cached is None:
                 try:
                     tensor = ir.tensor(value, dtype=dtype)
@@ -182,9 +219,10 @@ class _Translator:
                     # PyTorch wraps an out-of-range Python int into an integer dtype (uint8 -1 is 255).
                     tensor = TorchTensor(torch.tensor(value).to(to_torch_dtype(dtype)))
                 cached = self.builder.op.Constant(value=tensor)
-                cached.name = f"const_{len(self._constants)}"
+                cached.name = f"const_{self._constant_count}"
                 cached.shape = ir.Shape(tensor.shape)
-                self._constants[key] = cached
+                self._constant_count += 1
+                self._constant_scopes[-1][key] = cached
             return cached
         tensor = TorchTensor(value.detach().to(to_torch_dtype(dtype)))
         result = self.builder.op.Constant(value=tensor)
@@ -218,6 +256,8 @@ class _Translator:
             rule = self.table.lookup(target, node, self.opset)
             if rule is not None:
                 self._rules[node] = rule
+                for module in _subgraph_modules(node):
+                    missing += self.plan(module.graph, origin)
                 continue
             region = _inlined_region(node)
             if region is not None:
@@ -269,6 +309,10 @@ class _Translator:
         origin: torch.fx.Node | None = None,
     ) -> None:
         for node in graph.nodes:
+            if node.op == "get_attr" and node.users:
+                # A control-flow operator's subgraph (torch.cond's branches, a loop's body).
+                env[node] = _attribute(graph.owning_module, node.target)
+                continue
             if node.op != "call_function" or not (node.users or mutated_argument(node) is not None):
                 continue
             if node in self.simplifications:
@@ -295,7 +339,7 @@ class _Translator:
         self.builder.set_origin(node, origin)
         args = tuple(_argument_value(a, env) for a in node.args)
         kwargs = {k: _argument_value(v, env) for k, v in node.kwargs.items() if k not in _PLACEMENT_KWARGS}
-        ctx = TranslationContext(self, node)
+        ctx = TranslationContext(self, node, name_prefix + node.name, origin)
         if rule.promote is not None:
             args, kwargs = _promote(ctx, rule, args, kwargs)
         try:
@@ -363,6 +407,70 @@ class _Translator:
         result = torch.fx.node.map_arg(output, sub_env.__getitem__)
         self.builder.set_origin(node, origin)
         return self._annotate_result(node, result, name_prefix + node.name)
+
+    def inline_graph(self, module: torch.fx.GraphModule, args: Sequence[Any], name_prefix: str) -> list[Any]:
+        """Translate ``module``'s graph into the graph being built, its placeholders bound to
+        ``args``; return its outputs as a list."""
+        placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(args):
+            raise TypeError(f"subgraph takes {len(placeholders)} inputs, {len(args)} given")
+        env: dict[torch.fx.Node, Any] = dict(zip(placeholders, args))
+        self.translate_graph(module.graph, env, name_prefix)
+        output = next(n for n in reversed(module.graph.nodes) if n.op == "output").args[0]
+        outputs = torch.fx.node.map_arg(output, env.__getitem__)
+        return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+
+    def subgraph(
+        self,
+        name: str,
+        inputs: Sequence[ir.Value],
+        emit: Callable[[], Sequence[Any]],
+        node: torch.fx.Node,
+        origin: torch.fx.Node | None,
+    ) -> ir.Graph:
+        """An ONNX graph (for a graph attribute) with ``inputs``, whose nodes and outputs
+        ``emit()`` builds while the translator emits into it."""
+        graph = ir.Graph(inputs, [], nodes=[], opset_imports={"": self.opset}, name=name)
+        outer = self.builder
+        self.builder = ModelBuilder(graph, parent=outer, scope=f"{name}.")
+        self._constant_scopes.append({})
+        try:
+            self.builder.set_origin(node, origin)
+            outputs = list(emit())
+            self.builder.set_origin(node, origin)
+            for index, value in enumerate(outputs):
+                graph.outputs.append(self._subgraph_output(graph, value, f"{name}.output_{index}"))
+        finally:
+            self._constant_scopes.pop()
+            self.builder = outer
+        return graph
+
+    def _subgraph_output(self, graph: ir.Graph, value: Any, name: str) -> ir.Value:
+        """``value`` as an output of ``graph``: a node of ``graph`` must produce it, and only
+        once (onnxruntime does not accept an outer-scope value or an input as a subgraph's
+        output in every case)."""
+        if not isinstance(value, ir.Value):
+            # A Python number returned where PyTorch holds a 0-d tensor (a SymInt specialized).
+            value = self.constant(value, to_onnx_dtype(torch.tensor(value).dtype))
+        if value.producer() is None or value.producer().graph is not graph or value.is_graph_output():
+            identity = self.builder.op.Identity(value)
+            identity.type, identity.shape = value.type, value.shape
+            identity.name = name
+            value = identity
+        return value
+
+
+def _subgraph_modules(node: torch.fx.Node) -> list[torch.fx.GraphModule]:
+    """The FX subgraphs a control-flow node calls (its ``get_attr`` arguments)."""
+    owner = node.graph.owning_module
+    attributes = [_attribute(owner, argument.target) for argument in node.all_input_nodes if argument.op == "get_attr"]
+    return [a for a in attributes if isinstance(a, torch.fx.GraphModule)]
+
+
+def _attribute(module: torch.nn.Module, target: str) -> Any:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
 
 
 _INLINED_REGIONS = {

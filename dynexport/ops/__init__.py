@@ -3,6 +3,7 @@
 from dynexport.ops import (  # noqa: F401
     activation,
     attention,
+    control_flow,
     convolution,
     creation,
     elementwise,
@@ -18,4 +19,5 @@ from dynexport.ops import (  # noqa: F401
     shape,
     sorting,
     symbolic,
+    unique,
 )

@@ -10,6 +10,9 @@
 4. ``remove_dead_code``, then ``fold_constants`` once more (the weights Conv+BatchNorm fusion
    wrote as arithmetic), ``remove_dead_code``, ``make_names_unique``.
 
+Every pass runs on each subgraph too (If branches, Loop and Scan bodies), one graph at a time; a
+subgraph's constants become its own initializers, and names are made unique across all graphs.
+
 Without ``fold_constants`` the two folding passes and the Conv+BatchNorm fusion (which relies
 on folding) are skipped. docs/optimizer.md describes each pass.
 """
@@ -40,23 +43,34 @@ _MAX_ROUNDS = 4
 
 
 def optimize_model(model: ir.Model, *, fold_constants: bool = True) -> None:
-    """Optimize ``model`` in place (main graph); ``fold_constants=False`` evaluates nothing."""
+    """Optimize ``model`` in place, its main graph and every subgraph (If branches, Loop and
+    Scan bodies); ``fold_constants=False`` evaluates nothing."""
     graph = model.graph
-    lift_constants(graph)
+    # Outermost first: removing dead code runs innermost first (reversed), so that an outer value
+    # read only by a dead node of a subgraph is dead by the time its own graph is cleaned.
+    graphs = [graph, *graph.subgraphs()]
+    for each in graphs:
+        lift_constants(each)
     cleanups = [remove_no_ops, collapse_chains, deduplicate_initializers, eliminate_common_subexpressions]
     if fold_constants:
         cleanups = [fold_shapes, fold_constant_nodes, *cleanups]
     for _ in range(_MAX_ROUNDS):
-        changed = sum(cleanup(graph) for cleanup in cleanups)
-        remove_dead_code(graph)
+        changed = sum(cleanup(each) for each in graphs for cleanup in cleanups)
+        _remove_dead_code(graphs)
         if not changed:
             break
     fusions = [fuse_gemm, fuse_layer_norm, fuse_gelu, fuse_rms_norm, fuse_attention]
     if fold_constants:
         fusions.insert(0, fuse_conv_batchnorm)
-    if sum(fuse(graph) for fuse in fusions):
-        remove_dead_code(graph)
+    if sum(fuse(each) for each in graphs for fuse in fusions):
+        _remove_dead_code(graphs)
         if fold_constants:
-            fold_constant_nodes(graph)
-            remove_dead_code(graph)
+            for each in graphs:
+                fold_constant_nodes(each)
+            _remove_dead_code(graphs)
     make_names_unique(graph)
+
+
+def _remove_dead_code(graphs: list[ir.Graph]) -> None:
+    for graph in reversed(graphs):
+        remove_dead_code(graph)

@@ -1,4 +1,4 @@
-"""Turn ``Constant`` nodes of the main graph into initializers, so every later pass sees one
+"""Turn ``Constant`` nodes of a graph into initializers, so every later pass sees one
 kind of constant (and they cost no node)."""
 
 from __future__ import annotations

@@ -8,22 +8,37 @@ __all__ = ["make_names_unique"]
 
 
 def make_names_unique(graph: ir.Graph) -> None:
-    """Rename values whose name is empty or already taken; inputs, outputs and initializers keep
-    theirs (they are the model's interface and parameter paths)."""
-    taken: set[str] = set()
+    """Rename values whose name is empty or already taken, in ``graph`` and its subgraphs (whose
+    names must differ from every enclosing graph's); the main graph's inputs, outputs and
+    initializers keep theirs (they are the model's interface and parameter paths)."""
     fixed = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
-    for value in fixed:
-        taken.add(value.name)
-    fixed_ids = {id(v) for v in fixed}
+    taken = {value.name for value in fixed}
+    _rename(graph, taken, {id(v) for v in fixed})
+
+
+def _rename(graph: ir.Graph, taken: set[str], fixed_ids: set[int]) -> None:
     for node in graph:
-        for value in node.outputs:
-            if id(value) in fixed_ids:
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                subgraphs = [attribute.value]
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                subgraphs = list(attribute.value)
+            else:
                 continue
-            name = value.name or f"{node.op_type}_out"
-            if name in taken:
-                base, suffix = name, 1
-                while f"{base}_{suffix}" in taken:
-                    suffix += 1
-                name = f"{base}_{suffix}"
-            value.name = name
-            taken.add(name)
+            for subgraph in subgraphs:
+                for value in [*subgraph.inputs, *subgraph.initializers.values()]:
+                    _give_unique_name(value, value.name or "input", taken)
+                _rename(subgraph, taken, fixed_ids)
+        for value in node.outputs:
+            if id(value) not in fixed_ids:
+                _give_unique_name(value, value.name or f"{node.op_type}_out", taken)
+
+
+def _give_unique_name(value: ir.Value, name: str, taken: set[str]) -> None:
+    if name in taken:
+        base, suffix = name, 1
+        while f"{base}_{suffix}" in taken:
+            suffix += 1
+        name = f"{base}_{suffix}"
+    value.name = name
+    taken.add(name)

@@ -51,7 +51,9 @@ def replace_value(old: ir.Value, new: ir.Value) -> bool:
     if new.shape is None:
         new.shape = old.shape
     if old.is_graph_output():
-        if new.is_graph_input() or new.is_graph_output() or new.is_initializer():
+        if new.is_graph_input() or new.is_graph_output() or new.is_initializer() or new.graph is not old.graph:
+            # A subgraph's output must come from one of its own nodes (see translate's
+            # _subgraph_output), not from an enclosing graph.
             return False
         new.name = old.name
         old.replace_all_uses_with(new, replace_graph_outputs=True)

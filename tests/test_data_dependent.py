@@ -1,0 +1,139 @@
+"""Ops whose output size depends on tensor values (unbacked SymInts in the FX graph).
+
+Each model is exported once and run on inputs that give a different data-dependent size than
+the export inputs did; the ONNX output dim must be symbolic, not the size seen at export.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.equivalence import assert_exports_equivalent
+
+N = torch.export.Dim("n")
+
+
+class Unary(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+class Binary(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
+def _assert_symbolic_first_dims(program) -> None:
+    for output in program.model.graph.outputs:
+        assert output.shape is not None and len(output.shape) > 0
+        assert not isinstance(output.shape[0], int), f"{output.name} has a fixed size {output.shape[0]}"
+
+
+x_signs = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0, 6.0])
+more_positive = torch.tensor([1.0, 2.0, 3.0, -4.0, 5.0, 6.0, 7.0, 8.0])
+all_negative = -more_positive.abs()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda x: torch.nonzero(x > 0), id="nonzero"),
+        pytest.param(lambda x: torch.masked_select(x, x > 0), id="masked_select"),
+        pytest.param(lambda x: x[x > 0] * 2, id="boolean_index"),
+        pytest.param(lambda x: torch.argwhere(x < 2), id="argwhere"),
+    ],
+)
+def test_mask_selections_follow_the_data(fn):
+    program = assert_exports_equivalent(
+        Unary(fn), (x_signs,), dynamic_shapes=({0: N},), resized=[(more_positive,), (all_negative,)]
+    )
+    _assert_symbolic_first_dims(program)
+
+
+def test_boolean_mask_over_rows_and_over_a_matrix():
+    rows = Binary(lambda x, keep: (x[keep], x[x > 0]))
+    x = x_signs.reshape(3, 2)
+    program = assert_exports_equivalent(
+        rows,
+        (x, torch.tensor([True, False, True])),
+        resized=[(x, torch.tensor([False, False, True])), (-x, torch.tensor([True, True, True]))],
+    )
+    _assert_symbolic_first_dims(program)
+
+
+def test_nonzero_as_tuple_indexes_back():
+    def coordinates(x):
+        rows, cols = torch.nonzero(x > 0, as_tuple=True)
+        return rows, x[rows, cols]
+
+    x = x_signs.reshape(2, 3)
+    assert_exports_equivalent(Unary(coordinates), (x,), resized=[(-x,), (x.abs(),)])
+
+
+def test_unique_sorted_with_inverse_and_counts():
+    def distinct(x):
+        return torch.unique(x, return_inverse=True, return_counts=True)
+
+    program = assert_exports_equivalent(
+        Unary(distinct),
+        (torch.tensor([[3, 1], [3, 2]]),),
+        dynamic_shapes=({0: N},),
+        resized=[(torch.tensor([[5, 5], [5, 1], [7, 7]]),), (torch.tensor([[4, 4]]),)],
+    )
+    values, _, counts = program.model.graph.outputs
+    assert not isinstance(values.shape[0], int) and not isinstance(counts.shape[0], int)
+
+
+def test_unique_values_only_and_along_a_dim():
+    def distinct(x):
+        return torch.unique(x), torch.unique(x, dim=0, return_counts=True)
+
+    assert_exports_equivalent(
+        Unary(distinct),
+        (torch.tensor([[1.0, 2.0], [1.0, 2.0], [0.0, 1.0]]),),
+        dynamic_shapes=({0: N},),
+        resized=[(torch.tensor([[3.0, 2.0], [1.0, 2.0], [0.0, 1.0], [3.0, 2.0], [0.0, 0.0]]),)],
+    )
+
+
+def test_unique_consecutive_runs():
+    def runs(x):
+        return torch.unique_consecutive(x, return_inverse=True, return_counts=True)
+
+    assert_exports_equivalent(
+        Unary(runs),
+        (torch.tensor([1.0, 1.0, 2.0, 2.0, 3.0, 1.0]),),
+        dynamic_shapes=({0: N},),
+        resized=[(torch.tensor([1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0]),), (torch.tensor([7.0]),)],
+    )
+
+
+def test_item_feeds_creation_and_slicing_sizes():
+    def sized_by(n, x):
+        count = n.item()
+        return torch.full((count, 2), 2.0) * x.sum(), x[:count], torch.arange(count)
+
+    x = torch.arange(6.0)
+    program = assert_exports_equivalent(
+        Binary(sized_by), (torch.tensor(2), x), resized=[(torch.tensor(5), x), (torch.tensor(0), x)]
+    )
+    _assert_symbolic_first_dims(program)
+
+
+def test_tolist_sizes_a_split():
+    def split_by(x, sizes):
+        return torch.split(x, sizes.tolist())
+
+    x = torch.arange(6.0)
+    assert_exports_equivalent(
+        Binary(split_by), (x, torch.tensor([2, 4])), resized=[(x, torch.tensor([5, 1])), (x, torch.tensor([0, 6]))]
+    )
