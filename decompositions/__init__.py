@@ -33,6 +33,7 @@ __all__ = [
     "decomposition_for",
     "decomposition_table",
     "preserved_ops",
+    "recurrent_ops_kept_whole",
     "trace_decomposition",
 ]
 
@@ -93,8 +94,51 @@ preserved_ops: frozenset[torch._ops.OpOverload] = frozenset(
         aten.clamp_min.default,
         aten.clamp_max.default,
         aten.baddbmm.default,
+        aten.lstm.input,
+        aten.gru.input,
     }
 )
+
+
+def _recurrent_output_shapes(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A kernel for ``aten.lstm.input`` / ``aten.gru.input`` that gives fake tensors outputs of
+    the right shapes without running ``original``, torch's time loop (whose step count would
+    fix the sequence length); real tensors still run ``original``."""
+
+    def kernel(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        if not isinstance(input, torch._subclasses.FakeTensor):
+            return original(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+        states = hx if isinstance(hx, (list, tuple)) else [hx]
+        directions = 2 if bidirectional else 1
+        output = input.new_empty([*input.shape[:-1], directions * states[0].shape[-1]])
+        return (output, *(state.new_empty(state.shape) for state in states))
+
+    return kernel
+
+
+@contextlib.contextmanager
+def recurrent_ops_kept_whole():
+    """While capturing, keep ``aten.lstm.input`` and ``aten.gru.input`` whole with a symbolic
+    sequence length: torch.export records them as nodes but computes their outputs with torch's
+    decomposition, an unrolled Python loop over the time steps."""
+    swapped = []
+    for op in (aten.lstm.input, aten.gru.input):
+        for key in (
+            torch._C.DispatchKey.Autograd,
+            torch._C.DispatchKey.CompositeImplicitAutograd,
+            torch._C.DispatchKey.Meta,
+        ):
+            original = op.py_kernels.get(key)
+            if original is not None:
+                swapped.append((op, key, original))
+                op.py_kernels[key] = _recurrent_output_shapes(original)
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, original in swapped:
+            op.py_kernels[key] = original
+            op._dispatch_cache.clear()
 
 
 @functools.cache

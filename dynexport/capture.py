@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx.experimental._config as fx_config
 
+from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
 
 __all__ = ["STRATEGIES", "as_module", "capture"]
@@ -94,7 +95,7 @@ def capture(
     )
     for name, strategy in STRATEGIES.items():
         try:
-            with _size_oblivious(oblivious):
+            with _size_oblivious(oblivious), recurrent_ops_kept_whole():
                 return strategy(module, args, kwargs, dynamic_shapes), name
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error

@@ -14,6 +14,7 @@ from dynexport.ops import (  # noqa: F401
     pooling,
     quantization,
     random,
+    recurrent,
     reduction,
     resampling,
     shape,

@@ -1,0 +1,74 @@
+"""aten.lstm / aten.gru as ONNX LSTM and GRU nodes, checked against eager PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.equivalence import assert_exports_equivalent, op_histogram
+
+Dim = torch.export.Dim
+
+
+def _sequences(module: nn.Module, batch: int, steps: int) -> torch.Tensor:
+    shape = (batch, steps, module.input_size) if module.batch_first else (steps, batch, module.input_size)
+    return torch.randn(shape)
+
+
+def _dims(module: nn.Module, *, steps: bool) -> dict:
+    batch_dim, step_dim = (0, 1) if module.batch_first else (1, 0)
+    return {batch_dim: Dim("batch"), **({step_dim: Dim("steps")} if steps else {})}
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        nn.LSTM(4, 8),
+        nn.LSTM(4, 8, num_layers=2, bidirectional=True, batch_first=True),
+        nn.LSTM(4, 8, bias=False, bidirectional=True),
+        nn.GRU(4, 8),
+        nn.GRU(4, 8, num_layers=2, bidirectional=True, batch_first=True),
+        nn.GRU(4, 8, num_layers=3, bias=False),
+    ],
+    ids=["lstm", "lstm_2layer_bidirectional_batch_first", "lstm_no_bias", "gru", "gru_2layer_bidirectional_batch_first",
+         "gru_3layer_no_bias"],
+)
+def test_one_onnx_node_per_layer_with_dynamic_steps(module):
+    torch.manual_seed(0)
+    module.eval()
+    program = assert_exports_equivalent(
+        module, (_sequences(module, 2, 5),), dynamic_shapes=(_dims(module, steps=True),),
+        resized=[(_sequences(module, b, s),) for b, s in [(3, 9), (1, 2), (4, 1)]],
+    )
+    op = type(module).__name__
+    assert op_histogram(program)[op] == module.num_layers
+
+
+def test_initial_states_are_used():
+    torch.manual_seed(0)
+    module = nn.LSTM(4, 8, num_layers=2, bidirectional=True).eval()
+    states = (torch.randn(4, 2, 8), torch.randn(4, 2, 8))
+    batch = Dim("batch")
+    grown_states = (torch.randn(4, 3, 8), torch.randn(4, 3, 8))
+    assert_exports_equivalent(
+        module, (torch.randn(5, 2, 4), states), dynamic_shapes=({1: batch}, ({1: batch}, {1: batch})),
+        resized=[(torch.randn(5, 3, 4), grown_states)],
+    )
+
+
+def test_lstm_with_projection_decomposes():
+    """ONNX LSTM has no projection (proj_size): the rule declines and torch's cell loop is used."""
+    torch.manual_seed(0)
+    module = nn.LSTM(4, 8, proj_size=3).eval()
+    program = assert_exports_equivalent(module, (torch.randn(5, 2, 4),), dynamic_shapes=({1: Dim("batch")},),
+                                        resized=[(torch.randn(5, 3, 4),)])
+    assert "LSTM" not in op_histogram(program)
+
+
+def test_capture_keeps_steps_dynamic():
+    # torch.export records aten.gru as one node but would compute its output with torch's
+    # unrolled time loop, fixing the steps; capture gives it a shape-only fake kernel.
+    module = nn.GRU(4, 8).eval()
+    assert_exports_equivalent(module, (torch.randn(5, 2, 4),), dynamic_shapes=({0: Dim("steps")},),
+                              resized=[(torch.randn(7, 2, 4),)])
