@@ -15,7 +15,7 @@ import torch
 
 from dynexport import capture as capture_stage
 from dynexport import report as report_stage
-from dynexport import signature
+from dynexport import signature, torchscript
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.module_functions import module_selector
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
@@ -95,7 +95,12 @@ def export(
         export_modules_as_functions: True, or a set of module classes: each call of such a
             module becomes a call of an ONNX local function named after its class (nested for
             nested modules; calls with identical bodies share one definition).
-        dynamo: must be True (the TorchScript path is not available yet).
+        dynamo: True (default) captures ``model`` with torch.export. False captures it through
+            TorchScript: a ``ScriptModule`` or ``ScriptFunction`` as scripted, any other module
+            traced by ``torch.jit.trace`` (Python loops unroll and ``if`` takes the branch of
+            ``args``; shapes are static unless ``dynamic_shapes``/``dynamic_axes`` say
+            otherwise). TorchScript models always take this path; their ``prim::If`` becomes
+            ``torch.cond`` and ``prim::Loop`` ``torch.while_loop`` (see docs/control_flow.md).
         example_inputs: with ``dynamic_shapes="auto"``: further example calls (``(args,
             kwargs)`` pairs or argument tuples); every dim whose size differs between them and
             ``args`` becomes dynamic (``batch``, ``sequence``, ``<input>_dim_<axis>``). With
@@ -123,11 +128,10 @@ def export(
             f"opset_version={opset_version!r} is not supported; choose one of "
             f"{SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1} (default {DEFAULT_OPSET})"
         )
-    if not dynamo:
-        raise ValueError(
-            "dynamo=False (the TorchScript exporter) is not supported yet; "
-            "drop the argument to export through torch.export"
-        )
+    if not isinstance(dynamo, bool):
+        raise TypeError(f"dynamo must be True or False, got {dynamo!r}")
+    if not dynamo and isinstance(model, torch.export.ExportedProgram):
+        raise ValueError("dynamo=False traces a module with torch.jit.trace; an ExportedProgram is already captured")
     if dynamic_shapes is not None and dynamic_axes is not None:
         raise ValueError("pass either dynamic_shapes or dynamic_axes, not both")
     _check_names("input_names", input_names)
@@ -176,7 +180,13 @@ def export(
                 _check_input_count(input_names, _count_tensor_inputs(program))
         else:
             args, kwargs = signature.split_legacy_args(args, kwargs)
-            module = capture_stage.as_module(model, args)
+            from_torchscript = not dynamo or torchscript.is_torchscript(model)
+            if from_torchscript:
+                with _phase(timings, "torchscript"), exporting(), select_model_mode_for_export(model, training):
+                    module, args = torchscript.graph_module(model, args, kwargs)
+                kwargs = {}
+            else:
+                module = capture_stage.as_module(model, args)
             signature.check_argument_types(args, kwargs)
             bound = signature.bind_arguments(module.forward, args, kwargs)
             tensor_leaves = sum(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((args, kwargs)))
@@ -193,7 +203,8 @@ def export(
             else:
                 requested_dims = signature.named_dims(dynamic_shapes, bound)
             with _phase(timings, "capture"), exporting(), select_model_mode_for_export(module, training):
-                program, strategy = capture_stage.capture(module, args, kwargs, dynamic_shapes)
+                capture = torchscript.capture if from_torchscript else capture_stage.capture
+                program, strategy = capture(module, args, kwargs, dynamic_shapes)
             if auto_dims:
                 _warn_fixed_dims(program, requested_dims)
         record.strategy, record.exported_program = strategy, program

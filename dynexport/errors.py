@@ -14,6 +14,7 @@ from collections.abc import Sequence
 __all__ = [
     "CaptureError",
     "ExportError",
+    "TorchScriptConversionError",
     "TranslationError",
     "UnsupportedOperatorError",
     "UnsupportedUse",
@@ -85,6 +86,23 @@ class TranslationError(ExportError):
         self.reason = reason
         self.hint = hint
         message = f"Failed to translate {target}: {reason}"
+        if source:
+            message += f"\n  at {source}"
+        if hint:
+            message += f"\nHint: {hint}"
+        super().__init__(message)
+
+
+class TorchScriptConversionError(ExportError):
+    """A TorchScript construct (``prim::Loop``, ``aten::append``, ...) that has no
+    ExportedProgram form; ``source`` is the TorchScript source line that holds it."""
+
+    def __init__(self, construct: str, source: str | None, reason: str, hint: str | None = None):
+        self.construct = construct
+        self.source = source
+        self.reason = reason
+        self.hint = hint
+        message = f"Cannot convert the TorchScript construct {construct}: {reason}"
         if source:
             message += f"\n  at {source}"
         if hint:

@@ -168,7 +168,7 @@ def test_input_and_output_names():
         ({"dynamic_axes": {"x": {5: "batch"}}}, ValueError, "axis 5"),
         ({"dynamic_axes": {"x": "batch"}}, TypeError, "must be a dict"),
         ({"custom_translation_table": {torch.ops.aten.relu.default: 3}}, TypeError, "must be callable"),
-        ({"dynamo": False}, ValueError, "dynamo=False"),
+        ({"dynamo": "no"}, TypeError, "dynamo must be True or False"),
     ],
 )
 def test_inconsistent_arguments_fail_before_work(options, error, match):

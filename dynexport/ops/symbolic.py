@@ -98,14 +98,21 @@ def sym_not(ctx, a):
     return ctx.op.Not(a)
 
 
-@translates(operator.and_)
-def sym_and(ctx, a, b):
-    return ctx.op.And(a, b)
+def _logical_or_bitwise(logical: str, bitwise: str):
+    """``&`` and ``|`` giving a SymBool are logical (TorchScript may pass its booleans as ints);
+    giving a SymInt they are bitwise on int64, as in Python."""
+
+    def rule(ctx, a, b):
+        if isinstance(ctx.node.meta.get("val"), (torch.SymBool, bool)):
+            return getattr(ctx.op, logical)(scalar(ctx, a, ir.DataType.BOOL), scalar(ctx, b, ir.DataType.BOOL))
+        return getattr(ctx.op, bitwise)(scalar(ctx, a, ir.DataType.INT64), scalar(ctx, b, ir.DataType.INT64))
+
+    rule.__name__ = rule.__qualname__ = f"sym_{logical.lower()}"
+    return rule
 
 
-@translates(operator.or_)
-def sym_or(ctx, a, b):
-    return ctx.op.Or(a, b)
+translates(operator.and_)(_logical_or_bitwise("And", "BitwiseAnd"))
+translates(operator.or_)(_logical_or_bitwise("Or", "BitwiseOr"))
 
 
 @translates(torch.sym_float)

@@ -1,0 +1,260 @@
+"""TorchScript models and ``dynamo=False``: the seed examples of the old torch.onnx docs, and each
+control-flow construct run in onnxruntime on inputs that take another branch or trip count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+import dynexport
+from dynexport import torchscript
+from dynexport.errors import TorchScriptConversionError
+from tests.equivalence import assert_close, assert_exports_equivalent, op_histogram
+
+# --- The seed examples, as the old torch.onnx docs wrote them. ---------------------------------
+
+
+class LoopModel(torch.nn.Module):
+    def forward(self, x, y):
+        for i in range(y):
+            x = x + i
+        return x
+
+
+@torch.jit.script
+def loop(x, y):
+    for i in range(int(y)):
+        x = x + i
+    return x
+
+
+class LoopModel2(torch.nn.Module):
+    def forward(self, x, y):
+        return loop(x, y)
+
+
+class ListLoopModel(torch.nn.Module):
+    def forward(self, x):
+        res = []
+        res1 = []
+        arr = x.split(2, 0)
+        res2 = torch.zeros(3, 4, dtype=torch.long)
+        for i in range(len(arr)):
+            res = res.append(arr[i].sum(0, False))
+            res1 = res1.append(arr[-1 - i].sum(0, False))
+            res2 += 1
+        return torch.stack(res), torch.stack(res1), res2
+
+
+class InPlaceIndexedAssignment(torch.nn.Module):
+    def forward(self, data, new_data):
+        data[1] = new_data
+        return data
+
+
+class ImplicitCastType(torch.jit.ScriptModule):
+    @torch.jit.script_method
+    def forward(self, x):
+        # Exporter knows x is float32, will export '2' as float32 as well.
+        y = x + 2
+        # Without type propagation, exporter doesn't know the datatype of y.
+        # Thus '3' is exported as int64 by default.
+        return y + 3
+
+
+def test_traced_loop_model_unrolls():
+    dummy_input = torch.ones(2, 3, dtype=torch.long)
+    loop_count = torch.tensor(5, dtype=torch.long)
+    program = assert_exports_equivalent(
+        LoopModel(), (dummy_input, loop_count), dynamo=False, resized=[(dummy_input * 7, loop_count)]
+    )
+    # x + 0 folds away: the four Adds of the docs' graph, no Loop.
+    assert op_histogram(program) == {"Add": 4}
+
+
+def test_scripted_loop_in_module_is_an_onnx_loop():
+    dummy_input = torch.ones(2, 3, dtype=torch.long)
+    loop_count = torch.tensor(5, dtype=torch.long)
+    program = dynexport.export(
+        LoopModel2(), (dummy_input, loop_count), dynamo=False, input_names=["input_data", "loop_range"]
+    )
+    assert op_histogram(program)["Loop"] == 1
+    assert [value.name for value in program.model.graph.inputs] == ["input_data", "loop_range"]
+    assert torch.equal(program(dummy_input, torch.tensor(9)), torch.full((2, 3), 37))
+    for trip_count in (0, 1, 5, 12):
+        assert_close(program(dummy_input, torch.tensor(trip_count)), loop(dummy_input, torch.tensor(trip_count)))
+
+
+def test_script_function_exports_with_a_dynamic_trip_count():
+    x = torch.randn(2, 3)
+    program = assert_exports_equivalent(
+        loop, (x, torch.tensor(3)), resized=[(x, torch.tensor(0)), (torch.randn(2, 3), torch.tensor(8))]
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
+def test_list_loop_model():
+    # The lists' length is the number of chunks of x, fixed by x's shape: the loop unrolls.
+    model = torch.jit.script(ListLoopModel())
+    program = assert_exports_equivalent(model, (torch.randn(16),), resized=[(torch.randn(16),)])
+    assert "Loop" not in op_histogram(program)
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["traced", "scripted"])
+def test_in_place_indexed_assignment(script):
+    model = torch.jit.script(InPlaceIndexedAssignment()) if script else InPlaceIndexedAssignment()
+    data, new_data = torch.zeros(3, 4), torch.arange(4).to(torch.float32)
+    assert_exports_equivalent(
+        model, (data, new_data), dynamo=False, resized=[(torch.randn(3, 4), torch.randn(4))]
+    )
+
+
+def test_implicit_cast_type():
+    x = torch.tensor([1.0], dtype=torch.float32)
+    program = assert_exports_equivalent(ImplicitCastType(), (x,), resized=[(torch.tensor([-4.5]),)])
+    assert program(x).dtype == torch.float32
+
+
+# --- Control flow constructs. ------------------------------------------------------------------
+
+
+class Branch(torch.nn.Module):
+    def forward(self, x):
+        if bool(x.sum() > 0):
+            y = x * 2
+        else:
+            y = x - 1
+        return y
+
+
+def test_if_takes_either_branch():
+    program = assert_exports_equivalent(
+        torch.jit.script(Branch()), (torch.ones(3),), resized=[(-torch.ones(3),), (torch.randn(3),)]
+    )
+    assert op_histogram(program)["If"] == 1
+
+
+def test_traced_if_keeps_the_branch_of_the_trace():
+    program = assert_exports_equivalent(Branch(), (torch.ones(3),), dynamo=False, resized=[(torch.rand(3) + 1,)])
+    assert "If" not in op_histogram(program)
+    assert torch.equal(program(-torch.ones(3)), -torch.ones(3) * 2)  # eager would take the else branch
+
+
+@torch.jit.script
+def doubling(x, limit: float):
+    while bool(x.sum() < limit):
+        x = x * 2
+    return x
+
+
+def test_while_loop_runs_until_its_condition_fails():
+    program = assert_exports_equivalent(
+        doubling,
+        (torch.ones(3), 100.0),
+        resized=[(torch.full((3,), 0.01), 100.0), (torch.full((3,), 500.0), 100.0)],
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
+@torch.jit.script
+def double_until_large(x, steps):
+    for _ in range(int(steps)):
+        if bool(x.abs().max() > 50.0):
+            break
+        x = x * 2
+    return x
+
+
+def test_dynamic_loop_with_a_tensor_break():
+    # TorchScript's loop condition combines the trip count with the break flag, as ints.
+    program = assert_exports_equivalent(
+        double_until_large,
+        (torch.ones(3), torch.tensor(3)),
+        resized=[(torch.ones(3), torch.tensor(0)), (torch.ones(3), torch.tensor(30)), (torch.full((3,), 60.0), torch.tensor(4))],
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
+class Recurrence(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.Linear(4, 4)
+
+    def forward(self, xs):
+        h = torch.zeros(xs.size(1), 4)
+        for t in range(xs.size(0)):
+            h = torch.tanh(self.cell(xs[t]) + h)
+        return h
+
+
+def test_loop_over_a_dynamic_dim_with_parameters():
+    program = assert_exports_equivalent(
+        torch.jit.script(Recurrence().eval()),
+        (torch.randn(5, 2, 4),),
+        dynamic_shapes=({0: Dim("steps")},),
+        resized=[(torch.randn(9, 2, 4),), (torch.randn(1, 2, 4),)],
+    )
+    assert op_histogram(program)["Loop"] == 1
+    assert {"cell.weight", "cell.bias"} <= set(program.model.graph.initializers)
+
+
+def test_loop_over_a_static_dim_unrolls():
+    program = assert_exports_equivalent(torch.jit.script(Recurrence().eval()), (torch.randn(3, 2, 4),))
+    assert "Loop" not in op_histogram(program)
+    assert op_histogram(program)["Tanh"] == 3
+
+
+class Repeat(torch.nn.Module):
+    def forward(self, x, scale: float = 2.0, times: int = 3):
+        for i in range(times):
+            x = x * scale
+        return x
+
+
+def test_keyword_and_default_arguments_are_bound_positionally():
+    model = torch.jit.script(Repeat())
+    module, args = torchscript.graph_module(model, (torch.ones(2),), {"times": 2})
+    assert args[1:] == (2.0, 2)
+    program = dynexport.export(model, (torch.ones(2),), kwargs={"times": 2})
+    assert_close(program(*args), model(torch.ones(2), times=2))
+
+
+# --- Errors. -----------------------------------------------------------------------------------
+
+
+class AppendInDynamicLoop(torch.nn.Module):
+    def forward(self, x, n):
+        out: list[torch.Tensor] = []
+        for i in range(int(n)):
+            out.append(x + i)
+        return torch.stack(out)
+
+
+def test_list_in_a_dynamic_loop_names_the_construct_and_line():
+    with pytest.raises(TorchScriptConversionError, match=r"prim::Loop") as error:
+        dynexport.export(torch.jit.script(AppendInDynamicLoop()), (torch.ones(2), torch.tensor(3)))
+    assert error.value.construct == "prim::Loop"
+    assert "test_torchscript.py" in error.value.source and "for i in range(int(n)):" in error.value.source
+
+
+class CountingBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def forward(self, x):
+        if bool(x.sum() > 0):
+            self.count = self.count + 1
+        return x + 1
+
+
+def test_unconvertible_construct_names_the_construct_and_line():
+    with pytest.raises(TorchScriptConversionError, match=r"prim::If.*SetAttr") as error:
+        dynexport.export(torch.jit.script(CountingBranch()), (torch.ones(2),))
+    assert "if bool(x.sum() > 0):" in error.value.source
+
+
+def test_dynamo_false_traces_tensors_only():
+    with pytest.raises(TypeError, match="argument 'scale' is float"):
+        dynexport.export(Repeat(), (torch.ones(2), 2.0), dynamo=False)
