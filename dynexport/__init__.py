@@ -10,6 +10,7 @@ from dynexport.api import (
     export,
     export_to_pretty_string,
 )
+from dynexport.backend import backend
 from dynexport.modes import (
     TrainingMode,
     is_in_onnx_export,
@@ -35,6 +36,7 @@ __all__ = [
     "TranslationContext",
     "TrainingMode",
     "TranslationTable",
+    "backend",
     "errors",
     "export",
     "export_to_pretty_string",

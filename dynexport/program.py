@@ -277,7 +277,7 @@ class ONNXProgram:
             self._session = _session(self.model_proto)
         feeds = {name: _ort_value(array) for name, array in self._feeds(args, kwargs).items()}
         results = self._session.run_with_ort_values(None, feeds)
-        return self._structure(_to_torch(results, [v.dtype for v in self.model.graph.outputs]))
+        return self._structure(ort_values_to_torch(results, [v.dtype for v in self.model.graph.outputs]))
 
     def verify(
         self,
@@ -378,9 +378,11 @@ def _session(proto: onnx.ModelProto):
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _to_torch(results: list[Any], dtypes: list[ir.DataType]) -> list[torch.Tensor]:
-    # DLPack hands every dtype over without a copy (numpy has no bfloat16); bool arrives as
-    # uint8 and is viewed back.
+def ort_values_to_torch(results: list[Any], dtypes: list[ir.DataType]) -> list[torch.Tensor]:
+    """onnxruntime OrtValues as torch tensors of ``dtypes``, without copies.
+
+    DLPack hands every dtype over (numpy has no bfloat16); bool arrives as uint8 and is viewed
+    back."""
     tensors = [torch.from_dlpack(r) for r in results]
     wanted = [to_torch_dtype(d) for d in dtypes]
     return [t.view(d) if t.dtype != d else t for t, d in zip(tensors, wanted)]

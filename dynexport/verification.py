@@ -431,7 +431,7 @@ def first_divergence(
     return the first node (in execution order) whose values differ, and how many were compared."""
     import onnx_ir as ir
 
-    from dynexport.program import _session, _to_torch
+    from dynexport.program import _session, ort_values_to_torch
 
     exported = program.exported_program
     if exported is None:
@@ -459,7 +459,7 @@ def first_divergence(
     names = [o.name for o in session.get_outputs()]
     results = session.run_with_ort_values(None, {k: _ort_value(v) for k, v in feeds.items()})
     dtypes = [v.dtype for v in graph.outputs] + [v.dtype for v in extra]
-    actual_by_name = dict(zip(names, _to_torch(results, dtypes)))
+    actual_by_name = dict(zip(names, ort_values_to_torch(results, dtypes)))
     compared = 0
     for node in exported.graph.nodes:
         value = onnx_values.get(node.name)
