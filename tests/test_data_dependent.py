@@ -137,3 +137,16 @@ def test_tolist_sizes_a_split():
     assert_exports_equivalent(
         Binary(split_by), (x, torch.tensor([2, 4])), resized=[(x, torch.tensor([5, 1])), (x, torch.tensor([0, 6]))]
     )
+
+
+def test_repeat_interleave_by_a_tensor_of_counts():
+    def repeat(x, repeats):
+        return x.repeat_interleave(repeats, dim=0), x.repeat_interleave(repeats[:2], dim=1), torch.repeat_interleave(repeats)
+
+    x = torch.randn(3, 2)
+    program = assert_exports_equivalent(
+        Binary(repeat),
+        (x, torch.tensor([1, 0, 2])),
+        resized=[(x, torch.tensor([3, 1, 0])), (x, torch.tensor([0, 0, 0])), (x, torch.tensor([4, 4, 4]))],
+    )
+    assert not isinstance(program.model.graph.outputs[0].shape[0], int)

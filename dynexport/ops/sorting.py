@@ -1,5 +1,6 @@
 """Sorting and selection: sort, topk, kthvalue, median and nonzero, all built on ONNX TopK;
-bucketize and searchsorted, which count the boundaries below each value.
+bucketize, searchsorted and repeat_interleave's indices, which count the boundaries below each
+value.
 
 TopK breaks ties by the lower index, which is what PyTorch's stable sort does in both
 directions. It orders NaN arbitrarily, while PyTorch treats NaN as larger than +inf; floating
@@ -163,3 +164,31 @@ def searchsorted(ctx, sorted_sequence, self, *, out_int32=False, right=False, si
         ordered.shape = sorted_sequence.shape
         sorted_sequence = ordered
     return _count_below(ctx, sorted_sequence, self, right or side == "right", out_int32)
+
+
+def _repeated_indices(ctx, repeats: ir.Value) -> ir.Value:
+    """0 repeated repeats[0] times, 1 repeats[1] times, ...: the bucket of each output position
+    among the running totals of ``repeats``."""
+    repeats = cast(ctx, repeats, _INT64)
+    ends = ctx.op.CumSum(repeats, ctx.constant(0, _INT64))
+    ends.shape = ir.Shape([None])
+    total = ctx.op.ReduceSum(repeats, keepdims=0)
+    positions = ctx.op.Range(ctx.constant(0, _INT64), total, ctx.constant(1, _INT64))
+    positions.shape = ir.Shape([None])
+    return _count_below(ctx, ends, positions, right=True, out_int32=False)
+
+
+@translates(aten.repeat_interleave.Tensor)
+def repeat_interleave(ctx, repeats, *, output_size=None):
+    return cast(ctx, _repeated_indices(ctx, repeats), repeats.dtype)
+
+
+@translates(aten.repeat_interleave.self_Tensor)
+def repeat_interleave_self(ctx, self, repeats, dim=None, *, output_size=None):
+    if dim is None:
+        self, dim = ctx.op.Reshape(self, ints(ctx, [-1])), 0
+        self.shape = ir.Shape([None])
+    dim = normalize_dim(dim, rank(self))
+    # One repeat count applies to every slice along dim.
+    repeats = ctx.op.Expand(ctx.op.Reshape(repeats, ints(ctx, [-1])), shape_tensor(ctx, [size_of(ctx, self, dim)]))
+    return ctx.op.Gather(self, _repeated_indices(ctx, repeats), axis=dim)
