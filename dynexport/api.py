@@ -209,8 +209,9 @@ def export(
                 _warn_fixed_dims(program, requested_dims)
         record.strategy, record.exported_program = strategy, program
 
+        updates_buffers = training is TrainingMode.TRAINING
         with _phase(timings, "decompose"):
-            program = _functionalized(program)
+            program = _functionalized(program, explicit_buffer_updates=updates_buffers)
             simplifications = simplify_program(program, fold_constants=do_constant_folding) if optimize else None
         record.exported_program = program
         io_names = signature.graph_io(program, input_names, output_names, requested_dims)
@@ -227,6 +228,7 @@ def export(
             custom_opsets=dict(custom_opsets or {}),
             module_functions=module_functions,
             simplifications=simplifications,
+            buffer_updates=updates_buffers,
         )
         _notify("translate", timings.get("translate", 0.0))
         with _phase(timings, "optimize"):
@@ -330,9 +332,15 @@ def _warn_fixed_dims(program: torch.export.ExportedProgram, requested_dims: dict
             )
 
 
-def _functionalized(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+def _functionalized(
+    program: torch.export.ExportedProgram, *, explicit_buffer_updates: bool = False
+) -> torch.export.ExportedProgram:
     """The program itself when the translator can treat its in-place ops as functional ones,
-    else the program functionalized by torch (a re-trace)."""
+    else the program functionalized by torch (a re-trace). ``explicit_buffer_updates`` (training
+    mode) re-traces whenever there are buffers, so that every buffer update (batch norm's running
+    statistics) is an output of the program."""
+    if explicit_buffer_updates and program.graph_signature.buffers:
+        return program.run_decompositions({})
     if inplace_ops_are_local(program.graph):
         return program
     return program.run_decompositions({})

@@ -6,6 +6,7 @@ import concurrent.futures
 import contextlib
 import io
 import itertools
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -18,6 +19,7 @@ import torch.utils._pytree as pytree
 from onnx_ir.tensor_adapters import TorchTensor
 
 from dynexport.dtypes import to_torch_dtype
+from dynexport.translate import BUFFER_UPDATES_KEY
 
 if TYPE_CHECKING:
     from dynexport.verification import VerificationReport
@@ -70,6 +72,9 @@ class ONNXProgram:
         self.report_path: str | None = None
         self._proto: onnx.ModelProto | None = None
         self._session = None
+        # Training mode: the buffers each call updates, fed to the next call (as eager PyTorch
+        # updates its module's buffers); empty until the first call.
+        self.buffers: dict[str, torch.Tensor] = {}
 
     def __repr__(self) -> str:
         graph = self.model.graph
@@ -276,8 +281,20 @@ class ONNXProgram:
         if self._session is None:
             self._session = _session(self.model_proto)
         feeds = {name: _ort_value(array) for name, array in self._feeds(args, kwargs).items()}
+        feeds.update({name: _ort_value(_numpy(value)) for name, value in self.buffers.items()})
         results = self._session.run_with_ort_values(None, feeds)
-        return self._structure(ort_values_to_torch(results, [v.dtype for v in self.model.graph.outputs]))
+        outputs = ort_values_to_torch(results, [v.dtype for v in self.model.graph.outputs])
+        by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
+        for buffer, output in self.buffer_updates.items():
+            self.buffers[buffer] = by_name[output].clone()
+        return self._structure(outputs)
+
+    @property
+    def buffer_updates(self) -> dict[str, str]:
+        """``{buffer: output}``: the buffers a model exported with ``TrainingMode.TRAINING``
+        updates (batch norm's running statistics), each also a graph input, and the outputs
+        holding their new values."""
+        return json.loads(self.model.metadata_props.get(BUFFER_UPDATES_KEY, "{}"))
 
     def verify(
         self,

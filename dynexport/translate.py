@@ -16,6 +16,7 @@ through ONNX's outer scope.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import warnings
 from collections import Counter
@@ -47,7 +48,10 @@ from dynexport.passes.fx.functionalize import functional_variant, mutated_argume
 from dynexport.passes.fx.simplify import Simplifications
 from dynexport.registry import Promote, Rule, TranslationTable, target_name
 
-__all__ = ["GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
+__all__ = ["BUFFER_UPDATES_KEY", "GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
+
+# Model metadata: JSON ``{buffer: output}`` for the buffers a training-mode model updates.
+BUFFER_UPDATES_KEY = "pkg.dynexport.buffer_updates"
 
 # Keyword arguments that place or lay out a tensor; they never change an ONNX computation.
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
@@ -612,12 +616,15 @@ def translate_program(
     summary: TranslationSummary | None = None,
     module_functions: Callable[[str], bool] | None = None,
     simplifications: Simplifications | None = None,
+    buffer_updates: bool = False,
 ) -> ir.Model:
     """Translate ``program`` into an ONNX model (no optimization, no file).
 
     ``simplifications`` (from ``passes/fx/simplify.py``) name nodes to skip, read through or
     emit as initializers. ``summary``, when given, is filled once every node has been planned (before an
     UnsupportedOperatorError is raised): which operators went to a rule, which were decomposed.
+    ``buffer_updates`` (training mode) makes each buffer the program mutates a graph input too
+    (its initializer the default) and its new value an output ``<buffer>.updated``.
 
     First every node gets its rule or its traced decomposition (the "decompose" phase in
     ``timings``), so that all unsupported operators are reported before anything is emitted;
@@ -673,6 +680,7 @@ def translate_program(
 
     translator.translate_graph(program.graph, env)
     _add_outputs(translator, program, env, io.output_names)
+    updated = _add_buffer_updates(translator, program, env) if buffer_updates else {}
     model = ir.Model(
         graph,
         ir_version=10,
@@ -680,6 +688,8 @@ def translate_program(
         producer_version=_version(),
         functions=list(translator.builder.functions.values()),
     )
+    if updated:
+        model.metadata_props[BUFFER_UPDATES_KEY] = json.dumps(updated)
     if module_functions is not None:
         extract_module_functions(model, translator.builder.node_module_calls, module_functions)
     _import_custom_domains(graph, custom_opsets or {})
@@ -730,6 +740,26 @@ def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any]
         used.add(id(value))
         value.name = name
         graph.outputs.append(value)
+
+
+def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Node, Any]) -> dict[str, str]:
+    """Outputs for the new values of the buffers the program mutates; each buffer also becomes
+    a graph input (defaulting to its initializer) so that a caller can feed the state back.
+    Returns ``{buffer: output name}``."""
+    graph = translator.graph
+    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
+    updated = {}
+    for arg, spec in zip(output_node.args[0], program.graph_signature.output_specs):
+        if spec.kind is not OutputKind.BUFFER_MUTATION:
+            continue
+        buffer = graph.initializers.get(spec.target) or next(v for v in graph.inputs if v.name == spec.target)
+        if not buffer.is_graph_input():
+            graph.inputs.append(buffer)
+        value = translator.builder.op.Identity(env[arg])
+        value.type, value.shape = buffer.type, buffer.shape
+        value.name = updated[spec.target] = f"{spec.target}.updated"
+        graph.outputs.append(value)
+    return updated
 
 
 def _unsupported_uses(missing: list[tuple[str, torch.fx.Node]]) -> list[UnsupportedUse]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -65,6 +67,35 @@ def test_training_mode_puts_the_model_in_train_mode_for_the_export():
     with torch.no_grad():
         expected = model(x)
     assert_close(program(x), expected)
+
+
+def test_training_mode_batch_norm_updates_its_running_statistics():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    reference = copy.deepcopy(model)
+    calls = [torch.randn(2, 3, 8, 8), torch.randn(5, 3, 8, 8) * 3 + 1, torch.randn(3, 3, 8, 8)]
+    program = dynexport.export(
+        model, (calls[0],), training=TrainingMode.TRAINING, dynamic_shapes=({0: torch.export.Dim("batch")},)
+    )
+    assert program.buffer_updates == {
+        f"1.{name}": f"1.{name}.updated" for name in ("running_mean", "running_var", "num_batches_tracked")
+    }
+    inputs = [v.name for v in program.model_proto.graph.input]
+    assert inputs == ["input", "1.running_mean", "1.running_var", "1.num_batches_tracked"]
+    assert model[1].num_batches_tracked == 0  # exporting runs nothing
+    for x in calls:
+        with torch.no_grad():
+            expected = reference(x)
+        # Each call feeds the statistics the previous one left, as eager's module keeps them.
+        assert_close(program(x), expected, atol=1e-5)
+        for name, value in program.buffers.items():
+            assert_close(value, getattr(reference[1], name.split(".")[1]), atol=1e-6)
+    assert program.buffers["1.num_batches_tracked"] == 3 and not torch.allclose(reference[1].running_var, torch.ones(4))
+
+
+def test_eval_mode_adds_no_buffer_outputs():
+    program = dynexport.export(torch.nn.BatchNorm1d(4).train(), (torch.randn(8, 4),))
+    assert program.buffer_updates == {} and len(program.model_proto.graph.output) == 1
 
 
 def test_select_model_mode_for_export_restores_each_submodule():
