@@ -31,28 +31,31 @@ import torch
 import dynexport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_speed import selected_models, suite  # noqa: E402  (the same models, defined once)
+from export_speed import Case, selected_models, suite  # noqa: E402  (the same models, defined once)
 
 EXPORTERS = ("dynexport", "dynamo", "torchscript")
 
 
-def _export_dynexport(model, args, dynamic_shapes, path) -> None:
-    dynexport.export(model, args, path, dynamic_shapes=dynamic_shapes)
+def _export_dynexport(case: Case, path: str) -> None:
+    dynexport.export(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
 
 
-def _export_dynamo(model, args, dynamic_shapes, path) -> None:
-    torch.onnx.export(model, args, path, dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False)
-
-
-def _export_torchscript(model, args, dynamic_shapes, path) -> None:
-    names = [f"input_{i}" for i in range(len(args))]
-    dynamic_axes = {
-        name: {axis: str(dim.__name__) for axis, dim in spec.items()}
-        for name, spec in zip(names, dynamic_shapes or ())
-        if spec
-    }
+def _export_dynamo(case: Case, path: str) -> None:
     torch.onnx.export(
-        model, args, path, dynamo=False, input_names=names, dynamic_axes=dynamic_axes, opset_version=20
+        case.model, case.args, path, kwargs=case.kwargs, dynamo=True, dynamic_shapes=case.dynamic_shapes, verbose=False
+    )
+
+
+def _export_torchscript(case: Case, path: str) -> None:
+    names = [f"input_{i}" for i in range(len(case.args))] + list(case.kwargs)
+    specs = list(case.dynamic_shapes.values()) if isinstance(case.dynamic_shapes, dict) else list(case.dynamic_shapes or ())
+    dynamic_axes = {
+        name: {axis: str(dim.__name__) for axis, dim in spec.items()} for name, spec in zip(names, specs) if spec
+    }
+    # The legacy convention: a trailing dict in args holds the keyword arguments.
+    args = (*case.args, case.kwargs) if case.kwargs else case.args
+    torch.onnx.export(
+        case.model, args, path, dynamo=False, input_names=names, dynamic_axes=dynamic_axes, opset_version=20
     )
 
 
@@ -82,13 +85,13 @@ def _silenced() -> Iterator[None]:
                 os.close(copy)
 
 
-def _latency(path: str, args: tuple, repeats: int) -> float:
+def _latency(path: str, inputs: list[torch.Tensor], repeats: int) -> float:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
+    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), inputs)}
     for _ in range(5):
         session.run(None, feeds)
     times = []
@@ -103,8 +106,9 @@ def _initializer_bytes(model: onnx.ModelProto) -> int:
     return sum(onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
 
 
-def measure(name: str, factory: Callable[[], tuple], repeats: int, workdir: str) -> dict[str, Any]:
-    model, args, dynamic_shapes, _ = factory()
+def measure(name: str, factory: Callable[[], Case], repeats: int, workdir: str) -> dict[str, Any]:
+    case = factory()
+    inputs = [*case.args, *case.kwargs.values()]
     results: dict[str, Any] = {}
     for exporter in EXPORTERS:
         directory = os.path.join(workdir, f"{name}.{exporter}")
@@ -113,13 +117,13 @@ def measure(name: str, factory: Callable[[], tuple], repeats: int, workdir: str)
         try:
             with warnings.catch_warnings(), _silenced():
                 warnings.simplefilter("ignore")
-                _EXPORT[exporter](model, args, dynamic_shapes, path)
+                _EXPORT[exporter](case, path)
             proto = onnx.load(path)
             results[exporter] = {
                 "nodes": len(proto.graph.node),
                 "bytes": _initializer_bytes(proto),
                 "file": sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)),
-                "latency": _latency(path, args, repeats),
+                "latency": _latency(path, inputs, repeats),
             }
         except Exception as error:  # a failure is a result: print it and go on with the suite
             results[exporter] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"}

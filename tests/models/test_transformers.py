@@ -14,23 +14,20 @@ from tests.equivalence import assert_exports_equivalent
 
 transformers = pytest.importorskip("transformers")
 
+from tests.models.families import (  # noqa: E402  (after the importorskip)
+    DECODERS,
+    ENCODERS,
+    VOCAB,
+    text_dims,
+    text_inputs,
+    tiny,
+)
+
 Dim = torch.export.Dim
 
-VOCAB = 96
 TEXT_SIZES = [(2, 7), (3, 11), (1, 16), (4, 4)]  # (batch, sequence): the first is the export size
 IMAGE_SIZES = [2, 3, 1, 4]  # batches: images keep the size the config was made for
 ATOL = 1e-4
-
-
-def _text_inputs(batch: int, seq: int, *, mask: bool = True) -> dict[str, torch.Tensor]:
-    """Token ids, and an attention mask whose last row pads out its final tokens."""
-    generator = torch.Generator().manual_seed(batch * 100 + seq)
-    inputs = {"input_ids": torch.randint(1, VOCAB, (batch, seq), generator=generator)}
-    if mask:
-        attention_mask = torch.ones(batch, seq, dtype=torch.int64)
-        attention_mask[-1, seq - seq // 3:] = 0
-        inputs["attention_mask"] = attention_mask
-    return inputs
 
 
 def _check(model, calls: list[dict[str, torch.Tensor]], dynamic_shapes: dict[str, Any], atol: float = ATOL):
@@ -41,93 +38,24 @@ def _check(model, calls: list[dict[str, torch.Tensor]], dynamic_shapes: dict[str
     )
 
 
-def _tiny(config_class, **overrides):
-    torch.manual_seed(0)
-    return config_class(**overrides)
-
-
-def _text_dims(names, seq_max: int = 32) -> dict[str, dict[int, Any]]:
-    batch, seq = Dim("batch"), Dim("seq", min=2, max=seq_max)
-    return {name: {0: batch, 1: seq} for name in names}
-
-
 # -- encoders ---------------------------------------------------------------------------------
 
-_ENCODERS: dict[str, Callable[[], Any]] = {
-    "bert": lambda: transformers.BertModel(_tiny(
-        transformers.BertConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64,
-    )),
-    "roberta": lambda: transformers.RobertaModel(_tiny(
-        transformers.RobertaConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64,
-    )),
-    "distilbert": lambda: transformers.DistilBertModel(_tiny(
-        transformers.DistilBertConfig, vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-        max_position_embeddings=64,
-    )),
-    "albert": lambda: transformers.AlbertModel(_tiny(
-        transformers.AlbertConfig, vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
-    )),
-    "electra": lambda: transformers.ElectraModel(_tiny(
-        transformers.ElectraConfig, vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
-    )),
-}
-
-
-@pytest.mark.parametrize("family", list(_ENCODERS))
+@pytest.mark.parametrize("family", list(ENCODERS))
 def test_encoder_with_padding_mask(family):
     torch.manual_seed(0)
-    model = _ENCODERS[family]().eval()
-    calls = [_text_inputs(b, s) for b, s in TEXT_SIZES]
-    _check(model, calls, _text_dims(["input_ids", "attention_mask"]))
+    model = ENCODERS[family]().eval()
+    calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
+    _check(model, calls, text_dims(["input_ids", "attention_mask"]))
 
 
 # -- decoder language models ------------------------------------------------------------------
 
-_DECODER_COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-
-_DECODERS: dict[str, Callable[[bool], Any]] = {
-    "gpt2": lambda cache: transformers.GPT2LMHeadModel(_tiny(
-        transformers.GPT2Config, vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4, use_cache=cache,
-    )),
-    "gpt_neox": lambda cache: transformers.GPTNeoXForCausalLM(_tiny(
-        transformers.GPTNeoXConfig, **_DECODER_COMMON, intermediate_size=64, max_position_embeddings=64,
-        rotary_pct=0.5, use_cache=cache,
-    )),
-    "opt": lambda cache: transformers.OPTForCausalLM(_tiny(
-        transformers.OPTConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64, use_cache=cache,
-    )),
-    "llama": lambda cache: transformers.LlamaForCausalLM(_tiny(
-        transformers.LlamaConfig, **_DECODER_COMMON, intermediate_size=64, num_key_value_heads=2, use_cache=cache,
-    )),
-    "mistral": lambda cache: transformers.MistralForCausalLM(_tiny(
-        transformers.MistralConfig, **_DECODER_COMMON, intermediate_size=64, num_key_value_heads=2,
-        sliding_window=None, use_cache=cache,
-    )),
-    "qwen2": lambda cache: transformers.Qwen2ForCausalLM(_tiny(
-        transformers.Qwen2Config, **_DECODER_COMMON, intermediate_size=64, num_key_value_heads=2, use_cache=cache,
-    )),
-    "phi": lambda cache: transformers.PhiForCausalLM(_tiny(
-        transformers.PhiConfig, **_DECODER_COMMON, intermediate_size=64, partial_rotary_factor=0.5,
-        use_cache=cache,
-    )),
-    "gemma": lambda cache: transformers.GemmaForCausalLM(_tiny(
-        transformers.GemmaConfig, **_DECODER_COMMON, intermediate_size=64, num_key_value_heads=2, head_dim=8,
-        use_cache=cache,
-    )),
-}
-
-
-@pytest.mark.parametrize("family", list(_DECODERS))
+@pytest.mark.parametrize("family", list(DECODERS))
 def test_decoder_lm(family):
     torch.manual_seed(0)
-    model = _DECODERS[family](False).eval()
-    calls = [_text_inputs(b, s) for b, s in TEXT_SIZES]
-    _check(model, calls, _text_dims(["input_ids", "attention_mask"]))
+    model = DECODERS[family](False).eval()
+    calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
+    _check(model, calls, text_dims(["input_ids", "attention_mask"]))
 
 
 class _WithPlainCache(torch.nn.Module):
@@ -163,10 +91,10 @@ def _cached_inputs(model, batch: int, past: int, seq: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("family", list(_DECODERS))
+@pytest.mark.parametrize("family", list(DECODERS))
 def test_decoder_lm_with_kv_cache(family):
     torch.manual_seed(0)
-    model = _DECODERS[family](True).eval()
+    model = DECODERS[family](True).eval()
     calls = [_cached_inputs(model, *sizes) for sizes in [(2, 5, 3), (3, 9, 1), (1, 2, 4), (4, 12, 2)]]
     batch, past, seq = Dim("batch"), Dim("past", min=1, max=32), Dim("seq", min=1, max=16)
     layers = len(calls[0]["past_key_values"])
@@ -183,17 +111,17 @@ def test_decoder_lm_with_kv_cache(family):
 # -- encoder-decoders -------------------------------------------------------------------------
 
 def _seq2seq_inputs(batch: int, seq: int, target: int) -> dict[str, torch.Tensor]:
-    inputs = _text_inputs(batch, seq)
-    inputs["decoder_input_ids"] = _text_inputs(batch, target, mask=False)["input_ids"]
+    inputs = text_inputs(batch, seq)
+    inputs["decoder_input_ids"] = text_inputs(batch, target, mask=False)["input_ids"]
     return inputs
 
 
 _SEQ2SEQ: dict[str, Callable[[], Any]] = {
-    "t5": lambda: transformers.T5ForConditionalGeneration(_tiny(
+    "t5": lambda: transformers.T5ForConditionalGeneration(tiny(
         transformers.T5Config, vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=16, use_cache=False,
     )),
-    "bart": lambda: transformers.BartForConditionalGeneration(_tiny(
+    "bart": lambda: transformers.BartForConditionalGeneration(tiny(
         transformers.BartConfig, vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
         max_position_embeddings=64, use_cache=False,
@@ -217,7 +145,7 @@ def test_whisper():
     """Whisper's encoder insists on its configured number of audio frames; batch and the decoder's
     sequence are dynamic."""
     torch.manual_seed(0)
-    config = _tiny(
+    config = tiny(
         transformers.WhisperConfig, vocab_size=VOCAB, num_mel_bins=16, d_model=32, encoder_layers=2,
         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
         decoder_ffn_dim=64, max_source_positions=16, max_target_positions=32, use_cache=False,
@@ -236,11 +164,11 @@ def test_whisper():
 
 _VISION: dict[str, tuple[Callable[[], Any], int, list[int]]] = {
     # family: (model factory, channels, image sides: the export size, then three others)
-    "resnet": (lambda: transformers.ResNetModel(_tiny(
+    "resnet": (lambda: transformers.ResNetModel(tiny(
         transformers.ResNetConfig, num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
         layer_type="bottleneck",
     )), 3, [32, 40, 24, 57]),
-    "convnext": (lambda: transformers.ConvNextModel(_tiny(
+    "convnext": (lambda: transformers.ConvNextModel(tiny(
         transformers.ConvNextConfig, num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2,
     )), 3, [32, 40, 24, 64]),
 }
@@ -260,7 +188,7 @@ def test_mobilenet_v2():
     """Images above 32 pixels: at 32 or fewer the last feature map is 1x1, and torch.export
     specializes size-1 dims (a contiguity check in torch's own tracing)."""
     torch.manual_seed(0)
-    config = _tiny(transformers.MobileNetV2Config, num_channels=3, image_size=64, depth_multiplier=0.25, tf_padding=False)
+    config = tiny(transformers.MobileNetV2Config, num_channels=3, image_size=64, depth_multiplier=0.25, tf_padding=False)
     model = transformers.MobileNetV2Model(config).eval()
     calls = [{"pixel_values": torch.randn(b, 3, side, side + 8)} for b, side in zip(IMAGE_SIZES, [64, 40, 33, 97])]
     dims = {0: Dim("batch"), 2: Dim("height", min=33, max=256), 3: Dim("width", min=33, max=256)}
@@ -272,7 +200,7 @@ def test_swin():
     sides that need no padding: multiples of 16 here (patch 4, window 2, two stages). Square
     images: torch.export's guard solving takes seconds per independent derived dim."""
     torch.manual_seed(0)
-    config = _tiny(
+    config = tiny(
         transformers.SwinConfig, image_size=32, patch_size=4, num_channels=3, embed_dim=16, depths=[1, 1],
         num_heads=[2, 4], window_size=2,
     )
@@ -287,7 +215,7 @@ def test_vit_interpolates_position_embeddings():
     """ViT skips the interpolation at its configured image size (a Python branch); the configured
     size (8) lies outside the exported range so that every size in it interpolates."""
     torch.manual_seed(0)
-    config = _tiny(
+    config = tiny(
         transformers.ViTConfig, image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
         num_attention_heads=4, intermediate_size=64,
     )
@@ -304,7 +232,7 @@ def test_vit_interpolates_position_embeddings():
 
 def test_wav2vec2():
     torch.manual_seed(0)
-    config = _tiny(
+    config = tiny(
         transformers.Wav2Vec2Config, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, do_stable_layer_norm=True,
@@ -318,7 +246,7 @@ def test_wav2vec2():
 def test_clip():
     """Text and images in separate batches; the text sequence is dynamic."""
     torch.manual_seed(0)
-    config = _tiny(
+    config = tiny(
         transformers.CLIPConfig,
         text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, max_position_embeddings=32),
@@ -328,7 +256,7 @@ def test_clip():
     )
     model = transformers.CLIPModel(config).eval()
     calls = [
-        {**_text_inputs(texts, seq), "pixel_values": torch.randn(images, 3, 16, 16)}
+        {**text_inputs(texts, seq), "pixel_values": torch.randn(images, 3, 16, 16)}
         for (texts, seq), images in zip(TEXT_SIZES, [3, 1, 2, 5])
     ]
     texts, seq, images = Dim("texts"), Dim("seq", min=2, max=32), Dim("images")
