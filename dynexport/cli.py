@@ -178,12 +178,14 @@ def _export(options: argparse.Namespace) -> int:
     if report is True:
         report = os.path.splitext(output)[0] + ".report.md"
     verification = None
+    # With resized inputs the one verification runs after the export, at both sizes.
+    verify_in_export = options.verify and spec["resized"] is None
     with phase_listener(on_phase):
         try:
             program = dynexport.export(
                 spec["model"], spec["args"], kwargs=spec["kwargs"], opset_version=options.opset,
                 dynamic_shapes=dynamic_shapes, dynamic_axes=dynamic_axes, report=report or False,
-                verify=options.verify,
+                verify=verify_in_export,
             )
         except VerificationError as error:
             program, verification = error.report.program, error.report

@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+import dynexport
 from dynexport import cli
 
 
@@ -64,3 +65,17 @@ def test_bad_command_lines(tmp_path, capsys):
     assert "not an integer" in capsys.readouterr().err
     assert cli.main(["inspect", str(tmp_path / "missing.onnx")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_verify_with_resized_inputs_runs_once_at_both_sizes(tmp_path, monkeypatch, capsys):
+    runs = []
+    verify = dynexport.ONNXProgram.verify
+
+    def counted(self, *args, **kwargs):
+        runs.append(kwargs.get("resized"))
+        return verify(self, *args, **kwargs)
+
+    monkeypatch.setattr(dynexport.ONNXProgram, "verify", counted)
+    assert cli.main(["export", "dynexport.examples:mlp", "-o", str(tmp_path / "m.onnx"), "--verify"]) == 0
+    assert len(runs) == 1 and runs[0] is not None
+    assert "resized" in capsys.readouterr().out
