@@ -13,11 +13,13 @@ from dynexport.ops._helpers import (
     cast,
     ints,
     normalize_dim,
+    only_first_output_used,
     rank,
     scalar,
     shape_tensor,
     size_of,
 )
+from dynexport.ops.sorting import count_below
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -41,6 +43,58 @@ def _inverse(perm: list[int]) -> list[int]:
 def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     # padding_idx only stops its row's gradient; the forward pass is a plain lookup.
     return ctx.op.Gather(weight, indices, axis=0)
+
+
+_EMBEDDING_BAG_MODES = ("sum", "mean", "max")
+
+
+@translates(
+    aten.embedding_bag.padding_idx, aten.embedding_bag.default, aten._embedding_bag.default,
+    aten._embedding_bag_forward_only.default, checker=only_first_output_used,
+)
+def embedding_bag(
+    ctx, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+    include_last_offset=False, padding_idx=None,
+):
+    # aten.embedding_bag.padding_idx passes None for none; the aten._embedding_bag ops pass -1.
+    if padding_idx == -1 and ctx.node.target is not aten.embedding_bag.padding_idx:
+        padding_idx = None
+    bags = _bags(ctx, weight, indices, offsets, _EMBEDDING_BAG_MODES[mode], per_sample_weights, include_last_offset, padding_idx)
+    # The other outputs (bag of each index, bag sizes, max positions) only serve backward.
+    return bags, None, None, None
+
+
+def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, include_last_offset: bool, padding) -> ir.Value:
+    # Each looked-up row is scattered into its bag: the bag of position i is the number of bag
+    # starts at or before i, minus one. Empty bags give zeros, as in PyTorch.
+    count = ctx.op.Size(indices)
+    positions = ctx.op.Range(ctx.constant(0, _INT64), count, ctx.constant(1, _INT64))
+    positions.shape = ir.Shape([None])
+    starts = ctx.op.Slice(offsets, ints(ctx, [0]), ints(ctx, [-1])) if include_last_offset else offsets
+    starts.shape = ir.Shape([None])
+    bags = ctx.op.Sub(count_below(ctx, starts, positions, right=True, out_int32=False), ctx.constant(1, _INT64))
+    rows = ctx.op.Gather(weight, indices, axis=0)
+    if per_sample_weights is not None:
+        rows = ctx.op.Mul(rows, ctx.op.Unsqueeze(per_sample_weights, ints(ctx, [1])))
+    kept = None
+    if padding is not None:
+        padding %= weight.shape[0]
+        kept = ctx.op.Not(ctx.op.Equal(indices, ctx.constant(padding, indices.dtype)))
+    filler = -math.inf if reduce == "max" else 0.0
+    if kept is not None:
+        rows = ctx.op.Where(ctx.op.Unsqueeze(kept, ints(ctx, [1])), rows, ctx.constant(filler, weight.dtype))
+    bag_count = size_of(ctx, starts, 0)
+    empty = ctx.op.Expand(ctx.constant(filler, weight.dtype), shape_tensor(ctx, [bag_count, size_of(ctx, weight, 1)]))
+    targets = ctx.op.Expand(ctx.op.Unsqueeze(bags, ints(ctx, [1])), ctx.op.Shape(rows))
+    totals = _reduced(ctx, "ScatterElements", empty, targets, rows, "max" if reduce == "max" else "add", axis=0)
+    if reduce == "sum":
+        return totals
+    members = ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(indices)) if kept is None else cast(ctx, kept, _INT64)
+    zeros = ctx.op.Expand(ctx.constant(0, _INT64), shape_tensor(ctx, [bag_count]))
+    sizes = ctx.op.Unsqueeze(ctx.op.ScatterElements(zeros, bags, members, axis=0, reduction="add"), ints(ctx, [1]))
+    if reduce == "mean":
+        return ctx.op.Div(totals, cast(ctx, ctx.op.Max(sizes, ctx.constant(1, _INT64)), weight.dtype))
+    return ctx.op.Where(ctx.op.Greater(sizes, ctx.constant(0, _INT64)), totals, ctx.constant(0.0, weight.dtype))
 
 
 @translates(aten.index_select.default)

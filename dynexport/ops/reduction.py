@@ -417,19 +417,29 @@ def std_mean_default(ctx, self, unbiased=True):
 @translates(aten.linalg_vector_norm.default)
 def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = _accumulator(ctx, self, ctx.out_dtype)
-    axes, keepdims = _axes(ctx, self, dim), int(keepdim)
+    return cast(ctx, _vector_norm(ctx, x, ord, _axes(ctx, self, dim), int(keepdim)), ctx.out_dtype)
+
+
+def _vector_norm(ctx, x: ir.Value, ord, axes: list[ir.Value], keepdims: int) -> ir.Value:
     if ord == 2:
-        norm = ctx.op.ReduceL2(x, *axes, keepdims=keepdims)
-    elif ord == 1:
-        norm = ctx.op.ReduceL1(x, *axes, keepdims=keepdims)
-    elif ord == math.inf:
-        norm = ctx.op.ReduceMax(ctx.op.Abs(x), *axes, keepdims=keepdims)
-    elif ord == -math.inf:
-        norm = ctx.op.ReduceMin(ctx.op.Abs(x), *axes, keepdims=keepdims)
-    elif ord == 0:
-        norm = ctx.op.ReduceSum(cast(ctx, _nonzero(ctx, x), x.dtype), *axes, keepdims=keepdims)
-    else:
-        powers = ctx.op.Pow(ctx.op.Abs(x), ctx.constant(float(ord), x.dtype))
-        total = ctx.op.ReduceSum(powers, *axes, keepdims=keepdims)
-        norm = ctx.op.Pow(total, ctx.constant(1.0 / ord, x.dtype))
-    return cast(ctx, norm, ctx.out_dtype)
+        return ctx.op.ReduceL2(x, *axes, keepdims=keepdims)
+    if ord == 1:
+        return ctx.op.ReduceL1(x, *axes, keepdims=keepdims)
+    if ord in (math.inf, -math.inf):
+        extremum = (ctx.op.ReduceMax if ord > 0 else ctx.op.ReduceMin)(ctx.op.Abs(x), *axes, keepdims=keepdims)
+        # onnxruntime's ReduceMax/ReduceMin skip NaN; PyTorch's norm is NaN then.
+        nans = ctx.op.ReduceSum(cast(ctx, ctx.op.IsNaN(x), x.dtype), *axes, keepdims=keepdims)
+        return ctx.op.Where(ctx.op.Greater(nans, scalar_like(ctx, 0, x)), scalar_like(ctx, math.nan, x), extremum)
+    if ord == 0:
+        return ctx.op.ReduceSum(cast(ctx, _nonzero(ctx, x), x.dtype), *axes, keepdims=keepdims)
+    powers = ctx.op.Pow(ctx.op.Abs(x), ctx.constant(float(ord), x.dtype))
+    total = ctx.op.ReduceSum(powers, *axes, keepdims=keepdims)
+    return ctx.op.Pow(total, ctx.constant(1.0 / ord, x.dtype))
+
+
+@translates(aten._cdist_forward.default)
+def cdist(ctx, x1, x2, p, compute_mode=None):
+    # Every pair's difference, [..., P, R, M], then its p-norm over M.
+    differences = ctx.op.Sub(ctx.op.Unsqueeze(x1, ints(ctx, [-2])), ctx.op.Unsqueeze(x2, ints(ctx, [-3])))
+    x = _accumulator(ctx, differences, x1.dtype)
+    return cast(ctx, _vector_norm(ctx, x, p, [ints(ctx, [-1])], 0), x1.dtype)

@@ -134,7 +134,7 @@ def nonzero(ctx, self):
     return ctx.op.Transpose(ctx.op.NonZero(self), perm=[1, 0])
 
 
-def _count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_int32: bool) -> ir.Value:
+def count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_int32: bool) -> ir.Value:
     """For each value, how many of the sorted ``boundaries`` (along their last dim) lie below it
     (or at it, with ``right``): its insertion index."""
     columns = ctx.op.Unsqueeze(values, ints(ctx, [-1]))
@@ -152,7 +152,7 @@ def _count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_i
 
 @translates(aten.bucketize.Tensor, aten.bucketize.Scalar, promote=Promote.COMMON, promoted=("self", "boundaries"))
 def bucketize(ctx, self, boundaries, *, out_int32=False, right=False):
-    return _count_below(ctx, boundaries, self, right, out_int32)
+    return count_below(ctx, boundaries, self, right, out_int32)
 
 
 @translates(
@@ -163,7 +163,7 @@ def searchsorted(ctx, sorted_sequence, self, *, out_int32=False, right=False, si
         ordered = ctx.op.GatherElements(sorted_sequence, sorter, axis=-1)
         ordered.shape = sorted_sequence.shape
         sorted_sequence = ordered
-    return _count_below(ctx, sorted_sequence, self, right or side == "right", out_int32)
+    return count_below(ctx, sorted_sequence, self, right or side == "right", out_int32)
 
 
 def _repeated_indices(ctx, repeats: ir.Value) -> ir.Value:
@@ -175,7 +175,7 @@ def _repeated_indices(ctx, repeats: ir.Value) -> ir.Value:
     total = ctx.op.ReduceSum(repeats, keepdims=0)
     positions = ctx.op.Range(ctx.constant(0, _INT64), total, ctx.constant(1, _INT64))
     positions.shape = ir.Shape([None])
-    return _count_below(ctx, ends, positions, right=True, out_int32=False)
+    return count_below(ctx, ends, positions, right=True, out_int32=False)
 
 
 @translates(aten.repeat_interleave.Tensor)

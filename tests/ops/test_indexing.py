@@ -462,3 +462,35 @@ def test_masked_index_decomposition_may_change_its_list_argument():
     # torch's decomposition of _unsafe_masked_index rewrites its indices list in place.
     x, mask, index = torch.randn(4, 5), torch.rand(2, 5) > 0.5, torch.tensor([0, 2])
     assert_exports_equivalent(lambda x, m, i: torch.ops.aten._unsafe_masked_index(x, m, [i], 0.0), (x, mask, index))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 4])
+def test_embedding_bag_with_offsets(mode, padding_idx):
+    # Bag 1 is empty (a repeated offset); the resized calls change both the indices and the bags.
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(10, 3, mode=mode, padding_idx=padding_idx).eval()
+    indices, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4, 4, 6])
+    assert_exports_equivalent(
+        bag, (indices, offsets), dynamic_shapes=({0: torch.export.Dim("n")}, {0: torch.export.Dim("bags")}),
+        resized=[(torch.tensor([0, 1, 2]), torch.tensor([0, 0])), (torch.tensor([4, 4, 3, 3, 3]), torch.tensor([0, 2]))],
+    )
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_of_rows_with_dynamic_batch(mode):
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(10, 3, mode=mode).eval()
+    _batch_dynamic(bag, (torch.tensor([[1, 2, 4], [5, 4, 3]]),), (True,))
+
+
+def test_embedding_bag_last_offset_and_per_sample_weights():
+    torch.manual_seed(0)
+    weight, indices = torch.randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    assert_exports_equivalent(
+        lambda w, i, o, p: (
+            F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p),
+            F.embedding_bag(i, w, torch.cat([o, o.new_tensor([8])]), mode="mean", include_last_offset=True),
+        ),
+        (weight, indices, torch.tensor([0, 4, 4, 6]), torch.rand(8)),
+    )

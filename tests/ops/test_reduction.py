@@ -381,3 +381,19 @@ def test_sums_and_products_kept_in_narrow_integer_dtypes(dtype):
         ),
         x,
     )
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, 3.0, math.inf])
+def test_cdist(p):
+    torch.manual_seed(0)
+    x1, x2 = torch.randn(2, 5, 4), torch.randn(2, 6, 4)
+    program = assert_batch_dynamic_equivalent(lambda a, b: (torch.cdist(a, b, p=p), torch.cdist(a[0], b[0], p=p)), x1, x2, atol=1e-5)
+    assert "Loop" not in op_histogram(program)
+
+
+def test_infinity_norms_propagate_nan():
+    x = torch.tensor([[1.0, float("nan"), -3.0], [2.0, -5.0, 0.5]])
+    assert_batch_dynamic_equivalent(
+        lambda x: (torch.linalg.vector_norm(x, ord=math.inf, dim=1), torch.linalg.vector_norm(x, ord=-math.inf), x.norm(p=math.inf)),
+        x,
+    )
