@@ -85,12 +85,7 @@ class TranslationError(ExportError):
         self.source = source
         self.reason = reason
         self.hint = hint
-        message = f"Failed to translate {target}: {reason}"
-        if source:
-            message += f"\n  at {source}"
-        if hint:
-            message += f"\nHint: {hint}"
-        super().__init__(message)
+        super().__init__(_located(f"Failed to translate {target}: {reason}", source, hint))
 
 
 class TorchScriptConversionError(ExportError):
@@ -102,12 +97,12 @@ class TorchScriptConversionError(ExportError):
         self.source = source
         self.reason = reason
         self.hint = hint
-        message = f"Cannot convert the TorchScript construct {construct}: {reason}"
-        if source:
-            message += f"\n  at {source}"
-        if hint:
-            message += f"\nHint: {hint}"
-        super().__init__(message)
+        super().__init__(_located(f"Cannot convert the TorchScript construct {construct}: {reason}", source, hint))
+
+
+def _located(headline: str, source: str | None, hint: str | None) -> str:
+    """An error message: the headline, then the model source line and the hint, if any."""
+    return headline + (f"\n  at {source}" if source else "") + (f"\nHint: {hint}" if hint else "")
 
 
 def source_line(node) -> str | None:
