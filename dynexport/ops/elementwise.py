@@ -289,6 +289,32 @@ def _round(ctx, self):
     return ctx.op.Round(self)
 
 
+@translates(aten.round.decimals)
+def round_decimals(ctx, self, *, decimals=0):
+    # As PyTorch: scale by 10**|decimals| so that the scale itself is exact, round half to even.
+    if not is_floating(self):
+        return ctx.op.Identity(self)
+    scale = scalar_like(ctx, 10.0 ** (decimals if decimals >= 0 else -decimals), self)
+    if decimals >= 0:
+        return ctx.op.Div(_round(ctx, ctx.op.Mul(self, scale)), scale)
+    return ctx.op.Mul(_round(ctx, ctx.op.Div(self, scale)), scale)
+
+
+@translates(aten.erfc.default, promote=Promote.RESULT)
+def erfc(ctx, self):
+    return ctx.op.Sub(scalar_like(ctx, 1.0, self), ctx.op.Erf(self))
+
+
+@translates(aten.fmax.default, aten.fmin.default, promote=Promote.RESULT)
+def fmax_fmin(ctx, self, other):
+    # Like maximum/minimum, but a NaN loses to a number.
+    larger = ctx.node.target is aten.fmax.default
+    extremum = (_larger if larger else _smaller)(ctx, self, other)
+    if not is_floating(self):
+        return extremum
+    return ctx.op.Where(ctx.op.IsNaN(self), other, ctx.op.Where(ctx.op.IsNaN(other), self, extremum))
+
+
 @translates(aten.rsqrt.default, promote=Promote.RESULT)
 def rsqrt(ctx, self):
     return ctx.op.Reciprocal(ctx.op.Sqrt(self))

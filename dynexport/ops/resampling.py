@@ -143,6 +143,8 @@ _GRID_MODES = {16: ["bilinear", "nearest", "bicubic"], 20: ["linear", "nearest",
 _GRID_PADDINGS = ["zeros", "border", "reflection"]
 
 
+# GridSample samples volumes (5-D inputs) from opset 20.
+@translates(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, aten.grid_sampler.default, min_opset=20)
 @translates(
     aten.grid_sampler_2d.default, aten.grid_sampler.default,
     checker=lambda node: node.args[0].meta["val"].dim() == 4,

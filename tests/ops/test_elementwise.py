@@ -275,3 +275,17 @@ def test_pow_narrow_integers_wraps_like_pytorch(dtype):
     x = torch.tensor([[0, 1, 2, 3, 7, 127, -3 if signed else 5, 1, -1 if signed else 9, 2]], dtype=dtype)
     e = torch.tensor([[3, 0, 5, 40, 30, 100, 21, -1 if signed else 200, -3 if signed else 77, -2 if signed else 9]], dtype=dtype)
     assert_batch_dynamic_equivalent(lambda a, b: (torch.pow(a, b), a**2, 3**b), x, e)
+
+
+def test_fmax_fmin_let_numbers_win_over_nan():
+    nan = float("nan")
+    a, b = torch.tensor([[1.0, nan, 3.0, nan, -0.5]]), torch.tensor([[2.0, 1.0, nan, nan, -1.0]])
+    assert_batch_dynamic_equivalent(lambda a, b: (torch.fmax(a, b), torch.fmin(a, b), torch.fmax(a.long(), b.nan_to_num().long())), a, b)
+
+
+def test_round_to_decimals_and_erfc():
+    x = torch.tensor([[1.2345, -2.5551, 1234.5678, 0.125, -0.0005, 2.5]])
+    assert_batch_dynamic_equivalent(
+        lambda x: (torch.round(x, decimals=2), torch.round(x, decimals=-2), torch.round(x, decimals=0), torch.erfc(x), torch.erfc(3 * x)),
+        x, atol=1e-6,
+    )

@@ -223,3 +223,16 @@ def test_im2col_unbatched_and_dtypes():
         lambda x, y: (F.unfold(x, 2, stride=2), F.unfold(y, 3, padding=1)),
         (torch.randn(3, 6, 8, dtype=torch.float16), torch.randn(2, 2, 5, 5, dtype=torch.float64)),
     )
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", GRID_PADDINGS)
+def test_grid_sample_of_volumes(mode, padding_mode):
+    def model(x, grid):
+        return F.grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=False)
+
+    def inputs(batch):
+        return torch.randn(batch, 3, 4, 5, 6), torch.rand(batch, 3, 4, 5, 3) * 2.4 - 1.2
+
+    program = assert_exports_equivalent(model, inputs(2), dynamic_shapes=({0: B}, {0: B}), resized=[inputs(3)], atol=1e-5)
+    assert op_histogram(program)["GridSample"] == 1
