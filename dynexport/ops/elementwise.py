@@ -17,6 +17,8 @@ from dynexport.ops._helpers import (
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
+# Some of torch's decompositions (its Python references) emit prims directly.
+prims = torch.ops.prims
 
 
 # -- arithmetic ---------------------------------------------------------------------------
@@ -31,7 +33,7 @@ def add(ctx, self, other, alpha=1):
     return ctx.op.Add(self, other)
 
 
-@translates(aten.sub.Tensor, aten.sub.Scalar, promote=Promote.RESULT)
+@translates(aten.sub.Tensor, aten.sub.Scalar, prims.sub.default, promote=Promote.RESULT)
 def sub(ctx, self, other, alpha=1):
     if alpha != 1:
         other = ctx.op.Mul(other, scalar_like(ctx, alpha, other))
@@ -43,7 +45,7 @@ def rsub(ctx, self, other, alpha=1):
     return sub(ctx, other, self, alpha)
 
 
-@translates(aten.mul.Tensor, aten.mul.Scalar, promote=Promote.RESULT)
+@translates(aten.mul.Tensor, aten.mul.Scalar, prims.mul.default, promote=Promote.RESULT)
 def mul(ctx, self, other):
     if self.dtype == ir.DataType.BOOL:
         return ctx.op.And(self, other)
@@ -66,6 +68,12 @@ def div_mode(ctx, self, other, *, rounding_mode=None):
     if is_floating(self):
         return _trunc(ctx, ctx.op.Div(self, other))
     # ONNX integer Div truncates toward zero, as rounding_mode="trunc" asks.
+    return ctx.op.Div(self, other)
+
+
+@translates(prims.div.default, promote=Promote.RESULT)
+def prims_div(ctx, self, other):
+    # prims.div truncates integers (ONNX integer Div does too) and divides floats exactly.
     return ctx.op.Div(self, other)
 
 
@@ -254,6 +262,7 @@ for _aten_op, _onnx_op in {
     aten.exp.default: "Exp",
     aten.log.default: "Log",
     aten.sqrt.default: "Sqrt",
+    prims.sqrt.default: "Sqrt",
     aten.sin.default: "Sin",
     aten.cos.default: "Cos",
     aten.tan.default: "Tan",
@@ -271,7 +280,10 @@ for _aten_op, _onnx_op in {
     translates(_aten_op, promote=Promote.RESULT)(_unary(_onnx_op))
 
 
-@translates(aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default)
+@translates(
+    aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default,
+    prims.floor.default, prims.ceil.default, prims.round.default, prims.trunc.default,
+)
 def rounding(ctx, self):
     if not is_floating(self):
         return ctx.op.Identity(self)
@@ -300,15 +312,15 @@ def round_decimals(ctx, self, *, decimals=0):
     return ctx.op.Mul(_round(ctx, ctx.op.Div(self, scale)), scale)
 
 
-@translates(aten.erfc.default, promote=Promote.RESULT)
+@translates(aten.erfc.default, prims.erfc.default, promote=Promote.RESULT)
 def erfc(ctx, self):
     return ctx.op.Sub(scalar_like(ctx, 1.0, self), ctx.op.Erf(self))
 
 
-@translates(aten.fmax.default, aten.fmin.default, promote=Promote.RESULT)
+@translates(aten.fmax.default, aten.fmin.default, prims.fmax.default, prims.fmin.default, promote=Promote.RESULT)
 def fmax_fmin(ctx, self, other):
     # Like maximum/minimum, but a NaN loses to a number.
-    larger = ctx.node.target is aten.fmax.default
+    larger = ctx.node.target in (aten.fmax.default, prims.fmax.default)
     extremum = (_larger if larger else _smaller)(ctx, self, other)
     if not is_floating(self):
         return extremum
@@ -471,13 +483,13 @@ def _bitwise(bool_op: str, int_op: str):
     return rule
 
 
-for _packets, _bool_op, _int_op in [
-    ((aten.bitwise_and, aten.__and__), "And", "BitwiseAnd"),
-    ((aten.bitwise_or, aten.__or__), "Or", "BitwiseOr"),
-    ((aten.bitwise_xor, aten.__xor__), "Xor", "BitwiseXor"),
+for _packets, _prim, _bool_op, _int_op in [
+    ((aten.bitwise_and, aten.__and__), prims.bitwise_and, "And", "BitwiseAnd"),
+    ((aten.bitwise_or, aten.__or__), prims.bitwise_or, "Or", "BitwiseOr"),
+    ((aten.bitwise_xor, aten.__xor__), prims.bitwise_xor, "Xor", "BitwiseXor"),
 ]:
     translates(
-        *(getattr(p, o) for p in _packets for o in ("Tensor", "Scalar")), promote=Promote.RESULT
+        *(getattr(p, o) for p in _packets for o in ("Tensor", "Scalar")), _prim.default, promote=Promote.RESULT
     )(_bitwise(_bool_op, _int_op))
 
 

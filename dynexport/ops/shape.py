@@ -213,6 +213,7 @@ def clone(ctx, self, *, memory_format=None):
 
 @translates(
     aten._to_copy.default,
+    torch.ops.prims.convert_element_type.default,
     aten.to.dtype,
     aten.to.dtype_layout,
     aten.to.device,

@@ -289,3 +289,14 @@ def test_round_to_decimals_and_erfc():
         lambda x: (torch.round(x, decimals=2), torch.round(x, decimals=-2), torch.round(x, decimals=0), torch.erfc(x), torch.erfc(3 * x)),
         x, atol=1e-6,
     )
+
+
+def test_ops_whose_decompositions_emit_prims():
+    # torch decomposes these through its Python references, which emit prims.* directly.
+    x = torch.tensor([[1.0, 2.5, float("nan"), -3.0, 4.0]])
+    y = torch.tensor([[1.0, 2.4, float("nan"), -3.0, 5.0]])
+    assert_batch_dynamic_equivalent(
+        lambda x, y: (torch.isclose(x, y, rtol=0.05, equal_nan=True), torch.quantile(x.nan_to_num(), 0.3, dim=1)),
+        x, y,
+    )
+    assert_batch_dynamic_equivalent(lambda a, b: torch.isclose(a, b, atol=1), torch.tensor([[1, 5, 9]]), torch.tensor([[2, 7, 9]]))
