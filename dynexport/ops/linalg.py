@@ -158,3 +158,14 @@ def _equal_ellipses(ctx, terms: list[str], tensors: list[ir.Value]) -> tuple[lis
 @translates(aten.linalg_det.default, aten.det.default)
 def linalg_det(ctx, A):
     return ctx.op.Det(A)
+
+
+def _sign_and_log_only(node: torch.fx.Node) -> bool:
+    # The LU factors and pivots only serve backward.
+    return all(user.args[1] in (0, 1) or not user.users for user in node.users)
+
+
+@translates(aten._linalg_slogdet.default, checker=_sign_and_log_only)
+def linalg_slogdet(ctx, A):
+    det = ctx.op.Det(A)
+    return ctx.op.Sign(det), ctx.op.Log(ctx.op.Abs(det)), None, None

@@ -261,6 +261,13 @@ def test_det(dtype):
     assert op_histogram(program)["Det"] == 2
 
 
+def test_slogdet_and_logdet():
+    a = torch.randn(3, 4, 4)
+    spd = a[0] @ a[0].T + torch.eye(4)
+    program = assert_batch_dynamic_equivalent(lambda a, s: (torch.linalg.slogdet(a), torch.logdet(s)), a, spd, batched=[True, False], atol=1e-5)
+    assert op_histogram(program)["Det"] == 2
+
+
 @pytest.mark.parametrize("ord", ["fro", 1, -1, math.inf, -math.inf])
 def test_matrix_norm(ord):
     assert_exports_equivalent(lambda a: torch.linalg.matrix_norm(a, ord, keepdim=ord == 1), (torch.randn(2, 3, 4),))
