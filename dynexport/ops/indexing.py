@@ -10,6 +10,7 @@ import torch
 
 from dynexport.dtypes import to_torch_dtype
 from dynexport.ops._helpers import (
+    argument,
     cast,
     ints,
     normalize_dim,
@@ -95,6 +96,53 @@ def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, includ
     if reduce == "mean":
         return ctx.op.Div(totals, cast(ctx, ctx.op.Max(sizes, ctx.constant(1, _INT64)), weight.dtype))
     return ctx.op.Where(ctx.op.Greater(sizes, ctx.constant(0, _INT64)), totals, ctx.constant(0.0, weight.dtype))
+
+
+_SEGMENT_REDUCTIONS = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}
+
+
+def _segment_reduce_supported(node: torch.fx.Node) -> bool:
+    # Segments along axis 0 only: along a later axis, lengths has the leading dims too.
+    bounds = argument(node, "lengths")
+    if bounds is None:
+        bounds = argument(node, "offsets")
+    data_rank = node.args[0].meta["val"].dim()
+    return bounds is not None and bounds.meta["val"].dim() == 1 and argument(node, "axis") in (0, -data_rank)
+
+
+@translates(aten.segment_reduce.default, checker=_segment_reduce_supported)
+def segment_reduce(ctx, data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    if lengths is not None:
+        starts = ctx.op.CumSum(cast(ctx, lengths, _INT64), ctx.constant(0, _INT64), exclusive=1)
+    else:
+        starts = ctx.op.Slice(cast(ctx, offsets, _INT64), ints(ctx, [0]), ints(ctx, [-1]))
+    starts.shape = ir.Shape([None])
+    count = size_of(ctx, data, 0)
+    positions = ctx.op.Range(ctx.constant(0, _INT64), scalar(ctx, count, _INT64), ctx.constant(1, _INT64))
+    positions.shape = ir.Shape([None])
+    # As for embedding bags, a row belongs to the last segment that starts at or before it.
+    segments = ctx.op.Sub(count_below(ctx, starts, positions, right=True, out_int32=False), ctx.constant(1, _INT64))
+    trailing = ints(ctx, range(1, rank(data)))
+    targets = ctx.op.Expand(ctx.op.Unsqueeze(segments, trailing) if rank(data) > 1 else segments, ctx.op.Shape(data))
+    # Every segment starts from initial (empty ones end there) or from the reduction's identity.
+    if initial is None:
+        start = _identity(ctx, "a" + reduce if reduce in ("max", "min") else reduce, data.dtype)
+    else:
+        start = ctx.constant(initial, data.dtype)
+    result_shape = ctx.op.Concat(ctx.op.Shape(starts), ctx.op.Shape(data, start=1), axis=0)
+    reduction = _SEGMENT_REDUCTIONS[reduce]
+    totals = _reduced(ctx, "ScatterElements", ctx.op.Expand(start, result_shape), targets, data, reduction, axis=0)
+    if reduce != "mean":
+        return totals
+    ones = ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(segments))
+    zeros = ctx.op.Expand(ctx.constant(0, _INT64), ctx.op.Shape(starts))
+    sizes = ctx.op.ScatterElements(zeros, segments, ones, axis=0, reduction="add")
+    if rank(data) > 1:
+        sizes = ctx.op.Unsqueeze(sizes, trailing)
+    if initial is not None:
+        # An empty segment keeps initial; without it, its mean is 0 / 0 = NaN, as in PyTorch.
+        sizes = ctx.op.Max(sizes, ctx.constant(1, _INT64))
+    return ctx.op.Div(totals, cast(ctx, sizes, data.dtype))
 
 
 @translates(aten.index_select.default)
@@ -222,6 +270,17 @@ def masked_scatter(ctx, self, mask, source):
     taken = ctx.op.Gather(ctx.op.Reshape(source, ints(ctx, [-1])), ctx.op.Max(ordinals, ctx.constant(0, _INT64)), axis=0)
     flat = ctx.op.Where(flat_mask, taken, ctx.op.Reshape(self, ints(ctx, [-1])))
     return ctx.op.Reshape(flat, ctx.op.Shape(self))
+
+
+@translates(aten.nonzero_static.default)
+def nonzero_static(ctx, self, *, size, fill_value=-1):
+    if rank(self) == 0:
+        return ctx.op.Expand(ctx.constant(fill_value, _INT64), shape_tensor(ctx, [size, 0]))
+    coordinates = ctx.op.Transpose(ctx.op.NonZero(self), perm=[1, 0])
+    # Padding with size rows of fill_value, then keeping size rows, covers fewer and more nonzeros.
+    padding = ctx.op.Expand(ctx.constant(fill_value, _INT64), shape_tensor(ctx, [size, rank(self)]))
+    padded = ctx.op.Concat(coordinates, padding, axis=0)
+    return ctx.op.Slice(padded, ints(ctx, [0]), shape_tensor(ctx, [size]), ints(ctx, [0]))
 
 
 # -- scatters ---------------------------------------------------------------------------------
@@ -392,6 +451,35 @@ def select_scatter(ctx, self, src, dim, index):
     # ScatterElements counts negative positions from the end, as select does.
     positions = ctx.op.Expand(scalar(ctx, index, _INT64), ctx.op.Shape(updates))
     return ctx.op.ScatterElements(self, positions, updates, axis=dim)
+
+
+@translates(aten.diagonal_scatter.default)
+def diagonal_scatter(ctx, self, src, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = normalize_dim(dim1, rank(self)), normalize_dim(dim2, rank(self))
+    rest = [d for d in range(rank(self)) if d not in (dim1, dim2)]
+    # With the two dims in front, ScatterND writes src's element i (a slice over the other dims)
+    # at (i + first row, i + first column); src is as long as the diagonal.
+    perm = [dim1, dim2] + rest
+    moved = _transpose(ctx, self, perm)
+    length = ctx.op.Shape(src, start=-1)
+    positions = ctx.op.Range(ctx.constant(0, _INT64), ctx.op.Squeeze(length, ints(ctx, [0])), ctx.constant(1, _INT64))
+    positions = ctx.op.Unsqueeze(positions, ints(ctx, [1]))
+    corner = ints(ctx, [max(-offset, 0), max(offset, 0)])
+    updates = _transpose(ctx, cast(ctx, src, self.dtype), [rank(src) - 1] + list(range(rank(src) - 1)))
+    written = ctx.op.ScatterND(moved, ctx.op.Add(positions, corner), updates)
+    return _transpose(ctx, written, _inverse(perm))
+
+
+@translates(aten.put.default)
+def put(ctx, self, index, source, accumulate=False):
+    flat = ctx.op.Reshape(self, ints(ctx, [-1]))
+    # Mod with fmod=0 takes the sign of the (positive) element count: negative indices count
+    # from the end.
+    positions = ctx.op.Mod(cast(ctx, index, _INT64), ctx.op.Size(self), fmod=0)
+    positions = ctx.op.Reshape(positions, ints(ctx, [-1, 1]))
+    updates = ctx.op.Reshape(cast(ctx, source, self.dtype), ints(ctx, [-1]))
+    written = _reduced(ctx, "ScatterND", flat, positions, updates, "add" if accumulate else "none")
+    return ctx.op.Reshape(written, ctx.op.Shape(self))
 
 
 # -- moving elements --------------------------------------------------------------------------

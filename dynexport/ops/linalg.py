@@ -1,13 +1,16 @@
-"""Matrix products: matmul and its BLAS-style variants (mm, bmm, addmm, ...), linear, einsum."""
+"""Matrix products: matmul and its BLAS-style variants (mm, bmm, addmm, ...), linear, einsum and
+bilinear's _trilinear."""
 
 from __future__ import annotations
+
+import string
 
 import numpy as np
 import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import FLOATING
-from dynexport.ops._helpers import cast, ints, rank, scalar_like, shape_tensor, size_of
+from dynexport.ops._helpers import argument, cast, ints, rank, scalar_like, shape_tensor, size_of
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -16,6 +19,8 @@ aten = torch.ops.aten
 _NARROW_INTEGRAL = frozenset(
     {ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16}
 )
+# Einsum's subscripts: one letter per dim.
+_LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
 
 def _compute_dtype(op_type: str, result: ir.DataType) -> ir.DataType:
@@ -153,6 +158,36 @@ def _equal_ellipses(ctx, terms: list[str], tensors: list[ir.Value]) -> tuple[lis
             x = ctx.op.Unsqueeze(x, ints(ctx, list(range(start, start + widest - n))))
         aligned.append(x)
     return aligned, widest
+
+
+def _trilinear_dims(expand1, expand2, expand3, sumdim, total: int) -> tuple[list[set[int]], set[int]]:
+    """The dims each operand lacks (its expand dims) and the summed dims, in [0, total)."""
+    expands = [{d % total for d in expand} for expand in (expand1, expand2, expand3)]
+    return expands, {d % total for d in sumdim}
+
+
+def _trilinear_output_dims_in_an_operand(node: torch.fx.Node) -> bool:
+    # PyTorch sizes a kept dim that every operand lacks 0 (an empty result); Einsum cannot.
+    expand1 = argument(node, "expand1")
+    total = argument(node, "i1").meta["val"].dim() + len(expand1)
+    expands, summed = _trilinear_dims(
+        expand1, argument(node, "expand2"), argument(node, "expand3"), argument(node, "sumdim"), total
+    )
+    return all(d in summed or not all(d in expand for expand in expands) for d in range(total))
+
+
+@translates(aten._trilinear.default, checker=_trilinear_output_dims_in_an_operand)
+def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    # The operands, each unsqueezed at its expand dims, multiplied (broadcasting) and summed over
+    # sumdim: one Einsum with a letter per dim, which an operand lacks where it is expanded.
+    # (unroll_dim only chooses PyTorch's loop order.)
+    total = rank(i1) + len(expand1)
+    expands, summed = _trilinear_dims(expand1, expand2, expand3, sumdim, total)
+    terms = ["".join(_LETTERS[d] for d in range(total) if d not in expand) for expand in expands]
+    output = "".join(_LETTERS[d] for d in range(total) if d not in summed)
+    compute = _compute_dtype("Einsum", ctx.out_dtype)
+    operands = [cast(ctx, x, compute) for x in (i1, i2, i3)]
+    return cast(ctx, ctx.op.Einsum(*operands, equation=",".join(terms) + "->" + output), ctx.out_dtype)
 
 
 @translates(aten.linalg_det.default, aten.det.default)

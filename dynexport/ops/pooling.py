@@ -50,14 +50,7 @@ def _evenly_divided(spatial: Sequence, output_size: Sequence) -> bool:
 
 
 def _adaptive_max_pool_supported(node: torch.fx.Node) -> bool:
-    # Uneven bins give values but no indices (torch's decomposition has no uneven case either).
-    spatial = _static_spatial(node)
-    return (
-        _max_pool_input(node)
-        and _static_output_size(node)
-        and spatial is not None
-        and (_evenly_divided(spatial, per_dim(node.args[1], len(spatial))) or only_first_output_used(node))
-    )
+    return _max_pool_input(node) and _static_output_size(node) and _static_spatial(node) is not None
 
 
 def _adaptive_bins(length: int, out: int) -> list[tuple[int, int]]:
@@ -154,6 +147,35 @@ def _adaptive_max(ctx, x: ir.Value, output_size: list[int]) -> ir.Value:
     return y
 
 
+def _adaptive_max_with_indices(ctx, x: ir.Value, output_size: list[int]) -> list[ir.Value]:
+    # As in _adaptive_max, one spatial dim at a time, last dim first, so that ArgMax's first
+    # maximum is PyTorch's: the first in row-major order within the bin. The flat position of
+    # each maximum within its plane gathers along with the values.
+    r, n = rank(x), len(output_size)
+    values, indices, stride = x, None, 1
+    for axis, out in reversed(list(zip(range(r - n, r), output_size))):
+        length = x.shape[axis]
+        bins = _adaptive_bins(length, out)
+        width = max(end - start for start, end in bins)
+        positions = [[min(start + j, end - 1) for j in range(width)] for start, end in bins]
+        positions = ctx.constant(torch.tensor(positions), ir.DataType.INT64)
+        candidates = ctx.op.Gather(values, positions, axis=axis)
+        best = ctx.op.ArgMax(candidates, axis=axis + 1, keepdims=1)
+        values = ctx.op.Squeeze(ctx.op.GatherElements(candidates, best, axis=axis + 1), ints(ctx, [axis + 1]))
+        trailing = [1] * (r - 1 - axis)
+        firsts = ctx.constant(torch.tensor([start for start, _ in bins]).reshape(out, 1, *trailing), ir.DataType.INT64)
+        lasts = ctx.constant(torch.tensor([end - 1 for _, end in bins]).reshape(out, 1, *trailing), ir.DataType.INT64)
+        here = ctx.op.Squeeze(ctx.op.Min(ctx.op.Add(firsts, best), lasts), ints(ctx, [axis + 1]))
+        if indices is None:
+            indices = here
+        else:
+            inner = ctx.op.GatherElements(ctx.op.Gather(indices, positions, axis=axis), best, axis=axis + 1)
+            inner = ctx.op.Squeeze(inner, ints(ctx, [axis + 1]))
+            indices = ctx.op.Add(ctx.op.Mul(here, ctx.constant(stride, ir.DataType.INT64)), inner)
+        stride *= length
+    return [values, indices]
+
+
 @translates(
     aten.adaptive_max_pool1d.default, aten.adaptive_max_pool2d.default,
     aten.adaptive_max_pool3d.default, checker=_adaptive_max_pool_supported,
@@ -162,11 +184,13 @@ def adaptive_max_pool(ctx, self, output_size):
     n = _spatial_rank(ctx.node)
     output_size = per_dim(output_size, n)
     spatial = list(self.shape)[-n:]
+    with_indices = not only_first_output_used(ctx.node)
     if not _evenly_divided(spatial, output_size):
+        if with_indices:
+            return _adaptive_max_with_indices(ctx, self, output_size)
         return [_adaptive_max(ctx, self, output_size), None]
     kernel = [s // o for s, o in zip(spatial, output_size)]
     window = dict(kernel_shape=kernel, strides=kernel, pads=[0] * 2 * n)
-    with_indices = not only_first_output_used(ctx.node)
     pooled = _max_pool(ctx, self, n, window, [1] * n, False, with_indices)
     return pooled if with_indices else [pooled, None]
 

@@ -443,3 +443,17 @@ def cdist(ctx, x1, x2, p, compute_mode=None):
     differences = ctx.op.Sub(ctx.op.Unsqueeze(x1, ints(ctx, [-2])), ctx.op.Unsqueeze(x2, ints(ctx, [-3])))
     x = _accumulator(ctx, differences, x1.dtype)
     return cast(ctx, _vector_norm(ctx, x, p, [ints(ctx, [-1])], 0), x1.dtype)
+
+
+@translates(aten._pdist_forward.default)
+def pdist(ctx, self, p=2):
+    # The pairs of rows i < j in PyTorch's (row-major) order: NonZero of the [n, n] mask i < j,
+    # for a static or a dynamic row count n.
+    zero, one = ctx.constant(0, ir.DataType.INT64), ctx.constant(1, ir.DataType.INT64)
+    rows = ctx.op.Range(zero, ctx.sym_size(self, 0), one)
+    pairs = ctx.op.NonZero(ctx.op.Less(ctx.op.Unsqueeze(rows, ints(ctx, [1])), ctx.op.Unsqueeze(rows, ints(ctx, [0]))))
+    first, second = (ctx.op.Gather(self, ctx.op.Gather(pairs, k), axis=0) for k in (zero, one))
+    differences = ctx.op.Sub(first, second)
+    norms = _vector_norm(ctx, _accumulator(ctx, differences, self.dtype), p, [ints(ctx, [-1])], 0)
+    # onnxruntime reduces a single row's no pairs to shape [0, m]; the reshape corrects it.
+    return cast(ctx, ctx.op.Reshape(norms, ctx.op.Shape(differences, end=1)), self.dtype)

@@ -1,6 +1,6 @@
-"""Sorting and selection: sort, topk, kthvalue, median and nonzero, all built on ONNX TopK;
-bucketize, searchsorted and repeat_interleave's indices, which count the boundaries below each
-value.
+"""Sorting and selection: sort, topk, kthvalue, median, nanmedian, mode and nonzero, all built on
+ONNX TopK; bucketize, searchsorted and repeat_interleave's indices, which count the boundaries
+below each value.
 
 TopK breaks ties by the lower index, which is what PyTorch's stable sort does in both
 directions. It orders NaN arbitrarily, while PyTorch treats NaN as larger than +inf; floating
@@ -31,6 +31,8 @@ _INT64 = ir.DataType.INT64
 _DOUBLE = ir.DataType.DOUBLE
 # TopK has no bool or int16 kernel in onnxruntime and no complex type at all.
 _KEY_TYPES = {ir.DataType.BOOL: ir.DataType.UINT8, ir.DataType.INT16: ir.DataType.INT32}
+# Nor an Equal kernel for bfloat16.
+_EQUALITY_TYPES = {ir.DataType.BFLOAT16: ir.DataType.FLOAT}
 
 
 def _sort_key(ctx, x: ir.Value) -> ir.Value:
@@ -44,6 +46,11 @@ def _sort_key(ctx, x: ir.Value) -> ir.Value:
     key = cast(ctx, x, _DOUBLE)
     key = ctx.op.Where(ctx.op.Equal(key, ctx.constant(float("inf"), _DOUBLE)), ctx.constant(1.7976931348623157e308, _DOUBLE), key)
     return ctx.op.Where(ctx.op.IsNaN(key), ctx.constant(float("inf"), _DOUBLE), key)
+
+
+def _equality_key(ctx, x: ir.Value) -> ir.Value:
+    """``x`` in a type onnxruntime's Equal takes, equal where ``x`` is."""
+    return cast(ctx, x, _EQUALITY_TYPES.get(x.dtype, x.dtype))
 
 
 def _top(ctx, x: ir.Value, k, axis: int, largest: bool) -> tuple[ir.Value, ir.Value]:
@@ -116,13 +123,80 @@ def median_dim(ctx, self, dim, keepdim=False):
     return _lower_median(ctx, self, normalize_dim(dim, rank(self)), keepdim)
 
 
-@translates(aten.median.default)
-def median(ctx, self):
+def _flattened(ctx, self: ir.Value) -> ir.Value:
     flat = ctx.op.Reshape(self, ints(ctx, [-1]))
     numel = math.prod(self.shape) if all(isinstance(d, int) for d in self.shape) else None
     flat.shape = ir.Shape([numel])
-    values, _ = _lower_median(ctx, flat, 0, keepdim=False)
+    return flat
+
+
+@translates(aten.median.default)
+def median(ctx, self):
+    values, _ = _lower_median(ctx, _flattened(ctx, self), 0, keepdim=False)
     return values
+
+
+def _lower_nanmedian(ctx, self: ir.Value, axis: int, keepdim: bool) -> tuple[ir.Value, ir.Value]:
+    if not is_floating(self):
+        return _lower_median(ctx, self, axis, keepdim)
+    # NaN sorts last, so the lower median of a row's c non-NaN values is its ((c - 1) // 2)-th
+    # smallest element; with c = 0, the first of its NaNs.
+    values, indices = _top(ctx, self, size_of(ctx, self, axis), axis, largest=False)
+    counts = ctx.op.ReduceSum(cast(ctx, ctx.op.Not(ctx.op.IsNaN(self)), _INT64), ints(ctx, [axis]), keepdims=1)
+    zero, one, two = (ctx.constant(n, _INT64) for n in (0, 1, 2))
+    middle = ctx.op.Div(ctx.op.Max(ctx.op.Sub(counts, one), zero), two)
+    values, indices = (ctx.op.GatherElements(t, middle, axis=axis) for t in (values, indices))
+    if not keepdim:
+        values, indices = (ctx.op.Squeeze(t, ints(ctx, [axis])) for t in (values, indices))
+    return values, indices
+
+
+@translates(aten.nanmedian.dim)
+def nanmedian_dim(ctx, self, dim, keepdim=False):
+    if rank(self) == 0:
+        return _scalar_result(ctx, self)
+    return _lower_nanmedian(ctx, self, normalize_dim(dim, rank(self)), keepdim)
+
+
+@translates(aten.nanmedian.default)
+def nanmedian(ctx, self):
+    values, _ = _lower_nanmedian(ctx, _flattened(ctx, self), 0, keepdim=False)
+    return values
+
+
+def _end_of_longest_run(ctx, ordered: ir.Value, size, axis: int) -> ir.Value:
+    """Where the longest run of equal values of ``ordered`` (sorted along ``axis``) ends, the
+    first of equally long runs (keepdims)."""
+    axes = ints(ctx, [axis])
+    following = ctx.op.Slice(ordered, ints(ctx, [1]), shape_tensor(ctx, [size]), axes)
+    preceding = ctx.op.Slice(ordered, ints(ctx, [0]), ctx.op.Sub(shape_tensor(ctx, [size]), ints(ctx, [1])), axes)
+    # A NaN equals nothing, so every NaN is a run of its own.
+    repeated = ctx.op.Equal(_equality_key(ctx, following), _equality_key(ctx, preceding))
+    run_starts = cast(ctx, ctx.op.Not(repeated), _INT64)
+    runs = ctx.op.CumSum(ctx.op.Pad(run_starts, ints(ctx, [1, 0]), None, axes), ctx.constant(axis, _INT64))
+    zeros, ones = (ctx.op.Expand(ctx.constant(n, _INT64), ctx.op.Shape(runs)) for n in (0, 1))
+    lengths = ctx.op.ScatterElements(zeros, runs, ones, axis=axis, reduction="add")
+    longest = ctx.op.ArgMax(lengths, axis=axis, keepdims=1, select_last_index=0)
+    run_ends = ctx.op.CumSum(lengths, ctx.constant(axis, _INT64))
+    return ctx.op.Sub(ctx.op.GatherElements(run_ends, longest, axis=axis), ctx.constant(1, _INT64))
+
+
+@translates(aten.mode.default)
+def mode(ctx, self, dim=-1, keepdim=False):
+    if rank(self) == 0:
+        return _scalar_result(ctx, self)
+    axis = normalize_dim(dim, rank(self))
+    size = size_of(ctx, self, axis)
+    # In ascending order the first longest run holds the most frequent value, the smallest of
+    # equally frequent ones. Its last element is the tie at the largest index (TopK keeps ties in
+    # index order), PyTorch's choice for short rows; which one it takes is not specified. (Its CPU
+    # kernel sorts NaN arbitrarily, so for a row with NaN its mode may differ.)
+    values, indices = _top(ctx, self, size, axis, largest=False)
+    last = _end_of_longest_run(ctx, values, size, axis)
+    values, indices = (ctx.op.GatherElements(t, last, axis=axis) for t in (values, indices))
+    if not keepdim:
+        values, indices = (ctx.op.Squeeze(t, ints(ctx, [axis])) for t in (values, indices))
+    return values, indices
 
 
 @translates(aten.nonzero.default)

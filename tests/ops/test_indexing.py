@@ -494,3 +494,59 @@ def test_embedding_bag_last_offset_and_per_sample_weights():
         ),
         (weight, indices, torch.tensor([0, 4, 4, 6]), torch.rand(8)),
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+@pytest.mark.parametrize("offset", [0, 2, -1])
+@pytest.mark.parametrize("dims", [(1, 2), (2, 1), (0, -1)])
+def test_diagonal_scatter(dims, offset, dtype):
+    x = _data(dtype, 2, 3, 5)
+    src = torch.diagonal(_data(dtype, 2, 3, 5) + 1, offset, *dims).contiguous()
+    fn = lambda x, s: torch.diagonal_scatter(x, s, offset, *dims)  # noqa: E731
+    if 0 in dims:
+        assert_exports_equivalent(fn, (x, src))
+    else:
+        _batch_dynamic(fn, (x, src), (True, True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+@pytest.mark.parametrize(("size", "fill_value"), [(3, -1), (20, -1), (20, 7)])
+def test_nonzero_static_pads_or_cuts(size, fill_value, dtype):
+    # Six nonzero entries: size 3 cuts them, size 20 pads with fill_value.
+    x = torch.tensor([[0, 1, 2, 0], [3, 0, 0, 4], [0, 5, 6, 0]]).to(dtype)
+    fn = lambda x: torch.nonzero_static(x, size=size, fill_value=fill_value)  # noqa: E731
+    _batch_dynamic(fn, (x,), (True,))
+    assert_exports_equivalent(fn, (torch.tensor(3).to(dtype),))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.bool])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_put(accumulate, dtype):
+    # Negative indices count from the end; with accumulate, the repeated index adds up.
+    index, resized_index = torch.tensor([[0, -1], [7, 3]]), torch.tensor([[19, -20], [5, 0], [-2, 4]])
+    if accumulate:
+        index, resized_index = torch.tensor([[0, -1], [7, 7]]), torch.tensor([[19, -1], [5, 0], [-20, 19]])
+    x, source = _data(dtype, 3, 4), _data(dtype, 2, 2)
+    n = torch.export.Dim("n")
+    assert_exports_equivalent(
+        lambda x, i, s: x.put(i, s, accumulate=accumulate), (x, index, source),
+        dynamic_shapes=({0: B}, {0: n}, {0: n}), resized=[(_data(dtype, 5, 4), resized_index, _data(dtype, 3, 2))],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce(initial, reduce, dtype):
+    # Segment 1 is empty: it holds initial, or the reduction's identity (NaN for mean).
+    data, lengths = _data(dtype, 6, 2) / 10, torch.tensor([2, 0, 3, 1])
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    rows, segments = torch.export.Dim("rows"), torch.export.Dim("segments")
+    resized_data, resized_lengths = _data(dtype, 9, 2) / 10, torch.tensor([4, 5, 0])
+    assert_exports_equivalent(
+        lambda d, n: torch.segment_reduce(d, reduce, lengths=n, initial=initial), (data, lengths),
+        dynamic_shapes=({0: rows}, {0: segments}), resized=[(resized_data, resized_lengths)],
+    )
+    assert_exports_equivalent(
+        lambda d, o: torch.segment_reduce(d.flatten(), reduce, offsets=o, initial=initial), (data, offsets * 2),
+    )

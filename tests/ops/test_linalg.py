@@ -276,3 +276,39 @@ def test_matrix_norm(ord):
 def test_cross():
     a, b = torch.randn(4, 3), torch.randn(4, 3)
     assert_batch_dynamic_equivalent(lambda a, b: (torch.linalg.cross(a, b), torch.cross(a[:, None], b[:, None], dim=-1)), a, b)
+
+
+# -- bilinear (aten._trilinear) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_bilinear_module(bias, dtype):
+    torch.manual_seed(0)
+    layer = torch.nn.Bilinear(3, 4, 5, bias=bias).to(dtype).eval()
+    program = _batch_dynamic(layer, _sample(dtype, 6, 3), _sample(dtype, 6, 4))
+    assert op_histogram(program)["Einsum"] == 1
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + [torch.float32])
+def test_bilinear_functional_with_leading_dims(dtype):
+    # The weights are inputs: a captured constant weight with a dynamic batch fails while
+    # aten.bilinear's decomposition is traced (an internal assert in make_fx).
+    _batch_dynamic(
+        lambda a, b, weight, bias: (F.bilinear(a, b, weight, bias), F.bilinear(a[0], b[0], weight)),
+        _sample(dtype, 3, 5, 3), _sample(dtype, 3, 5, 4), _sample(dtype, 2, 3, 4), _sample(dtype, 2),
+        batched=[True, True, False, False],
+    )
+
+
+def test_trilinear_sums_any_dims():
+    # Dims every operand lacks are summed away (size 1) when listed in sumdim.
+    a, b, c = torch.randn(2, 3), torch.randn(3), torch.randn(2, 3)
+    assert_exports_equivalent(
+        lambda a, b, c: (
+            torch.ops.aten._trilinear(a, b, c, [], [0], [], [1]),
+            torch.ops.aten._trilinear(a, a, c, [0], [0], [0], [0, -1]),
+            torch.ops.aten._trilinear(a, b, c, [], [0], [], []),
+        ),
+        (a, b, c),
+    )

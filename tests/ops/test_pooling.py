@@ -193,3 +193,14 @@ def test_pools_after_core_decompositions():
         aten.max_pool2d_with_indices.default, aten.avg_pool2d.default, aten._adaptive_avg_pool2d.default
     }
     assert_spatial_dynamic_equivalent(decomposed.module(), x, spatial=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_adaptive_max_pool_uneven_indices(n, dtype):
+    # Few distinct values make ties: PyTorch keeps the first maximum of a bin in row-major order.
+    model = ADAPTIVE_MAX_POOL[n](_per_dim((5, 3, 3), n), return_indices=True).eval()
+    x = torch.randint(-4, 4, (2, 3, *ADAPTIVE_SPATIAL[n])).to(dtype)
+    program = assert_spatial_dynamic_equivalent(model, x, spatial=False)
+    assert op_histogram(program)["ArgMax"] == n
+    assert_exports_equivalent(model, (x[0],))

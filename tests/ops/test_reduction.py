@@ -397,3 +397,20 @@ def test_infinity_norms_propagate_nan():
         lambda x: (torch.linalg.vector_norm(x, ord=math.inf, dim=1), torch.linalg.vector_norm(x, ord=-math.inf), x.norm(p=math.inf)),
         x,
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, math.inf, 3.0])
+def test_pdist(p, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, dtype=dtype)
+    x[3] = x[1]  # a zero distance
+    # min=3: two rows have one pair, a count torch.export would specialize.
+    rows = torch.export.Dim("rows", min=3)
+    resized = [(torch.randn(8, 4, dtype=dtype),), (torch.randn(2, 4, dtype=dtype),), (torch.randn(1, 4, dtype=dtype),)]
+    assert_exports_equivalent(lambda x: F.pdist(x, p), (x,), dynamic_shapes=({0: rows},), resized=resized, atol=1e-5)
+
+
+def test_pdist_with_static_rows_gathers_constant_pairs():
+    program = assert_exports_equivalent(lambda x: (F.pdist(x), F.pdist(x, 1.0)), (torch.randn(6, 3),))
+    assert "NonZero" not in op_histogram(program)

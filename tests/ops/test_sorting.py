@@ -197,3 +197,75 @@ def test_searchsorted_batched_with_sorter(side):
         (unsorted, values, sorter), dynamic_shapes=({0: B}, {0: B, 1: N}, {0: B}),
         resized=[(grown, torch.randn(4, 9), torch.argsort(grown))],
     )
+
+
+# -- nanmedian and mode -------------------------------------------------------------------
+
+
+def _distinct_with_nans(dtype, *shape):
+    """Distinct values; floating rows other than rows 1, 5, 9, ... hold NaNs, never all NaN."""
+    x = _distinct(dtype, *shape)
+    if dtype.is_floating_point:
+        rows, columns = torch.meshgrid(torch.arange(shape[0]), torch.arange(shape[1]), indexing="ij")
+        x[((rows + columns) % 3 == 0) & (rows % 4 != 1)] = NAN
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.int32])
+@pytest.mark.parametrize("keepdim", [False, True], ids=["dropdim", "keepdim"])
+@pytest.mark.parametrize(("dim", "size"), [(-1, 6), (1, 7), (0, 4)], ids=["even", "odd", "batch"])
+def test_nanmedian_ignores_nan(dim, size, keepdim, dtype):
+    _drawn_batch_dynamic(
+        lambda x: (torch.nanmedian(x, dim=dim, keepdim=keepdim), torch.nanmedian(x)), _distinct_with_nans, dtype, 4, size
+    )
+
+
+def test_nanmedian_along_a_dynamic_dim():
+    assert_exports_equivalent(
+        lambda x: torch.nanmedian(x, dim=1), (_distinct_with_nans(torch.float32, 3, 8),), dynamic_shapes=({1: N},),
+        resized=[(_distinct_with_nans(torch.float32, 3, 11),)],
+    )
+
+
+def test_nanmedian_of_all_nan_rows_is_nan():
+    # PyTorch's index for an all-NaN row is wherever its selection leaves a NaN: any NaN is right.
+    x = torch.tensor([[NAN, NAN, NAN, NAN], [1.0, NAN, 0.5, NAN], [2.0, 1.0, 3.0, INF], [NAN, -INF, NAN, NAN]])
+
+    def nanmedians(x):
+        values, indices = torch.nanmedian(x, dim=1)
+        return values, x.gather(1, indices[:, None]), torch.nanmedian(x), torch.nanmedian(x[0])
+
+    _batch_dynamic(nanmedians, x)
+
+
+def _modes(dim, keepdim):
+    # Which of the elements equal to the mode PyTorch indexes is not specified: the index is
+    # checked to hold the mode.
+    def modes(x):
+        values, indices = torch.mode(x, dim, keepdim)
+        return values, x.gather(dim, indices if keepdim else indices.unsqueeze(dim))
+
+    return modes
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool, torch.int8, torch.bfloat16])
+@pytest.mark.parametrize("keepdim", [False, True], ids=["dropdim", "keepdim"])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_mode_takes_the_smallest_most_frequent_value(dim, keepdim, dtype):
+    _drawn_batch_dynamic(_modes(dim, keepdim), _ties, dtype, 5, 9)
+
+
+def test_mode_of_distinct_values_is_the_smallest():
+    _drawn_batch_dynamic(_modes(1, False), _distinct, torch.float32, 4, 6)
+
+
+def test_mode_along_a_dynamic_dim():
+    x = torch.randint(0, 4, (3, 3, 20))
+    program = assert_exports_equivalent(
+        _modes(2, False), (x,), dynamic_shapes=({0: B, 2: N},), resized=[(torch.randint(-2, 3, (2, 3, 33)),)]
+    )
+    assert "Loop" not in op_histogram(program)
+
+
+def test_mode_of_a_0d_tensor():
+    assert_exports_equivalent(lambda x: torch.mode(x), (torch.tensor(3.0),))

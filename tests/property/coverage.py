@@ -63,8 +63,8 @@ _GAP_REASONS: list[tuple[str, str]] = [
     (r"_linear_cross_entropy", "a torch-internal chunked loss with no decomposition"),
     (r"gcd|nextafter|frexp", "integer gcd needs a value-dependent number of steps; nextafter/frexp need float bit "
      "manipulation ONNX has no op for"),
-    (r"aten\.(put|nonzero_static|mode|nanmedian|diagonal_scatter|adaptive_max_pool2d|segment_reduce|_trilinear|_pdist_forward"
-     r"|unique_consecutive)", "not translated yet: expressible in ONNX, not needed by the models we test"),
+    (r"aten\.unique_consecutive", "unique_consecutive along a dim (the flattened form is translated): not "
+     "translated yet"),
 ]
 
 
