@@ -190,6 +190,15 @@ def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return cast(ctx, ctx.op.Einsum(*operands, equation=",".join(terms) + "->" + output), ctx.out_dtype)
 
 
+@translates(aten.bilinear.default, promote=Promote.RESULT, promoted=("input1", "input2", "weight", "bias"))
+def bilinear(ctx, input1, input2, weight, bias=None):
+    # y[..., o] = x1[..., i] W[o, i, j] x2[..., j] (+ b[o]): one Einsum, no _trilinear detour.
+    compute = _compute_dtype("Einsum", ctx.out_dtype)
+    operands = [cast(ctx, x, compute) for x in (input1, weight, input2)]
+    product = cast(ctx, ctx.op.Einsum(*operands, equation="...i,oij,...j->...o"), ctx.out_dtype)
+    return product if bias is None else ctx.op.Add(product, bias)
+
+
 @translates(aten.linalg_det.default, aten.det.default)
 def linalg_det(ctx, A):
     return ctx.op.Det(A)
