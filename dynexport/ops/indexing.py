@@ -267,9 +267,12 @@ def masked_scatter(ctx, self, mask, source):
     # The k-th True position (in row-major order) takes the k-th element of source.
     flat_mask = ctx.op.Reshape(ctx.op.Expand(mask, ctx.op.Shape(self)), ints(ctx, [-1]))
     ordinals = ctx.op.Sub(ctx.op.CumSum(cast(ctx, flat_mask, _INT64), ctx.constant(0, _INT64)), ctx.constant(1, _INT64))
-    taken = ctx.op.Gather(ctx.op.Reshape(source, ints(ctx, [-1])), ctx.op.Max(ordinals, ctx.constant(0, _INT64)), axis=0)
+    # An all-False mask accepts an empty source; one padding element keeps the (unused) gather
+    # in bounds.
+    flat_source = ctx.op.Concat(ctx.op.Reshape(source, ints(ctx, [-1])), ctx.constant([0], source.dtype), axis=0)
+    taken = ctx.op.Gather(flat_source, ctx.op.Max(ordinals, ctx.constant(0, _INT64)), axis=0)
     flat = ctx.op.Where(flat_mask, taken, ctx.op.Reshape(self, ints(ctx, [-1])))
-    return ctx.op.Reshape(flat, ctx.op.Shape(self))
+    return ctx.op.Reshape(flat, ctx.op.Shape(self), allowzero=1)
 
 
 @translates(aten.nonzero_static.default)
@@ -479,7 +482,7 @@ def put(ctx, self, index, source, accumulate=False):
     positions = ctx.op.Reshape(positions, ints(ctx, [-1, 1]))
     updates = ctx.op.Reshape(cast(ctx, source, self.dtype), ints(ctx, [-1]))
     written = _reduced(ctx, "ScatterND", flat, positions, updates, "add" if accumulate else "none")
-    return ctx.op.Reshape(written, ctx.op.Shape(self))
+    return ctx.op.Reshape(written, ctx.op.Shape(self), allowzero=1)
 
 
 # -- moving elements --------------------------------------------------------------------------
@@ -510,7 +513,7 @@ def roll(ctx, self, shifts, dims=()):
         numel = ctx.out.numel()
         size = numel if isinstance(numel, int) else ctx.op.Size(self)
         flat = _roll(ctx, ctx.op.Reshape(self, ints(ctx, [-1])), shifts[0], 0, size)
-        return ctx.op.Reshape(flat, ctx.op.Shape(self))
+        return ctx.op.Reshape(flat, ctx.op.Shape(self), allowzero=1)
     rolled = self
     for shift, dim in zip(shifts, dims):
         dim = normalize_dim(dim, rank(self))

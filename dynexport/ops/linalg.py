@@ -48,13 +48,43 @@ def _matmul(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
         # vector (seen in 1.31); the same product with a column vector is fused correctly.
         column = ctx.op.Unsqueeze(b, ints(ctx, [1]))
         return ctx.op.Squeeze(_product(ctx, "MatMul", a, column), ints(ctx, [-1]))
-    return _product(ctx, "MatMul", a, b)
+    if _broadcasts_correctly(a, b):
+        return _product(ctx, "MatMul", a, b)
+    if rank(a) == 1:
+        row = ctx.op.Unsqueeze(a, ints(ctx, [0]))
+        return ctx.op.Squeeze(_product(ctx, "MatMul", *_equal_batches(ctx, row, b)), ints(ctx, [-2]))
+    return _product(ctx, "MatMul", *_equal_batches(ctx, a, b))
+
+
+def _equal_batches(ctx, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``a`` and ``b`` with their batch dims (all but the last two) broadcast to each other's."""
+    return tuple(
+        ctx.op.Expand(x, ctx.op.Concat(ctx.op.Shape(other, end=-2), ints(ctx, [1, 1]), axis=0))
+        for x, other in ((a, b), (b, a))
+    )
+
+
+def _broadcasts_correctly(a: ir.Value, b: ir.Value) -> bool:
+    """Whether onnxruntime's MatMul (1.31) gets this product right whatever the runtime sizes. It
+    refuses to broadcast a second operand's size-0 batch dim, and when the inner dim is 0 and the
+    batch dims differ it takes the first operand's and leaves the output uninitialized. A 2-D
+    second operand and equal batch dims are safe; otherwise the second operand's batch and inner
+    sizes must be static and nonzero."""
+    if rank(b) <= 2 or a.shape[:-2] == b.shape[:-2]:
+        return True
+    return all(isinstance(size, int) and size > 0 for size in b.shape[:-1])
 
 
 def _gemm_fits(x: ir.Value, *scalars: float) -> bool:
     """Whether Gemm computes this exactly: onnxruntime has Gemm kernels for floating types
     only, and Gemm's alpha and beta are float32 attributes."""
     return x.dtype in FLOATING and all(float(np.float32(s)) == s for s in scalars)
+
+
+def _nonempty_inner_dim(mat1: ir.Value) -> bool:
+    # onnxruntime's Gemm returns C itself, not beta * C, when the inner dim is 0.
+    size = mat1.shape[-1]
+    return isinstance(size, int) and size > 0
 
 
 def _scaled_add(ctx, self: ir.Value, product: ir.Value, beta, alpha) -> ir.Value:
@@ -83,7 +113,7 @@ def matmul(ctx, self, other):
 
 @translates(aten.addmm.default)
 def addmm(ctx, self, mat1, mat2, *, beta=1, alpha=1):
-    if _gemm_fits(mat1, alpha, beta):
+    if _gemm_fits(mat1, alpha, beta) and (beta in (0, 1) or _nonempty_inner_dim(mat1)):
         bias = [] if beta == 0 else [self]
         return ctx.op.Gemm(mat1, mat2, *bias, alpha=float(alpha), beta=float(beta))
     return _scaled_add(ctx, self, _matmul(ctx, mat1, mat2), beta, alpha)

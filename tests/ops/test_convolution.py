@@ -187,3 +187,24 @@ def test_conv_transpose_output_padding_below_dilation_not_stride(padding, bias):
     # onnxruntime's ConvTranspose rejects output_padding >= stride.
     module = nn.ConvTranspose2d(2, 3, (1, 3), stride=1, padding=(0, padding), dilation=2, output_padding=1, bias=bias).eval()
     assert_exports_equivalent(module, (torch.randn(1, 2, 3, 5),))
+
+
+@pytest.mark.parametrize(
+    "case, empty_height",
+    [
+        (dict(kernel_size=1, padding=(1, 0)), 2),
+        (dict(kernel_size=1, padding=(1, 0), stride=(2, 1), output_padding=(1, 0), bias=False), 1),
+    ],
+    ids=["plain", "output_padding"],
+)
+def test_conv_transpose_with_empty_output(case, empty_height):
+    # Regression (property tests): padding may remove every output position. Grouped, PyTorch
+    # returns an empty tensor (ungrouped, it refuses); onnxruntime's ConvTranspose rejects a
+    # size-0 output. A dynamic height could be that small, so it takes the same path.
+    module = nn.ConvTranspose2d(2, 2, groups=2, **case).eval()
+    empty = torch.randn(1, 2, empty_height, 3)
+    assert module(empty).shape[2] == 0
+    assert_exports_equivalent(module, (empty,))
+    height = torch.export.Dim("height", min=2)
+    x, resized = torch.randn(1, 2, 3, 3), torch.randn(2, 2, 5, 3)
+    assert_exports_equivalent(module, (x,), dynamic_shapes=({0: B, 2: height},), resized=[(resized,)])

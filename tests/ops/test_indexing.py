@@ -550,3 +550,26 @@ def test_segment_reduce(initial, reduce, dtype):
     assert_exports_equivalent(
         lambda d, o: torch.segment_reduce(d.flatten(), reduce, offsets=o, initial=initial), (data, offsets * 2),
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint8])
+def test_masked_scatter_with_empty_self_or_source(dtype):
+    # Empty tensors take nothing from source, and an all-False mask accepts an empty source.
+    rows, columns, n = torch.export.Dim("rows"), torch.export.Dim("columns"), torch.export.Dim("n")
+    one_true = torch.zeros(3, 4, dtype=torch.bool)
+    one_true[1, 2] = True
+    scalar_source = torch.tensor(7).to(dtype)
+
+    def inputs(x, mask, source):
+        return x, mask, scalar_source, source
+
+    assert_exports_equivalent(
+        lambda x, m, s, t: (x.masked_scatter(m, s), x.masked_scatter(m, t)),
+        inputs(_data(dtype, 3, 4), one_true, _data(dtype, 5)),
+        dynamic_shapes=({0: rows, 1: columns}, {0: rows, 1: columns}, None, {0: n}),
+        resized=[
+            inputs(_data(dtype, 2, 0), torch.zeros(2, 0, dtype=torch.bool), _data(dtype, 2)),
+            inputs(_data(dtype, 0, 0), torch.zeros(0, 0, dtype=torch.bool), _data(dtype, 0)),
+            inputs(_data(dtype, 3, 4), torch.zeros(3, 4, dtype=torch.bool), _data(dtype, 0)),
+        ],
+    )

@@ -310,3 +310,21 @@ def test_trilinear_sums_any_dims():
         ),
         (a, b, c),
     )
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [((1, 0, 0), (0, 0, 0)), ((1, 2, 0), (3, 0, 4)), ((1, 3), (0, 3, 2)), ((0,), (2, 0, 3)), ((2, 1, 0, 3), (1, 4, 3, 2))],
+    ids=lambda shapes: "@".join("x".join(map(str, shape)) for shape in shapes),
+)
+def test_matmul_broadcasting_empty_dims(shapes):
+    # Regression (property tests): onnxruntime's MatMul cannot broadcast a second operand's size-0
+    # batch dim, and with a size-0 inner dim it mis-sizes the batch and leaves the output unset.
+    a, b = (torch.randn(s) for s in shapes)
+    assert_exports_equivalent(torch.matmul, (a, b))
+
+
+def test_addmm_with_empty_inner_dim_scales_self():
+    # Regression (property tests): onnxruntime's Gemm returns C, not beta * C, when K is 0.
+    self, mat1, mat2 = torch.randn(2, 3), torch.randn(2, 0), torch.randn(0, 3)
+    assert_exports_equivalent(lambda s, m1, m2: torch.addmm(s, m1, m2, beta=0.5, alpha=2.0), (self, mat1, mat2))

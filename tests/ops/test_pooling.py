@@ -204,3 +204,13 @@ def test_adaptive_max_pool_uneven_indices(n, dtype):
     program = assert_spatial_dynamic_equivalent(model, x, spatial=False)
     assert op_histogram(program)["ArgMax"] == n
     assert_exports_equivalent(model, (x[0],))
+
+
+def test_avg_pool_ceil_overhang_counts_only_the_input():
+    # The last window of width 4, kernel 3, stride 3 holds one element, its average. (onnx's
+    # reference evaluator, which runs float64 AveragePool, shifts ceil-mode windows by putting
+    # part of the overhang before the input, so this runs in float32 on onnxruntime.)
+    model = nn.AvgPool2d((1, 3), stride=(1, 3), ceil_mode=True, count_include_pad=False).eval()
+    x = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])
+    assert_exports_equivalent(model, (x,), runtime="onnxruntime")
+    assert_exports_equivalent(model, (torch.randn(2, 1, 5, 7),), runtime="onnxruntime")

@@ -128,3 +128,17 @@ def test_dropout_in_eval_is_identity():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.5)).eval()
     program = _check(model, torch.randn(2, 3))
     assert "Dropout" not in op_histogram(program)
+
+
+def test_flatten_with_empty_dims_keeps_the_symbolic_ones():
+    # -1 cannot stand for the merged size when another dim is 0: it is computed instead.
+    x = torch.zeros(0, 2, 0, 3)
+    assert_exports_equivalent(
+        lambda x: (x.flatten(2, 3), x.flatten(1, 2), x.flatten()), (x,),
+        dynamic_shapes=({1: torch.export.Dim("n"), 3: torch.export.Dim("m")},), resized=[(torch.zeros(0, 5, 0, 4),)],
+    )
+    y = torch.randn(2, 3, 4, 5)
+    assert_exports_equivalent(
+        lambda y: (y.flatten(1, 2), y.flatten(0, 1), y.flatten(2)), (y,),
+        dynamic_shapes=({0: B, 2: S},), resized=[(torch.randn(3, 3, 7, 5),)],
+    )
