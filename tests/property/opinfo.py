@@ -98,7 +98,7 @@ def check_sample(op, sample) -> Outcome:
     if not leaves or not all(isinstance(v, torch.Tensor) and not v.is_complex() for v in leaves):
         return Outcome("skip", "outputs that are not real tensors")
     try:
-        program = assert_dynamic_equivalent(one_op, tensors, dynamic=False, half_accuracy=True)
+        program = assert_dynamic_equivalent(one_op, tensors, dynamic=False, float64_reference=True)
     except UnsupportedOperatorError as error:
         return Outcome("gap", ", ".join(use.target for use in error.uses) if hasattr(error, "uses") else str(error).splitlines()[1].strip())
     except CaptureError as error:

@@ -584,6 +584,9 @@ def _sdpa(draw, dtype):
 
 
 def _sdpa_fn(q, k, v, mask=None, **args):
+    # Keys and values have one sequence length: said, so that the resized inputs keep it so
+    # (PyTorch's CPU flash kernel does not check it and reads past a shorter value).
+    torch._check(k.shape[-2] == v.shape[-2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **args)
 
 
@@ -909,7 +912,9 @@ SPECS: list[OpSpec] = [
             *((f"{op}.Scalar", getattr(aten, op).Scalar, Domain(-100, 100), INTS, lambda d: st.integers(-8, 8)) for op in ("bitwise_and", "bitwise_or", "bitwise_xor")),
         ]
     ),
-    OpSpec("pow.Tensor_Scalar", aten.pow.Tensor_Scalar, with_scalar(Domain(-4, 4, specials=True), lambda d: st.sampled_from([0, 1, 2, 3, 0.5, -1, 2.5]) if d.is_floating_point else st.sampled_from([0, 1, 2, 3]), name="exponent"), NUMERIC),
+    # No exponent 0.5: PyTorch's vectorized CPU kernel computes x ** 0.5 as sqrt (NaN at -inf), its
+    # scalar path as pow (+inf), so eager is no reference there.
+    OpSpec("pow.Tensor_Scalar", aten.pow.Tensor_Scalar, with_scalar(Domain(-4, 4, specials=True), lambda d: st.sampled_from([0, 1, 2, 3, 1.5, -1, 2.5]) if d.is_floating_point else st.sampled_from([0, 1, 2, 3]), name="exponent"), NUMERIC),
     OpSpec("pow.Scalar", lambda x, base: aten.pow.Scalar(base, x), with_scalar(Domain(-3, 3), lambda d: st.sampled_from([2, 0.5, 3.0]), name="base"), FLOATS),
     OpSpec("div.Scalar_mode", aten.div.Scalar_mode, with_scalar(Domain(-10, 10), lambda d: st.sampled_from([2, -3, 1.5]), name="other", rounding_mode=st.sampled_from(["trunc", "floor"])), NUMERIC),
     # activations
@@ -951,8 +956,10 @@ SPECS: list[OpSpec] = [
         OpSpec(f"{name}(nan)", fn, lambda draw, dtype: ((torch.tensor([1.0, math.nan, 2.0], dtype=dtype),), {}), F32, dynamic=False)
         for name, fn in [("amax.default", lambda x: aten.amax.default(x, [0])), ("amin.default", lambda x: aten.amin.default(x, [0])), ("max.default", aten.max.default), ("min.default", aten.min.default)]
     ),
-    OpSpec("prod.default", aten.prod.default, reduce(Domain(-2, 2), dims="none", keepdim=False), ALL, tolerances=LOW_PRECISION_SUM),
-    OpSpec("prod.dim_int", aten.prod.dim_int, reduce(Domain(-2, 2), dims="one"), ALL, tolerances=LOW_PRECISION_SUM),
+    # Integers in [-1, 1]: an int64 product that overflows wraps around in PyTorch but saturates in
+    # onnxruntime's ReduceProd (a limitation of the runtime, listed in docs/op_coverage.md).
+    OpSpec("prod.default", aten.prod.default, reduce(Domain(-1.5, 1.5), dims="none", keepdim=False), ALL, tolerances=LOW_PRECISION_SUM),
+    OpSpec("prod.dim_int", aten.prod.dim_int, reduce(Domain(-1.5, 1.5), dims="one"), ALL, tolerances=LOW_PRECISION_SUM),
     OpSpec("any.default", aten.any.default, reduce(SPECIALS, dims="none", keepdim=False), ALL),
     OpSpec("any.dim", aten.any.dim, reduce(SPECIALS, dims="one"), ALL),
     OpSpec("any.dims", aten.any.dims, reduce(SPECIALS), ALL),
@@ -1028,7 +1035,9 @@ SPECS: list[OpSpec] = [
     OpSpec("max_pool2d_with_indices.default", aten.max_pool2d_with_indices.default, _pool(2, "max"), FLOATS),
     OpSpec("max_pool3d_with_indices.default", aten.max_pool3d_with_indices.default, _pool(3, "max"), F32 + (torch.float64,)),
     OpSpec("max_pool2d.default", aten.max_pool2d.default, _pool(2, "max"), FLOATS),
-    OpSpec("avg_pool2d.default", aten.avg_pool2d.default, _pool(2, "avg"), FLOATS),
+    # No float64: onnxruntime has no float64 AveragePool, and onnx's reference evaluator shifts
+    # ceil-mode windows (it pads half the overhang in front; onnx/onnx#4958).
+    OpSpec("avg_pool2d.default", aten.avg_pool2d.default, _pool(2, "avg"), (torch.float32, torch.float16, torch.bfloat16)),
     OpSpec("avg_pool3d.default", aten.avg_pool3d.default, _pool(3, "avg"), F32 + (torch.float64,)),
     OpSpec("_adaptive_avg_pool2d.default", aten._adaptive_avg_pool2d.default, _adaptive(2), FLOATS, dynamic=False),
     OpSpec("_adaptive_avg_pool3d.default", aten._adaptive_avg_pool3d.default, _adaptive(3), F32 + (torch.float64,), dynamic=False),
@@ -1182,4 +1191,6 @@ def check_spec(spec: OpSpec, dtype: torch.dtype, draw: Callable):
         reject()
     growth = (lambda name: draw(st.integers(1, 3), label=f"growth of {name}")) if spec.dynamic else None
     rtol, atol = spec.tolerances.get(dtype, (None, None))
-    return assert_dynamic_equivalent(one_op, inputs, growth=growth, rtol=rtol, atol=atol, check_values=spec.check_values)
+    return assert_dynamic_equivalent(
+        one_op, inputs, growth=growth, rtol=rtol, atol=atol, check_values=spec.check_values, float64_reference=True
+    )
