@@ -150,3 +150,12 @@ def test_repeat_interleave_by_a_tensor_of_counts():
         resized=[(x, torch.tensor([3, 1, 0])), (x, torch.tensor([0, 0, 0])), (x, torch.tensor([4, 4, 4]))],
     )
     assert not isinstance(program.model.graph.outputs[0].shape[0], int)
+
+
+def test_unique_of_bfloat16_values():
+    # ONNX Unique and Compress take no bfloat16: the values are compared as float32.
+    x = torch.tensor([[1.5, 2.0, 1.5], [3.0, 3.0, 2.0]], dtype=torch.bfloat16)
+    assert_exports_equivalent(
+        Unary(lambda x: (torch.unique(x, return_inverse=True, return_counts=True), torch.unique_consecutive(x, return_counts=True), torch.unique(x, dim=0))),
+        (x,),
+    )

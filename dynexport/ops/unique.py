@@ -18,20 +18,26 @@ _INT64 = ir.DataType.INT64
 def unique(ctx, self, sorted=True, return_inverse=False, return_counts=False):
     # PyTorch's CPU kernel sorts whether or not it is asked to; ONNX's unsorted order would be
     # first occurrence instead.
-    values, _, inverse, counts = ctx.op.Unique(ctx.op.Reshape(self, ints(ctx, [-1])), sorted=1, _outputs=4)
+    flat = ctx.op.Reshape(_comparable(ctx, self), ints(ctx, [-1]))
+    values, _, inverse, counts = ctx.op.Unique(flat, sorted=1, _outputs=4)
     inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self))
-    return [values, inverse if return_inverse else None, counts if return_counts else None]
+    return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
+
+
+def _comparable(ctx, x: ir.Value) -> ir.Value:
+    # Unique and Compress take no bfloat16; float32 holds every bfloat16 value exactly.
+    return cast(ctx, x, ir.DataType.FLOAT) if x.dtype == ir.DataType.BFLOAT16 else x
 
 
 @translates(aten.unique_dim.default)
 def unique_dim(ctx, self, dim, sorted=True, return_inverse=False, return_counts=False):
-    values, _, inverse, counts = ctx.op.Unique(self, axis=dim, sorted=1, _outputs=4)
-    return [values, inverse if return_inverse else None, counts if return_counts else None]
+    values, _, inverse, counts = ctx.op.Unique(_comparable(ctx, self), axis=dim, sorted=1, _outputs=4)
+    return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 
 @translates(aten.unique_consecutive.default, checker=lambda node: len(node.args) < 4 and "dim" not in node.kwargs)
 def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim=None):
-    flat = ctx.op.Reshape(self, ints(ctx, [-1]))
+    flat = ctx.op.Reshape(_comparable(ctx, self), ints(ctx, [-1]))
     length = ctx.op.Shape(flat)
     changed = ctx.op.Not(
         ctx.op.Equal(ctx.op.Slice(flat, ints(ctx, [1]), length), ctx.op.Slice(flat, ints(ctx, [0]), ints(ctx, [-1])))
@@ -44,7 +50,7 @@ def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim
     ends = ctx.op.Concat(ctx.op.Slice(first_positions, ints(ctx, [1]), length), length, axis=0)
     counts = ctx.op.Sub(ends, first_positions)
     return [
-        values,
+        cast(ctx, values, self.dtype),
         ctx.op.Reshape(inverse, ctx.op.Shape(self)) if return_inverse else None,
         counts if return_counts else None,
     ]
