@@ -30,7 +30,7 @@ _UNREACHABLE = {
     "aten.sym_storage_offset.default": "a stride/storage query: torch.export does not emit it for the contiguous inputs ONNX has",
     "aten.sym_stride.int": "a stride/storage query: torch.export does not emit it for the contiguous inputs ONNX has",
     "aten.as_strided.default": "strided views have no ONNX equivalent (ONNX tensors have no strides)",
-    "aten._fft_r2c.default": "FFT: ONNX DFT is not implemented by the table",
+    "aten._fft_r2c.default": "FFT to a complex tensor: onnxruntime has no complex kernels (ONNX DFT gives real/imaginary pairs, not PyTorch's complex output)",
     "aten._native_batch_norm_legit.default": "training-mode batch norm that updates running statistics in place: an exported module in eval mode holds _native_batch_norm_legit_no_training instead",
     "aten.atan2.out": "an out= variant: torch.export functionalizes it to atan2.default",
     "aten._fft_c2r.default": "FFT with complex input: ONNX has no complex tensors in onnxruntime's CPU kernels",
