@@ -184,6 +184,33 @@ def test_vision_backbone(family):
     _check(model, calls, {"pixel_values": dims})
 
 
+class _Detections(torch.nn.Module):
+    """DETR's class logits and boxes (its output object holds more)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values)
+        return out.logits, out.pred_boxes
+
+
+def test_detr_with_a_resnet_backbone():
+    # Pure PyTorch: transformers' own ResNet as the backbone, not timm's.
+    backbone = tiny(transformers.ResNetConfig, embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], out_features=["stage4"])
+    config = tiny(
+        transformers.DetrConfig, use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
+        backbone=None, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5, num_labels=3,
+    )
+    model = _Detections(transformers.DetrForObjectDetection(config)).eval()
+    height, width = Dim("height_blocks", min=2, max=8), Dim("width_blocks", min=2, max=8)
+    sizes = [(2, 64, 64), (3, 96, 64), (1, 64, 128), (4, 128, 96)]
+    calls = [{"pixel_values": torch.randn(b, 3, h, w)} for b, h, w in sizes]
+    _check(model, calls, {"pixel_values": {0: Dim("batch"), 2: 32 * height, 3: 32 * width}})
+
+
 def test_mobilenet_v2():
     """Images above 32 pixels: at 32 or fewer the last feature map is 1x1, and torch.export
     specializes size-1 dims (a contiguity check in torch's own tracing)."""
