@@ -40,6 +40,7 @@ from torch.export.graph_signature import (
 from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
 from dynexport.capture import capture
 from dynexport.errors import ExportError
+from dynexport.passes.onnx.naming import unique_name
 from dynexport.program import ONNXProgram, ort_values_to_torch
 
 __all__ = ["BackendOptions", "CompiledSubgraph", "OnnxRuntimeBackend", "SubgraphNotExportable", "backend", "compile_graph"]
@@ -346,15 +347,10 @@ def _input_name(node: torch.fx.Node) -> str:
 
 
 def _unique(names: list[str]) -> list[str]:
-    seen: set[str] = set()
-    unique_names = []
+    seen: list[str] = []
     for name in names:
-        unique, n = name, 1
-        while unique in seen:
-            unique, n = f"{name}_{n}", n + 1
-        seen.add(unique)
-        unique_names.append(unique)
-    return unique_names
+        seen.append(unique_name(name, seen))
+    return seen
 
 
 def _example_value(value: Any) -> Any:

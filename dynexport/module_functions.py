@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 
 import onnx_ir as ir
 
+from dynexport.passes.onnx.naming import unique_name
+
 __all__ = ["DOMAIN", "extract_module_functions", "module_selector"]
 
 DOMAIN = "pkg.dynexport.modules"
@@ -172,11 +174,7 @@ def _shared_function(state: _Extraction, name: str, body: ir.Graph) -> ir.Functi
     function = state.signatures.get(signature)
     if function is not None:
         return function
-    taken = {f.name for f in state.functions.values()}
-    unique, suffix = name, 0
-    while unique in taken:
-        suffix += 1
-        unique = f"{name}_{suffix}"
+    unique = unique_name(name, {f.name for f in state.functions.values()})
     body.name = unique
     function = ir.Function(DOMAIN, unique, graph=body, attributes=[])
     state.functions[function.identifier()] = function

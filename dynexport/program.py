@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import io
 import itertools
 import json
@@ -284,12 +285,13 @@ class ONNXProgram:
         feeds.update({name: _ort_value(_numpy(value)) for name, value in self.buffers.items()})
         results = self._session.run_with_ort_values(None, feeds)
         outputs = ort_values_to_torch(results, [v.dtype for v in self.model.graph.outputs])
-        by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
-        for buffer, output in self.buffer_updates.items():
-            self.buffers[buffer] = by_name[output].clone()
+        if self.buffer_updates:
+            by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
+            for buffer, output in self.buffer_updates.items():
+                self.buffers[buffer] = by_name[output].clone()
         return self._structure(outputs)
 
-    @property
+    @functools.cached_property
     def buffer_updates(self) -> dict[str, str]:
         """``{buffer: output}``: the buffers a model exported with ``TrainingMode.TRAINING``
         updates (batch norm's running statistics), each also a graph input, and the outputs

@@ -26,6 +26,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
+from dynexport.passes.onnx.naming import unique_name
 from dynexport.translate import GraphIO
 
 __all__ = [
@@ -224,11 +225,7 @@ def graph_io(
             wanted = requested_dims.get((spec.arg.name, axis))
             if wanted is not None and symbol not in dim_names:
                 # Dims torch did not unify must not share a name: ONNX would read them as equal.
-                taken = set(dim_names.values())
-                unique, n = wanted, 1
-                while unique in taken:
-                    unique, n = f"{wanted}_{n}", n + 1
-                dim_names[symbol] = unique
+                dim_names[symbol] = unique_name(wanted, set(dim_names.values()))
             else:
                 dim_names.setdefault(symbol, f"{input_name}_dim_{axis}")
 
@@ -337,9 +334,7 @@ def dynamic_shapes_from_examples(
             wanted = "sequence"
         else:
             wanted = f"{members[0][0]}_dim_{members[0][1]}"
-        unique, n = wanted, 1
-        while unique in used:
-            unique, n = f"{wanted}_{n}", n + 1
+        unique = unique_name(wanted, used)
         used.add(unique)
         for name, axis, _ in members:
             requested[(name, axis)] = unique

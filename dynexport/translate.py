@@ -716,16 +716,9 @@ def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int]) -> No
 def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any], names: list[str]) -> None:
     """Make the program's user outputs the graph's outputs, named ``names``; None outputs are
     left out, Python numbers become constants."""
-    signature = program.graph_signature
     graph = translator.graph
-    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
-    user_outputs = [
-        arg
-        for arg, spec in zip(output_node.args[0], signature.output_specs)
-        if spec.kind is OutputKind.USER_OUTPUT
-    ]
     used: set[int] = set()
-    for arg, name in zip(user_outputs, names):
+    for (arg, _), name in zip(_outputs_of_kind(program, OutputKind.USER_OUTPUT), names):
         value = env[arg] if isinstance(arg, torch.fx.Node) else arg
         if value is None:
             continue
@@ -747,11 +740,8 @@ def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Nod
     a graph input (defaulting to its initializer) so that a caller can feed the state back.
     Returns ``{buffer: output name}``."""
     graph = translator.graph
-    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
     updated = {}
-    for arg, spec in zip(output_node.args[0], program.graph_signature.output_specs):
-        if spec.kind is not OutputKind.BUFFER_MUTATION:
-            continue
+    for arg, spec in _outputs_of_kind(program, OutputKind.BUFFER_MUTATION):
         buffer = graph.initializers.get(spec.target) or next(v for v in graph.inputs if v.name == spec.target)
         if not buffer.is_graph_input():
             graph.inputs.append(buffer)
@@ -760,6 +750,12 @@ def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Nod
         value.name = updated[spec.target] = f"{spec.target}.updated"
         graph.outputs.append(value)
     return updated
+
+
+def _outputs_of_kind(program: torch.export.ExportedProgram, kind: OutputKind) -> list[tuple[Any, Any]]:
+    """``(FX output argument, output spec)`` for the program's outputs of ``kind``."""
+    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
+    return [(arg, spec) for arg, spec in zip(output_node.args[0], program.graph_signature.output_specs) if spec.kind is kind]
 
 
 def _unsupported_uses(missing: list[tuple[str, torch.fx.Node]]) -> list[UnsupportedUse]:

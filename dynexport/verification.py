@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from dynexport.errors import ExportError, source_line
+from dynexport.signature import as_call
 
 if TYPE_CHECKING:
     from dynexport.program import ONNXProgram
@@ -323,7 +324,7 @@ def verify_program(
             input_sets.append(("resized", *grown))
     elif resized:
         for i, call in enumerate(resized, 1):
-            call_args, call_kwargs = _as_call(call)
+            call_args, call_kwargs = as_call(call)
             input_sets.append((f"resized #{i}", call_args, call_kwargs))
     names = [v.name for v in program.model.graph.outputs]
     outputs: list[OutputComparison] = []
@@ -336,14 +337,6 @@ def verify_program(
     if compare_intermediates:
         report.divergence, report.intermediates_compared = first_divergence(program, args, kwargs, rtol=rtol, atol=atol)
     return report
-
-
-def _as_call(call: Any) -> tuple[tuple, dict]:
-    from dynexport.signature import split_legacy_args
-
-    if isinstance(call, tuple) and len(call) == 2 and isinstance(call[0], tuple) and isinstance(call[1], dict):
-        return call
-    return split_legacy_args(call, None)
 
 
 def verify(

@@ -19,6 +19,7 @@ from dynexport.dtypes import FLOATING
 __all__ = [
     "argument",
     "bfloat16_as_float",
+    "bfloat16_to_float",
     "cast",
     "floating_input",
     "ints",
@@ -87,14 +88,15 @@ def bfloat16_as_float(rule):
     def wrapper(ctx, self, *args, **kwargs):
         if self.dtype != ir.DataType.BFLOAT16 or ctx.opset >= 22:
             return rule(ctx, self, *args, **kwargs)
-        args = [_bfloat16_to_float(ctx, a) for a in args]
+        args = [bfloat16_to_float(ctx, a) for a in args]
         result = rule(ctx, cast(ctx, self, ir.DataType.FLOAT), *args, **kwargs)
         return cast(ctx, result, ir.DataType.BFLOAT16)
 
     return wrapper
 
 
-def _bfloat16_to_float(ctx, value):
+def bfloat16_to_float(ctx, value):
+    """``value`` cast to float32 if it is a bfloat16 tensor (float32 holds each one exactly)."""
     if isinstance(value, ir.Value) and value.dtype == ir.DataType.BFLOAT16:
         return cast(ctx, value, ir.DataType.FLOAT)
     return value

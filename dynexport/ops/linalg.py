@@ -34,11 +34,10 @@ def _compute_dtype(op_type: str, result: ir.DataType) -> ir.DataType:
     return result
 
 
-def _product(ctx, op_type: str, *operands: ir.Value) -> ir.Value:
-    """MatMul over ``operands``, in their dtype."""
-    dtype = operands[0].dtype
-    compute = _compute_dtype(op_type, dtype)
-    return cast(ctx, getattr(ctx.op, op_type)(*[cast(ctx, x, compute) for x in operands]), dtype)
+def _product(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
+    """MatMul of ``a`` and ``b``, in their dtype."""
+    compute = _compute_dtype("MatMul", a.dtype)
+    return cast(ctx, ctx.op.MatMul(cast(ctx, a, compute), cast(ctx, b, compute)), a.dtype)
 
 
 def _matmul(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -47,13 +46,13 @@ def _matmul(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
         # onnxruntime's Transpose+MatMul fusion miscomputes a transposed matrix times a 1-D
         # vector (seen in 1.31); the same product with a column vector is fused correctly.
         column = ctx.op.Unsqueeze(b, ints(ctx, [1]))
-        return ctx.op.Squeeze(_product(ctx, "MatMul", a, column), ints(ctx, [-1]))
+        return ctx.op.Squeeze(_product(ctx, a, column), ints(ctx, [-1]))
     if _broadcasts_correctly(a, b):
-        return _product(ctx, "MatMul", a, b)
+        return _product(ctx, a, b)
     if rank(a) == 1:
         row = ctx.op.Unsqueeze(a, ints(ctx, [0]))
-        return ctx.op.Squeeze(_product(ctx, "MatMul", *_equal_batches(ctx, row, b)), ints(ctx, [-2]))
-    return _product(ctx, "MatMul", *_equal_batches(ctx, a, b))
+        return ctx.op.Squeeze(_product(ctx, *_equal_batches(ctx, row, b)), ints(ctx, [-2]))
+    return _product(ctx, *_equal_batches(ctx, a, b))
 
 
 def _equal_batches(ctx, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -130,7 +129,7 @@ def addbmm(ctx, self, batch1, batch2, *, beta=1, alpha=1):
     # accumulation, as PyTorch's, and no ReduceSum (which has no narrow integer types).
     rows = ctx.op.Reshape(ctx.op.Transpose(batch1, perm=[1, 0, 2]), ints(ctx, [0, -1]))
     columns = ctx.op.Reshape(batch2, shape_tensor(ctx, [-1, size_of(ctx, batch2, 2)]))
-    return _scaled_add(ctx, self, _product(ctx, "MatMul", rows, columns), beta, alpha)
+    return _scaled_add(ctx, self, _product(ctx, rows, columns), beta, alpha)
 
 
 @translates(aten.addmv.default)
@@ -144,7 +143,7 @@ def linear(ctx, input, weight, bias=None):
     if rank(input) == 2 and rank(weight) == 2 and _gemm_fits(input):
         return ctx.op.Gemm(input, weight, *biases, transB=1)
     if rank(weight) == 2:
-        product = _product(ctx, "MatMul", input, ctx.op.Transpose(weight, perm=[1, 0]))
+        product = _product(ctx, input, ctx.op.Transpose(weight, perm=[1, 0]))
     else:
         product = _matmul(ctx, input, weight)
     return ctx.op.Add(product, bias) if biases else product
@@ -169,11 +168,16 @@ def einsum(ctx, equation, tensors, *, path=None):
     if summed:
         output = "..." + output
     # A one-operand integer reduction ("i->") sums into int64, as PyTorch's sum does.
-    compute = _compute_dtype("Einsum", ctx.out_dtype)
-    result = ctx.op.Einsum(*[cast(ctx, x, compute) for x in tensors], equation=inputs + arrow + output)
+    result = _einsum(ctx, inputs + arrow + output, *tensors)
     if summed:
         result = ctx.op.ReduceSum(result, ints(ctx, list(range(ellipsis_rank))), keepdims=0)
     return cast(ctx, result, ctx.out_dtype)
+
+
+def _einsum(ctx, equation: str, *operands: ir.Value) -> ir.Value:
+    """Einsum over ``operands`` computed for the node's result dtype (see :func:`_compute_dtype`)."""
+    compute = _compute_dtype("Einsum", ctx.out_dtype)
+    return ctx.op.Einsum(*[cast(ctx, x, compute) for x in operands], equation=equation)
 
 
 def _equal_ellipses(ctx, terms: list[str], tensors: list[ir.Value]) -> tuple[list[ir.Value], int]:
@@ -215,17 +219,13 @@ def trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     expands, summed = _trilinear_dims(expand1, expand2, expand3, sumdim, total)
     terms = ["".join(_LETTERS[d] for d in range(total) if d not in expand) for expand in expands]
     output = "".join(_LETTERS[d] for d in range(total) if d not in summed)
-    compute = _compute_dtype("Einsum", ctx.out_dtype)
-    operands = [cast(ctx, x, compute) for x in (i1, i2, i3)]
-    return cast(ctx, ctx.op.Einsum(*operands, equation=",".join(terms) + "->" + output), ctx.out_dtype)
+    return cast(ctx, _einsum(ctx, ",".join(terms) + "->" + output, i1, i2, i3), ctx.out_dtype)
 
 
 @translates(aten.bilinear.default, promote=Promote.RESULT, promoted=("input1", "input2", "weight", "bias"))
 def bilinear(ctx, input1, input2, weight, bias=None):
     # y[..., o] = x1[..., i] W[o, i, j] x2[..., j] (+ b[o]): one Einsum, no _trilinear detour.
-    compute = _compute_dtype("Einsum", ctx.out_dtype)
-    operands = [cast(ctx, x, compute) for x in (input1, weight, input2)]
-    product = cast(ctx, ctx.op.Einsum(*operands, equation="...i,oij,...j->...o"), ctx.out_dtype)
+    product = cast(ctx, _einsum(ctx, "...i,oij,...j->...o", input1, weight, input2), ctx.out_dtype)
     return product if bias is None else ctx.op.Add(product, bias)
 
 

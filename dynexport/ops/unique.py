@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, ints
+from dynexport.ops._helpers import bfloat16_to_float, cast, ints
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -17,27 +17,23 @@ _INT64 = ir.DataType.INT64
 @translates(aten._unique2.default)
 def unique(ctx, self, sorted=True, return_inverse=False, return_counts=False):
     # PyTorch's CPU kernel sorts whether or not it is asked to; ONNX's unsorted order would be
-    # first occurrence instead.
-    flat = ctx.op.Reshape(_comparable(ctx, self), ints(ctx, [-1]))
+    # first occurrence instead. Unique and Compress take no bfloat16.
+    flat = ctx.op.Reshape(bfloat16_to_float(ctx, self), ints(ctx, [-1]))
     values, _, inverse, counts = ctx.op.Unique(flat, sorted=1, _outputs=4)
     inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self))
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 
-def _comparable(ctx, x: ir.Value) -> ir.Value:
-    # Unique and Compress take no bfloat16; float32 holds every bfloat16 value exactly.
-    return cast(ctx, x, ir.DataType.FLOAT) if x.dtype == ir.DataType.BFLOAT16 else x
-
 
 @translates(aten.unique_dim.default)
 def unique_dim(ctx, self, dim, sorted=True, return_inverse=False, return_counts=False):
-    values, _, inverse, counts = ctx.op.Unique(_comparable(ctx, self), axis=dim, sorted=1, _outputs=4)
+    values, _, inverse, counts = ctx.op.Unique(bfloat16_to_float(ctx, self), axis=dim, sorted=1, _outputs=4)
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 
 @translates(aten.unique_consecutive.default, checker=lambda node: len(node.args) < 4 and "dim" not in node.kwargs)
 def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim=None):
-    flat = ctx.op.Reshape(_comparable(ctx, self), ints(ctx, [-1]))
+    flat = ctx.op.Reshape(bfloat16_to_float(ctx, self), ints(ctx, [-1]))
     length = ctx.op.Shape(flat)
     changed = ctx.op.Not(
         ctx.op.Equal(ctx.op.Slice(flat, ints(ctx, [1]), length), ctx.op.Slice(flat, ints(ctx, [0]), ints(ctx, [-1])))

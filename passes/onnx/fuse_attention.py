@@ -12,6 +12,7 @@ from dynexport.passes.onnx.values import (
     constant_array,
     constant_scalar,
     insert_replacement,
+    nodes_of,
     producer,
     single_consumer,
 )
@@ -24,9 +25,7 @@ def fuse_attention(graph: ir.Graph) -> int:
     if graph.opset_imports.get("", 0) < 23:
         return 0
     fused = 0
-    for softmax in list(graph):
-        if softmax.op_type != "Softmax" or softmax.graph is None:
-            continue
+    for softmax in nodes_of(graph, "Softmax"):
         axis = softmax.attributes["axis"].as_int() if "axis" in softmax.attributes else -1
         output = single_consumer(softmax.outputs[0])
         if axis not in (-1, 3) or output is None or output.op_type != "MatMul" or output.inputs[0] is not softmax.outputs[0]:

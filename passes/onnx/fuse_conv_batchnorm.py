@@ -13,6 +13,7 @@ from dynexport.passes.onnx.values import (
     add_initializer,
     constant_array,
     insert_replacement,
+    nodes_of,
     producer,
     single_consumer,
 )
@@ -23,9 +24,7 @@ __all__ = ["fuse_conv_batchnorm"]
 def fuse_conv_batchnorm(graph: ir.Graph) -> int:
     """Fold each eligible BatchNormalization into the Conv before it; return how many."""
     fused = 0
-    for norm in list(graph):
-        if norm.op_type != "BatchNormalization" or norm.domain not in ("", "ai.onnx") or norm.graph is None:
-            continue
+    for norm in nodes_of(graph, "BatchNormalization"):
         if any(v.uses() or v.is_graph_output() for v in norm.outputs[1:]):
             continue
         if "training_mode" in norm.attributes and norm.attributes["training_mode"].as_int():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from dynexport.passes.onnx.values import insert_replacement, producer, single_consumer
+from dynexport.passes.onnx.values import insert_replacement, nodes_of, producer, single_consumer
 
 __all__ = ["fuse_gemm"]
 
@@ -15,9 +15,7 @@ _GEMM_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 def fuse_gemm(graph: ir.Graph) -> int:
     """Fuse every eligible MatMul of ``graph``; return how many."""
     fused = 0
-    for matmul in list(graph):
-        if matmul.op_type != "MatMul" or matmul.domain not in ("", "ai.onnx") or matmul.graph is None:
-            continue
+    for matmul in nodes_of(graph, "MatMul"):
         a, b = matmul.inputs
         attributes = []
         transpose = producer(b, "Transpose")

@@ -12,7 +12,7 @@ from dynexport.passes.onnx.patterns import (
     reduces_last_axis,
     scaled_by_vector,
 )
-from dynexport.passes.onnx.values import insert_replacement, producer
+from dynexport.passes.onnx.values import insert_replacement, nodes_of, producer
 
 __all__ = ["fuse_layer_norm"]
 
@@ -20,9 +20,7 @@ __all__ = ["fuse_layer_norm"]
 def fuse_layer_norm(graph: ir.Graph) -> int:
     """Replace every layer-norm formula in ``graph``; return how many."""
     fused = 0
-    for divide in list(graph):
-        if divide.op_type != "Div" or divide.graph is None:
-            continue
+    for divide in nodes_of(graph, "Div"):
         matched = _match(divide)
         if matched is None:
             continue

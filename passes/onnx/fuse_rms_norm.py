@@ -12,7 +12,7 @@ from dynexport.passes.onnx.patterns import (
     reduces_last_axis,
     scaled_by_vector,
 )
-from dynexport.passes.onnx.values import constant_scalar, insert_replacement, single_consumer
+from dynexport.passes.onnx.values import constant_scalar, insert_replacement, nodes_of, single_consumer
 
 __all__ = ["fuse_rms_norm"]
 
@@ -22,9 +22,7 @@ def fuse_rms_norm(graph: ir.Graph) -> int:
     if graph.opset_imports.get("", 0) < 23:
         return 0
     fused = 0
-    for sqrt in list(graph):
-        if sqrt.op_type != "Sqrt" or sqrt.graph is None:
-            continue
+    for sqrt in nodes_of(graph, "Sqrt"):
         matched = _mean_square(sqrt)
         if matched is None:
             continue

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import onnx_ir as ir
 
-__all__ = ["make_names_unique"]
+__all__ = ["make_names_unique", "unique_name"]
+
+
+def unique_name(name: str, taken: Collection[str]) -> str:
+    """``name``, or the first of ``name_1``, ``name_2``, ... not in ``taken``."""
+    unique, suffix = name, 0
+    while unique in taken:
+        suffix += 1
+        unique = f"{name}_{suffix}"
+    return unique
 
 
 def make_names_unique(graph: ir.Graph) -> None:
@@ -35,10 +46,5 @@ def _rename(graph: ir.Graph, taken: set[str], fixed_ids: set[int]) -> None:
 
 
 def _give_unique_name(value: ir.Value, name: str, taken: set[str]) -> None:
-    if name in taken:
-        base, suffix = name, 1
-        while f"{base}_{suffix}" in taken:
-            suffix += 1
-        name = f"{base}_{suffix}"
-    value.name = name
-    taken.add(name)
+    value.name = unique_name(name, taken)
+    taken.add(value.name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import onnx_ir as ir
 
@@ -11,6 +13,7 @@ __all__ = [
     "constant_array",
     "constant_scalar",
     "insert_replacement",
+    "nodes_of",
     "producer",
     "replace_value",
     "single_consumer",
@@ -20,6 +23,14 @@ __all__ = [
 NONDETERMINISTIC_OPS = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
 )
+
+
+def nodes_of(graph: ir.Graph, op_type: str) -> Iterator[ir.Node]:
+    """The ``op_type`` nodes (default domain) of ``graph``, listed first so that a rewrite may
+    change the graph; a node an earlier rewrite took out of the graph is skipped."""
+    for node in list(graph):
+        if node.op_type == op_type and node.domain in ("", "ai.onnx") and node.graph is not None:
+            yield node
 
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:
