@@ -110,6 +110,14 @@ def _recurrent_output_shapes(original: Callable[..., Any]) -> Callable[..., Any]
             return original(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
         states = hx if isinstance(hx, (list, tuple)) else [hx]
         directions = 2 if bidirectional else 1
+        # The sizes torch's kernel checks against the first layer's weights: said here, so that
+        # torch.export relates (or fixes) the input and hidden sizes as it would.
+        gates = 4 if len(states) == 2 else 3  # LSTM's (h, c) or GRU's h
+        torch._check(input.shape[-1] == params[0].shape[-1])
+        torch._check(states[0].shape[-1] == params[1].shape[-1])
+        torch._check(states[-1].shape[-1] * gates == params[0].shape[0])
+        for state in states:
+            torch._check(state.shape[1] == input.shape[0 if batch_first else 1])
         output = input.new_empty([*input.shape[:-1], directions * states[0].shape[-1]])
         return (output, *(state.new_empty(state.shape) for state in states))
 

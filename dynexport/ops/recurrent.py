@@ -9,6 +9,7 @@ hidden), so each weight's gate blocks are reordered.
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from dynexport.ops._helpers import argument, ints
 from dynexport.registry import translates
@@ -24,7 +25,11 @@ def _inference_without_projection(node: torch.fx.Node) -> bool:
     states = argument(node, "hx")
     states = states if isinstance(states, (list, tuple)) else [states]
     same_sizes = states[0].meta["val"].shape[-1] == states[-1].meta["val"].shape[-1]
-    return same_sizes and not (argument(node, "train") and argument(node, "dropout") > 0)
+    # ONNX takes the hidden size as an attribute, and the gate blocks are sliced at fixed rows.
+    static = all(is_concrete_int(v.meta["val"].shape[0]) for v in argument(node, "params")) and is_concrete_int(
+        states[0].meta["val"].shape[-1]
+    )
+    return same_sizes and static and not (argument(node, "train") and argument(node, "dropout") > 0)
 
 
 def _reordered(ctx, weight, gates: tuple[int, ...]):

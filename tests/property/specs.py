@@ -680,6 +680,53 @@ def _vector_norm(draw, dtype):
     return (draw(tensors(shape, dtype, SPECIALS)),), args
 
 
+@composite
+def _cdist(draw, dtype):
+    batch, rows, others, features = (draw(st.integers(1, 3)) for _ in range(4))
+    a, b = (draw(tensors([batch, n, features], dtype, Domain(-4, 4))) for n in (rows, others))
+    return (a, b), {"p": draw(st.sampled_from([2.0, 1.0, 0.0, 3.0, math.inf]))}
+
+
+@composite
+def _pdist(draw, dtype):
+    x = draw(tensors([draw(st.integers(1, 5)), draw(st.integers(1, 3))], dtype, Domain(-4, 4)))
+    return (x,), {"p": draw(st.sampled_from([2.0, 1.0, 0.0, 3.0, math.inf]))}
+
+
+@composite
+def _embedding_bag(draw, dtype):
+    rows, width, count = draw(st.integers(1, 6)), draw(st.integers(1, 3)), draw(st.integers(0, 8))
+    weight = draw(tensors([rows, width], dtype, Domain(-4, 4)))
+    indices = draw(tensors([count], torch.int64, Domain(0, rows - 1)))
+    # Bag starts: sorted, from 0, repeats giving empty bags.
+    starts = sorted(draw(st.lists(st.integers(0, count), min_size=1, max_size=4)))
+    args = {"mode": draw(st.sampled_from(["sum", "mean", "max"])), "padding_idx": draw(maybe(st.integers(0, rows - 1)))}
+    return (weight, indices, torch.tensor([0, *starts[1:]])), args
+
+
+def _recurrent(kind: str):
+    gates = {"lstm": 4, "gru": 3}[kind]
+
+    @composite
+    def sample(draw, dtype):
+        steps, batch, size, hidden = draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        x = draw(tensors([steps, batch, size], dtype, Domain(-2, 2)))
+        states = [draw(tensors([1, batch, hidden], dtype, Domain(-1, 1))) for _ in range(2 if kind == "lstm" else 1)]
+        weights = [draw(tensors(shape, dtype, Domain(-1, 1))) for shape in ([gates * hidden, size], [gates * hidden, hidden], [gates * hidden], [gates * hidden])]
+        # The weights are constants of the one-op model, as a module's parameters are.
+        return (x, *states), {"weights": weights}
+
+    return sample
+
+
+def _lstm(x, h, c, weights):
+    return torch.lstm(x, (h, c), weights, True, 1, 0.0, False, False, False)
+
+
+def _gru(x, h, weights):
+    return torch.gru(x, h, weights, True, 1, 0.0, False, False, False)
+
+
 def _activation(domain=SPECIALS, **args):
     return one(domain, **{k: st.sampled_from(v) for k, v in args.items()})
 
@@ -973,6 +1020,17 @@ SPECS: list[OpSpec] = [
     OpSpec("logsumexp.default", aten.logsumexp.default, reduce(Domain(-10, 10)), FLOATS),
     OpSpec("count_nonzero.dim_IntList", aten.count_nonzero.dim_IntList, reduce(SPECIALS, keepdim=False), ALL),
     OpSpec("linalg_vector_norm.default", aten.linalg_vector_norm.default, _vector_norm, FLOATS, tolerances=LOW_PRECISION_SUM),
+    OpSpec("_cdist_forward.default", lambda a, b, p: aten._cdist_forward(a, b, p, None), _cdist, (torch.float32, torch.float64)),
+    OpSpec("_pdist_forward.default", lambda x, p: aten._pdist_forward(x, p), _pdist, (torch.float32, torch.float64)),
+    # Static: growing the indices or the offsets would make bags PyTorch rejects.
+    OpSpec(
+        "_embedding_bag.default",
+        lambda w, i, o, mode, padding_idx: F.embedding_bag(i, w, o, mode=mode, padding_idx=padding_idx),
+        _embedding_bag, (torch.float32, torch.float64), dynamic=False,
+    ),
+    # float32 only: onnxruntime's LSTM and GRU have no float64 kernels.
+    OpSpec("lstm.input", _lstm, _recurrent("lstm"), F32, tolerances={torch.float32: (1e-4, 1e-5)}),
+    OpSpec("gru.input", _gru, _recurrent("gru"), F32, tolerances={torch.float32: (1e-4, 1e-5)}),
     # shape and layout
     OpSpec("view.default", aten.view.default, _view("size"), ALL, dynamic=False),
     OpSpec("reshape.default", aten.reshape.default, _view("shape"), ALL, dynamic=False),
