@@ -228,6 +228,8 @@ def trace_decomposition(
             return None
     if not inplace_ops_are_local(graph):
         return None
+    if any(inner.target is target for inner in graph.nodes):
+        return None  # the operator's kernel calls the operator itself (sym_storage_offset)
     return Decomposition(graph, leaves)
 
 

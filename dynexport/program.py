@@ -281,15 +281,24 @@ class ONNXProgram:
         """
         if self._session is None:
             self._session = _session(self.model_proto)
-        feeds = {name: _ort_value(array) for name, array in self._feeds(args, kwargs).items()}
-        feeds.update({name: _ort_value(_numpy(value)) for name, value in self.buffers.items()})
-        results = self._session.run_with_ort_values(None, feeds)
-        outputs = ort_values_to_torch(results, [v.dtype for v in self.model.graph.outputs])
+        feeds = self._feeds(args, kwargs)
+        feeds.update({name: _numpy(value) for name, value in self.buffers.items()})
+        if self._has_sequence_outputs:
+            # An OrtValue holding a sequence does not hand its tensors over: numpy does.
+            results = self._session.run(None, feeds)
+            outputs = [[torch.from_numpy(a) for a in r] if isinstance(r, list) else torch.from_numpy(r) for r in results]
+        else:
+            results = self._session.run_with_ort_values(None, {name: _ort_value(a) for name, a in feeds.items()})
+            outputs = ort_values_to_torch(results, [v.dtype for v in self.model.graph.outputs])
         if self.buffer_updates:
             by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
             for buffer, output in self.buffer_updates.items():
                 self.buffers[buffer] = by_name[output].clone()
         return self._structure(outputs)
+
+    @functools.cached_property
+    def _has_sequence_outputs(self) -> bool:
+        return any(isinstance(value.type, ir.SequenceType) for value in self.model.graph.outputs)
 
     @functools.cached_property
     def buffer_updates(self) -> dict[str, str]:

@@ -25,10 +25,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch._export import converter as ts_converter
-from torch._higher_order_ops.while_loop import while_loop
+from torch._higher_order_ops.cond import cond_op
+from torch._higher_order_ops.while_loop import while_loop_op
 
+from dynexport import sequences
 from dynexport.errors import CaptureError, TorchScriptConversionError
+from dynexport.sequences import Element, TensorSequence
 
 __all__ = ["capture", "graph_module", "is_torchscript", "run_loop"]
 
@@ -59,6 +63,12 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
     placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
     for node, argument in zip(placeholders, arguments):
         node.name = node.target = argument.name
+    output = next(node for node in reversed(module.graph.nodes) if node.op == "output")
+    with module.graph.inserting_before(output):
+        # A returned list whose length is only known at run time is an ONNX sequence output.
+        output.args = torch.fx.node.map_arg(
+            output.args, lambda value: module.graph.call_function(sequences.as_output, (value,))
+        )
     module.recompile()
     return module, positional
 
@@ -180,9 +190,10 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(python_operator, tuple(inputs))
 
     def _convert_block_to_subgraph(
-        self, node: torch._C.Node, arguments: list[str]
+        self, node: torch._C.Node, arguments: list[str], updated: Sequence[str] = ()
     ) -> tuple[list[torch.fx.Node], list[_GraphConverter]]:
-        # torch's version converts blocks with its own converter class, not this one.
+        # torch's version converts blocks with its own converter class, not this one. Each
+        # block returns its outputs, then the lists it updated: ``updated`` first, in order.
         graphs, converters = [], []
         for block in node.blocks():
             converter = _GraphConverter(
@@ -194,11 +205,83 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 self.name_to_constant,
                 self.name_to_attribute_fqn,
             )
+            converter.name_update_from_subblock_to_parent = _Names(updated)
             for name in arguments:
                 converter.name_to_node[name] = converter.fx_graph.placeholder(ts_converter.normalize_name(name))
             graphs.append(self.fx_graph.get_attr(self.add_subgraph(converter.convert())))
             converters.append(converter)
         return graphs, converters
+
+    def convert_aten_append(self, node: torch._C.Node) -> None:
+        # torch's version, without its warning that appending mutates: run_loop and run_if
+        # return the lists their blocks update.
+        container, element = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
+        appended = self.fx_graph.call_function(sequences.append, (container, element, script_source(node)))
+        self.name_to_node[node.output().debugName()] = self.name_to_node[node.inputsAt(0).debugName()] = appended
+        if not self.is_top_level_graph() and container.op == "placeholder":
+            self.name_update_from_subblock_to_parent.add(node.inputsAt(0).debugName())
+
+    # Lists whose length may only be known at run time: these call dynexport.sequences, which
+    # decides while torch.export traces whether a Python list or an ONNX sequence is needed.
+
+    def _convert_standard_operators(self, node: torch._C.Node) -> None:
+        # torch's converter installs these (`len` among them) as instance attributes.
+        if node.kind() == "aten::len":
+            self._call(node, sequences.length, self.get_fx_value_by_ir_value(node.input()))
+        else:
+            super()._convert_standard_operators(node)
+
+    def convert_aten_stack(self, node: torch._C.Node) -> None:
+        self._convert_concat(node, new_axis=True)
+
+    def convert_aten_cat(self, node: torch._C.Node) -> None:
+        self._convert_concat(node, new_axis=False)
+
+    def _convert_concat(self, node: torch._C.Node, new_axis: bool) -> None:
+        tensors, dim = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
+        self._call(node, sequences.concat, tensors, dim, new_axis)
+
+    def convert_aten_split(self, node: torch._C.Node) -> None:
+        self_, split_size, dim = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
+        if not node.inputsAt(1).type().isSubtypeOf(torch._C.IntType.get()):
+            super().convert_call_function_op(node)  # split by a list of sizes: as many pieces
+            return
+        self._call(node, sequences.split, self_, split_size, dim, script_source(node))
+
+    def convert_aten_unbind(self, node: torch._C.Node) -> None:
+        self_, dim = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
+        self._call(node, sequences.unbind, self_, dim, script_source(node))
+
+    def _call(self, node: torch._C.Node, function: Callable[..., Any], *args: Any) -> None:
+        self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(function, args)
+
+    def convert_prim_If(self, node: torch._C.Node) -> None:
+        updated = _lists_appended_within(node)
+        if not updated:
+            super().convert_prim_If(node)
+            return
+        self._check_set_attr_in_if_block(node)
+        arguments = set(self._identify_inputs_as_arguments(node))
+        for block in node.blocks():
+            arguments |= self.blocks_to_lifted_attrs[block]
+        arguments = sorted(arguments)
+        branches, _ = self._convert_block_to_subgraph(node, arguments, updated)
+        branch = self.fx_graph.call_function(
+            run_if,
+            (
+                self.get_fx_value_by_ir_value(node.input()),
+                *branches,
+                tuple(arguments.index(name) for name in updated),
+                script_source(node) or "",
+                *(self.get_fx_value_by_fqn(name) for name in arguments),
+            ),
+        )
+        for index, output in enumerate(node.outputs()):
+            self.name_to_node[output.debugName()] = self.fx_graph.call_function(operator.getitem, (branch, index))
+        for index, name in enumerate(updated, start=node.outputsSize()):
+            if not self.is_top_level_graph() and self.name_to_node[name].op == "placeholder":
+                self.name_update_from_subblock_to_parent.add(name)
+            self.name_to_node[name] = self.fx_graph.call_function(operator.getitem, (branch, index))
 
     def convert_prim_Loop(self, node: torch._C.Node) -> None:
         trip_count, condition, *carried = node.inputs()
@@ -207,7 +290,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         (body_graph,), (body_converter,) = self._convert_block_to_subgraph(node, captured)
         updated = list(body_converter.name_update_from_subblock_to_parent)
         if not self.is_top_level_graph():
-            self.name_update_from_subblock_to_parent |= body_converter.name_update_from_subblock_to_parent
+            self.name_update_from_subblock_to_parent.update(updated)
 
         # A counted loop (`for`, no `break`) needs no condition: None stands for "always true".
         counted = all(_is_true(value) for value in (condition, next(body.outputs())))
@@ -304,48 +387,220 @@ def _unrolled(body, trip_count, condition, carried, captured, updated_captures, 
 
 
 def _while_loop(body, trip_count, condition, carried, captured, updated_captures, source) -> list[Any]:
-    unsupported = [_kind(value) for value in carried if not isinstance(value, (torch.Tensor, int))]
-    if unsupported or any(position >= 0 for position in updated_captures):
-        what = f"carries {', '.join(sorted(set(unsupported)))} values" if unsupported else "appends to a list"
+    unsupported = [_kind(value) for value in carried if not isinstance(value, (torch.Tensor, int, list, TensorSequence))]
+    if unsupported:
         raise TorchScriptConversionError(
             "prim::Loop",
             source or None,
-            f"the loop's trip count is only known at run time and it {what}; torch.while_loop "
-            "carries tensors and ints only",
-            "build the result in a preallocated tensor (index_copy, or torch.cat onto a carried "
-            "tensor), or make the trip count a Python int known at export",
+            f"the loop's trip count is only known at run time and it carries {', '.join(sorted(set(unsupported)))} "
+            "values; torch.while_loop carries tensors, ints and (as ONNX sequences) lists of tensors",
+            "carry tensors instead, or make the trip count a Python int known at export",
         )
     if isinstance(trip_count, torch.Tensor):
         bound = trip_count.to(torch.int64)  # int(t) truncates a float t
     else:
         bound = torch.scalar_tensor(trip_count, dtype=torch.int64)
     counted = condition is None
-    # while_loop cannot close over unbacked SymInts (`int(t)`): they enter as 0-d tensors.
-    symbolic = [type(value) in _SYMBOLIC_DTYPES for value in captured]
-    captured = [
-        torch.scalar_tensor(value, dtype=_SYMBOLIC_DTYPES[type(value)]) if scalar else value
-        for value, scalar in zip(captured, symbolic)
+    # Lists the body appends to are carried as ONNX sequences: the loop's state is its own
+    # carried values, then those lists.
+    appended = [position for position in updated_captures if position >= 0]
+    state = [_as_sequence(value, source) for value in carried] + [
+        _as_sequence(captured[position], source) for position in appended
     ]
+    sequences = _LoopSequences(state)
+    invariant, rebuild_captured = _lifted(captured)
+    first = 1 if counted else 2  # the iteration, then the condition of a `while`
 
-    def run_condition(iteration, *state):
-        return iteration < bound if counted else torch.logical_and(iteration < bound, state[0])
+    # while_loop's functions see only their arguments: what they read from outside comes last.
+    def run_condition(iteration, *values):
+        test = iteration < values[-1]
+        return test if counted else torch.logical_and(test, values[0])
 
-    def run_body(iteration, *state):
-        if not counted:
-            state = state[1:]
-        # while_loop forbids mutating its carried inputs, which TorchScript bodies do (`x += 1`).
-        state = [value.clone() if isinstance(value, torch.Tensor) else value for value in state]
-        inputs = [value.item() if scalar else value for value, scalar in zip(captured, symbolic)]
-        outputs = _as_list(body(*inputs, iteration.item(), *state))
-        next_state = outputs[1 : 1 + len(state)]
-        return (iteration + 1, *next_state) if counted else (iteration + 1, _as_bool(outputs[0]), *next_state)
+    def run_body(iteration, *values):
+        # The body may mutate what it is given (`x += 1`); while_loop's inputs must stay intact.
+        handles = [
+            value.clone() if isinstance(value, torch.Tensor) else value for value in values[first - 1 : first - 1 + len(state)]
+        ]
+        current = sequences.entering(handles)
+        inputs = rebuild_captured(values[first - 1 + len(state) : -1])
+        for position, value in zip(appended, current[len(carried) :]):
+            inputs[position] = value
+        outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
+        updated = [value for value, position in zip(outputs[1 + len(carried) :], updated_captures) if position >= 0]
+        next_state = sequences.leaving([*outputs[1 : 1 + len(carried)], *updated], source)
+        test = () if counted else (_as_bool(outputs[0]),)
+        return (iteration + 1, *test, *next_state)
 
     start = torch.zeros((), dtype=torch.int64)
-    if counted:
-        _, *final = while_loop(run_condition, run_body, (start, *carried))
-    else:
-        _, _, *final = while_loop(run_condition, run_body, (start, _as_bool(condition), *carried))
-    return final
+    test = () if counted else (_as_bool(condition),)
+    final = while_loop_op(run_condition, run_body, (start, *test, *sequences.handles(state)), (*invariant, bound))
+    final = sequences.after(list(final[first:]), source)
+    appended_after = iter(final[len(carried) :])
+    return [*final[: len(carried)], *(next(appended_after) if position >= 0 else None for position in updated_captures)]
+
+
+def _lifted(captured: list[Any]) -> tuple[list[torch.Tensor], Callable[[Sequence[torch.Tensor]], list[Any]]]:
+    """The values a loop body or branch reads from outside as tensors, which while_loop and
+    cond take as inputs (a sequence as its handle, a SymInt such as ``int(t)`` as a 0-d
+    tensor), and how to rebuild those values from them inside."""
+    leaves, spec = pytree.tree_flatten(captured, is_leaf=lambda value: isinstance(value, TensorSequence))
+    tensors: list[torch.Tensor] = []
+    positions: dict[int, int] = {}  # leaf -> its tensor; each tensor once (inputs may not alias)
+    for i, leaf in enumerate(leaves):
+        tensor = _as_tensor(leaf)
+        if tensor is not None:
+            same = next((j for j, known in enumerate(tensors) if known is tensor), None)
+            if same is None:
+                same = len(tensors)
+                tensors.append(tensor)
+            positions[i] = same
+
+    def rebuild(values: Sequence[torch.Tensor]) -> list[Any]:
+        rebuilt = list(leaves)
+        for i, position in positions.items():
+            leaf, value = leaves[i], values[position]
+            if isinstance(leaf, TensorSequence):
+                rebuilt[i] = leaf.with_handle(value, leaf.element)
+            else:
+                rebuilt[i] = value if isinstance(leaf, torch.Tensor) else value.item()
+        return pytree.tree_unflatten(rebuilt, spec)
+
+    return tensors, rebuild
+
+
+def _as_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, TensorSequence):
+        return value.handle
+    if type(value) in _SYMBOLIC_DTYPES:
+        return torch.scalar_tensor(value, dtype=_SYMBOLIC_DTYPES[type(value)])
+    return None
+
+
+def run_if(
+    predicate: bool | torch.SymBool | torch.Tensor,
+    true_branch: Callable[..., Any],
+    false_branch: Callable[..., Any],
+    appended: tuple[int, ...],
+    source: str,
+    *arguments: Any,
+) -> list[Any]:
+    """TorchScript's ``prim::If`` whose branches append to lists, while torch.export traces it:
+    each branch returns the If's outputs, then those lists. A predicate known at export picks
+    its branch; otherwise the lists become ONNX sequences (their lengths now depend on data)
+    and the If ``torch.cond``, which carries their handles."""
+    if isinstance(predicate, (bool, int)):
+        return _as_list((true_branch if predicate else false_branch)(*arguments))
+    arguments = list(arguments)
+    for position in appended:
+        arguments[position] = _as_sequence(arguments[position], source)
+    operands, rebuild = _lifted(arguments)
+    elements: dict[int, list[Element | None]] = {}
+
+    def run(branch: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
+        def run_branch(*values):
+            outputs = _as_list(branch(*rebuild(values)))
+            for index, value in enumerate(outputs):
+                if isinstance(value, TensorSequence):
+                    elements.setdefault(index, []).append(value.element)
+            return tuple(value.handle if isinstance(value, TensorSequence) else value for value in outputs)
+
+        return run_branch
+
+    results = list(cond_op(_as_bool(predicate), run(true_branch), run(false_branch), tuple(operands)))
+    for index, branch_elements in elements.items():
+        element = None
+        for other in branch_elements:
+            element = other.join(element, source or None) if other is not None else element
+        results[index] = TensorSequence(results[index], element, source or None)
+    return results
+
+
+def _lists_appended_within(node: torch._C.Node) -> list[str]:
+    """The lists defined outside ``node``'s blocks that they append to, by name."""
+    defined, appended = set(), []
+    pending = list(node.blocks())
+    while pending:
+        block = pending.pop()
+        defined.update(value.debugName() for value in block.inputs())
+        for inner in block.nodes():
+            defined.update(value.debugName() for value in inner.outputs())
+            if inner.kind() == "aten::append":
+                appended.append(inner.inputsAt(0).debugName())
+            pending += inner.blocks()
+    return sorted(set(appended) - defined)
+
+
+class _Names(dict):
+    """An ordered set of names: torch's converter keeps a subblock's updated names in a set, in
+    the order the set happens to iterate; branches must return them in one order."""
+
+    def __init__(self, names: Sequence[str]):
+        super().__init__((name, None) for name in names)
+
+    def add(self, name: str) -> None:
+        self[name] = None
+
+    def update(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.add(name)
+
+
+def _as_sequence(value: Any, source: str) -> Any:
+    return TensorSequence.of(value, source or None) if isinstance(value, list) else value
+
+
+class _LoopSequences:
+    """The sequences among a while_loop's state: while_loop carries their handles, this keeps
+    what their elements look like, from before the loop and from what the body appends."""
+
+    def __init__(self, state: list[Any]):
+        self._entry = {i: value.element for i, value in enumerate(state) if isinstance(value, TensorSequence)}
+        self._appended: dict[int, Element | None] = {}
+        self._read: set[int] = set()
+        self._inside: dict[int, TensorSequence] = {}
+
+    @staticmethod
+    def handles(state: list[Any]) -> list[Any]:
+        return [value.handle if isinstance(value, TensorSequence) else value for value in state]
+
+    def entering(self, handles: Any) -> list[Any]:
+        values = list(handles)
+        for i, element in self._entry.items():
+            self._inside[i] = values[i] = TensorSequence(values[i], element)
+        return values
+
+    def leaving(self, outputs: list[Any], source: str) -> list[Any]:
+        handles = []
+        for i, value in enumerate(outputs):
+            if i in self._entry:
+                value = _as_sequence(value, source)
+                if not isinstance(value, TensorSequence):
+                    raise TorchScriptConversionError(
+                        "prim::Loop", source or None, f"the loop replaces a list with a {_kind(value)}", _HINT
+                    )
+                self._appended[i] = value.element
+                if self._inside[i].was_read:
+                    self._read.add(i)
+                value = value.handle
+            handles.append(value)
+        return handles
+
+    def after(self, handles: list[Any], source: str) -> list[Any]:
+        values = list(handles)
+        for i, entry in self._entry.items():
+            appended = self._appended.get(i)
+            element = appended.join(entry, source or None) if appended is not None else entry
+            if i in self._read and entry is not None and element != entry:
+                raise TorchScriptConversionError(
+                    "prim::Loop",
+                    source or None,
+                    "the loop reads a list whose elements' shapes it changes by appending",
+                    "append tensors of the shape the list already holds",
+                )
+            values[i] = TensorSequence(values[i], element.outside_loop() if element is not None else None, source or None)
+        return values
 
 
 _SYMBOLIC_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}

@@ -280,6 +280,15 @@ def _has_real_weights(program: torch.export.ExportedProgram) -> bool:
 # -- verifying ----------------------------------------------------------------------------------
 
 
+def _holds_sequences(exported_program: torch.export.ExportedProgram) -> bool:
+    return any(
+        isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "dynexport"
+        for module in exported_program.graph_module.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+    )
+
+
 def verify_program(
     program: ONNXProgram,
     args: tuple = (),
@@ -315,6 +324,11 @@ def verify_program(
             raise ValueError(
                 "the exported program's weights are on the meta device or fake; pass the eager "
                 "model with real weights as model="
+            )
+        if _holds_sequences(program.exported_program):
+            raise ValueError(
+                "the exported program holds ONNX sequences (lists whose length is only known at "
+                "run time), which it cannot run eagerly; pass the original model as model="
             )
         model = program.exported_program.module()
     input_sets = [("example", args, kwargs)]

@@ -223,21 +223,6 @@ def test_keyword_and_default_arguments_are_bound_positionally():
 # --- Errors. -----------------------------------------------------------------------------------
 
 
-class AppendInDynamicLoop(torch.nn.Module):
-    def forward(self, x, n):
-        out: list[torch.Tensor] = []
-        for i in range(int(n)):
-            out.append(x + i)
-        return torch.stack(out)
-
-
-def test_list_in_a_dynamic_loop_names_the_construct_and_line():
-    with pytest.raises(TorchScriptConversionError, match=r"prim::Loop") as error:
-        dynexport.export(torch.jit.script(AppendInDynamicLoop()), (torch.ones(2), torch.tensor(3)))
-    assert error.value.construct == "prim::Loop"
-    assert "test_torchscript.py" in error.value.source and "for i in range(int(n)):" in error.value.source
-
-
 class CountingBranch(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -17,6 +17,7 @@ from dynexport.ops import (  # noqa: F401
     recurrent,
     reduction,
     resampling,
+    sequence,
     shape,
     sorting,
     symbolic,

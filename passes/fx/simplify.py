@@ -58,14 +58,16 @@ class Simplifications:
 def simplify_program(program: torch.export.ExportedProgram, *, fold_constants: bool = True) -> Simplifications:
     """Plan the clean-ups of ``program``'s graph (the program itself is left untouched)."""
     result = Simplifications()
-    graph = program.graph
-    for node in reversed(graph.nodes):
-        if node.op == "call_function" and (node.target in _ASSERTS or (node.users and set(node.users) <= result.dropped)):
-            result.dropped.add(node)
-    for node in graph.nodes:
-        source = _returned_input(node)
-        if source is not None and node not in result.dropped:
-            result.aliases[node] = result.aliases.get(source, source)
+    # Loop bodies and branches too: their nodes are the translator's as much as the main graph's.
+    graphs = [module.graph for module in program.graph_module.modules() if isinstance(module, torch.fx.GraphModule)]
+    for graph in graphs:
+        for node in reversed(graph.nodes):
+            if node.op == "call_function" and (node.target in _ASSERTS or (node.users and set(node.users) <= result.dropped)):
+                result.dropped.add(node)
+        for node in graph.nodes:
+            source = _returned_input(node)
+            if source is not None and node not in result.dropped:
+                result.aliases[node] = result.aliases.get(source, source)
     if fold_constants:
         _fold(program, result)
     return result
@@ -115,7 +117,11 @@ def _evaluate(
     node: torch.fx.Node, known: dict[torch.fx.Node, tuple[str, torch.Tensor]], aliases: dict[torch.fx.Node, torch.fx.Node]
 ) -> tuple[str, torch.Tensor] | None:
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+    # Only operators whose eager kernels compute what they mean: not custom ones, such as
+    # dynexport's sequence operators, whose tensors stand for something else.
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
+        return None
+    if target._schema.is_mutable:
         return None
     if torch.Tag.nondeterministic_seeded in target.tags or not isinstance(node.meta.get("val"), torch.Tensor):
         return None

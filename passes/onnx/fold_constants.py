@@ -92,6 +92,7 @@ def _is_foldable(node: ir.Node) -> bool:
         and node.op_type not in NONDETERMINISTIC_OPS
         and node.op_type != "Constant"
         and any(v is not None for v in node.inputs)
+        and not any(isinstance(v.type, ir.SequenceType) for v in node.outputs)
         and not any(a.type == ir.AttributeType.GRAPH or a.type == ir.AttributeType.GRAPHS for a in node.attributes.values())
     )
 

@@ -1,0 +1,271 @@
+"""Lists whose length is only known at run time become ONNX sequences: each model runs in
+onnxruntime with other trip counts, other split sizes and other dynamic dims than at export, and
+is compared with the TorchScript model run eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+import dynexport
+from dynexport.errors import TorchScriptConversionError
+from tests.equivalence import assert_exports_equivalent
+from tests.test_torchscript import ListLoopModel
+
+
+def ops_in(program: dynexport.ONNXProgram) -> set[str]:
+    """Op types in the model, loop bodies and branches included."""
+    found, pending = set(), [program.model.graph]
+    while pending:
+        graph = pending.pop()
+        for node in graph:
+            found.add(node.op_type)
+            pending += [a.value for a in node.attributes.values() if a.type.name == "GRAPH"]
+    return found
+
+
+class Powers(torch.nn.Module):
+    def forward(self, x, n):
+        powers: list[torch.Tensor] = []
+        for i in range(int(n)):
+            powers.append(x * i)
+        return torch.stack(powers, 1), len(powers), powers[-1]
+
+
+def test_appending_in_a_loop_with_a_run_time_trip_count():
+    program = assert_exports_equivalent(
+        torch.jit.script(Powers()),
+        (torch.randn(2, 3), torch.tensor(4)),
+        dynamic_shapes={"x": {0: Dim("rows"), 1: Dim("cols")}, "n": None},
+        resized=[(torch.randn(5, 2), torch.tensor(1)), (torch.randn(1, 7), torch.tensor(9))],
+    )
+    assert {"SequenceEmpty", "SequenceInsert", "Loop", "ConcatFromSequence", "SequenceLength", "SequenceAt"} <= ops_in(
+        program
+    )
+
+
+class Columns(torch.nn.Module):
+    def forward(self, x, n):
+        columns = [x]
+        for i in range(int(n)):
+            columns.append(x[:, :1] + i)
+        return torch.cat(columns, 1)
+
+
+def test_a_list_that_starts_with_tensors_of_another_shape():
+    # x is (rows, cols), what the loop appends (rows, 1): the sequence's elements share only
+    # their first dim.
+    program = assert_exports_equivalent(
+        torch.jit.script(Columns()),
+        (torch.randn(2, 3), torch.tensor(4)),
+        dynamic_shapes={"x": {0: Dim("rows"), 1: Dim("cols")}, "n": None},
+        resized=[(torch.randn(3, 5), torch.tensor(0)), (torch.randn(4, 1), torch.tensor(6))],
+    )
+    assert "SequenceConstruct" in ops_in(program)
+
+
+class Tokens(torch.nn.Module):
+    def forward(self, x, limit):
+        kept: list[torch.Tensor] = [limit]
+        for i in range(x.size(0)):
+            if bool(x[i] >= limit):
+                break
+            kept.append(x[i] * 2)
+        return torch.stack(kept), torch.tensor(len(kept))
+
+
+def test_a_loop_that_breaks_on_data_collects_ints():
+    x = torch.tensor([1, 2, 3, 9, 4])
+    assert_exports_equivalent(
+        torch.jit.script(Tokens()),
+        (x, torch.tensor(5)),
+        dynamic_shapes={"x": {0: Dim("length")}, "limit": None},
+        resized=[(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7]), torch.tensor(6)), (torch.tensor([3, 3]), torch.tensor(9))],
+    )
+
+
+class ChunkSums(torch.nn.Module):
+    def forward(self, x, size):
+        chunks = x.split(int(size))
+        sums: list[torch.Tensor] = []
+        for chunk in chunks:
+            sums.append(chunk.sum(0))
+        return torch.stack(sums), len(chunks), chunks[-1]
+
+
+def test_split_by_a_run_time_size_is_split_to_sequence():
+    program = assert_exports_equivalent(
+        torch.jit.script(ChunkSums()),
+        (torch.randn(7, 3), torch.tensor(2)),
+        dynamic_shapes={"x": {0: Dim("length")}, "size": None},
+        resized=[(torch.randn(10, 3), torch.tensor(3)), (torch.randn(4, 3), torch.tensor(4)), (torch.randn(9, 3), torch.tensor(1))],
+    )
+    assert "SplitToSequence" in ops_in(program)
+
+
+class Horner(torch.nn.Module):
+    def forward(self, coefficients, x):
+        acc = torch.zeros_like(x)
+        for c in coefficients.unbind(0):
+            acc = acc * x + c
+        return acc
+
+
+def test_unbind_over_a_dynamic_dim_loops_over_its_rows():
+    program = assert_exports_equivalent(
+        torch.jit.script(Horner()),
+        (torch.randn(5, 3), torch.randn(3)),
+        dynamic_shapes={"coefficients": {0: Dim("degree")}, "x": None},
+        resized=[(torch.randn(2, 3), torch.randn(3)), (torch.randn(9, 3), torch.randn(3))],
+    )
+    assert "SplitToSequence" in ops_in(program)
+
+
+class Pieces(torch.nn.Module):
+    def forward(self, x, size):
+        return x.split(int(size)), x.sum()
+
+
+def test_a_returned_list_of_run_time_length_is_a_sequence_output():
+    program = assert_exports_equivalent(
+        torch.jit.script(Pieces()),
+        (torch.randn(7, 3), torch.tensor(2)),
+        dynamic_shapes={"x": {0: Dim("length")}, "size": None},
+        resized=[(torch.randn(9, 3), torch.tensor(4)), (torch.randn(3, 3), torch.tensor(5))],
+    )
+    assert program.model.graph.outputs[0].type == dynexport.ops.sequence.sequence_type(program.model.graph.outputs[1].dtype)
+    pieces, _ = program(torch.randn(9, 3), torch.tensor(4))
+    assert [tuple(piece.shape) for piece in pieces] == [(4, 3), (4, 3), (1, 3)]
+
+
+class PositiveRows(torch.nn.Module):
+    def forward(self, x):
+        kept = [x[:1] * 0]
+        for i in range(x.size(0)):
+            if bool(x[i].sum() > 0):
+                kept.append(x[i : i + 1])
+        return torch.cat(kept)
+
+
+def test_appending_in_a_branch_inside_a_loop():
+    x = torch.tensor([[1.0, 2.0], [-3.0, 0.0], [0.5, 0.5]])
+    program = assert_exports_equivalent(
+        torch.jit.script(PositiveRows()),
+        (x,),
+        dynamic_shapes={"x": {0: Dim("rows")}},
+        resized=[(-x,), (torch.randn(8, 2),), (torch.ones(1, 2),)],
+    )
+    assert {"Loop", "If", "SequenceInsert"} <= ops_in(program)
+
+
+class EvenValues(torch.nn.Module):
+    def forward(self, x):
+        # Empty before the loop, appended to in a branch: SequenceEmpty's dtype is found there.
+        evens: list[torch.Tensor] = []
+        for i in range(x.size(0)):
+            if bool(x[i] % 2 == 0):
+                evens.append(x[i])
+        return torch.stack(evens + [x.sum()])
+
+
+def test_an_empty_list_appended_to_in_a_branch_inside_a_loop():
+    assert_exports_equivalent(
+        torch.jit.script(EvenValues()),
+        (torch.tensor([1, 2, 3, 4]),),
+        dynamic_shapes={"x": {0: Dim("length")}},
+        resized=[(torch.tensor([1, 3, 5, 7, 9]),), (torch.arange(12),)],
+    )
+
+
+class MaybeDoubled(torch.nn.Module):
+    def forward(self, x):
+        parts = [x]
+        if bool(x.sum() > 0):
+            parts.append(x * 2)
+        return torch.cat(parts)
+
+
+def test_appending_in_a_data_dependent_branch():
+    program = assert_exports_equivalent(
+        torch.jit.script(MaybeDoubled()),
+        (torch.ones(2, 3),),
+        dynamic_shapes={"x": {0: Dim("rows")}},
+        resized=[(-torch.ones(4, 3),), (torch.randn(5, 3),)],
+    )
+    assert "If" in ops_in(program) and "ConcatFromSequence" in ops_in(program)
+
+
+class Triangle(torch.nn.Module):
+    def forward(self, x, n):
+        rows: list[torch.Tensor] = []
+        for i in range(int(n)):
+            for j in range(i + 1):
+                rows.append(x * (i * 10 + j))
+        return torch.stack(rows)
+
+
+def test_nested_loops_append_to_the_outer_list():
+    program = assert_exports_equivalent(
+        torch.jit.script(Triangle()),
+        (torch.randn(3), torch.tensor(3)),
+        resized=[(torch.randn(3), torch.tensor(1)), (torch.randn(3), torch.tensor(6))],
+    )
+    bodies = [a.value for node in program.model.graph for a in node.attributes.values() if a.type.name == "GRAPH"]
+    assert any(node.op_type == "Loop" for body in bodies for node in body)
+
+
+def test_the_seed_list_loop_model_over_a_dynamic_length_is_an_onnx_loop():
+    # The docs' ListLoopModel: the number of chunks of x now depends on x's run-time length.
+    program = assert_exports_equivalent(
+        torch.jit.script(ListLoopModel()),
+        (torch.randn(16),),
+        dynamic_shapes={"x": {0: Dim("length")}},
+        resized=[(torch.randn(10),), (torch.randn(23),), (torch.randn(2),)],
+    )
+    assert {"SplitToSequence", "Loop", "SequenceAt", "ConcatFromSequence"} <= ops_in(program)
+    assert not (ops_in(program) & {"Split"})
+
+
+# --- Errors. -----------------------------------------------------------------------------------
+
+
+class MixedDtypes(torch.nn.Module):
+    def forward(self, x, n):
+        out = [x]
+        for i in range(int(n)):
+            out.append(x.long())
+        return len(out)
+
+
+def test_a_list_of_several_dtypes_names_the_append_and_line():
+    with pytest.raises(TorchScriptConversionError, match="one dtype") as error:
+        dynexport.export(torch.jit.script(MixedDtypes()), (torch.ones(2), torch.tensor(3)))
+    assert error.value.construct == "aten::append"
+    assert "out.append(x.long())" in error.value.source
+
+
+class Recurrence(torch.nn.Module):
+    def forward(self, x, n):
+        out: list[torch.Tensor] = []
+        for i in range(int(n)):
+            if i > 0:
+                out.append(out[i - 1] * x)
+            else:
+                out.append(x)
+        return torch.stack(out)
+
+
+def test_reading_a_list_before_anything_is_appended_names_the_read():
+    with pytest.raises(TorchScriptConversionError, match="read before anything is appended") as error:
+        dynexport.export(torch.jit.script(Recurrence()), (torch.ones(2), torch.tensor(3)))
+    assert error.value.construct == "aten::__getitem__"
+
+
+def test_verify_asks_for_the_model_when_the_program_cannot_run_eagerly():
+    model = torch.jit.script(Powers())
+    program = dynexport.export(model, (torch.randn(2, 3), torch.tensor(4)))
+    with pytest.raises(ValueError, match="pass the original model as model="):
+        program.verify()
+    assert program.verify(model=model).passed
+    assert program(torch.randn(2, 3), torch.tensor(2))[0].shape == (2, 2, 3)
