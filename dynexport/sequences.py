@@ -206,6 +206,14 @@ class TensorSequence:
             sequence = sequence.append(tensor, self.source)
         return sequence
 
+    def __radd__(self, tensors: Any) -> TensorSequence:
+        raise TorchScriptConversionError(
+            "aten::add",
+            self.source,
+            "prepending a list to a list whose length is only known at run time",
+            "build the list in order, appending its elements one by one",
+        )
+
     def append(self, tensor: torch.Tensor, source: str | None) -> TensorSequence:
         """This sequence with ``tensor`` inserted at its end; ``source`` is the ``append``'s line."""
         element = Element.of(tensor).join(self.element, source)
@@ -269,7 +277,7 @@ def length(container: Any) -> int | torch.SymInt:
     if not isinstance(container, TensorSequence):
         return len(container)
     size = sequence_length(container.handle).item()
-    torch._check_is_size(size)
+    torch._check(size >= 0)
     return size
 
 

@@ -257,9 +257,6 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
 
     def convert_prim_If(self, node: torch._C.Node) -> None:
         updated = _lists_appended_within(node)
-        if not updated:
-            super().convert_prim_If(node)
-            return
         self._check_set_attr_in_if_block(node)
         arguments = set(self._identify_inputs_as_arguments(node))
         for block in node.blocks():
@@ -272,6 +269,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 self.get_fx_value_by_ir_value(node.input()),
                 *branches,
                 tuple(arguments.index(name) for name in updated),
+                tuple(_SCALAR_TYPES.get(output.type().kind()) for output in node.outputs()),
                 script_source(node) or "",
                 *(self.get_fx_value_by_fqn(name) for name in arguments),
             ),
@@ -408,7 +406,7 @@ def _while_loop(body, trip_count, condition, carried, captured, updated_captures
         _as_sequence(captured[position], source) for position in appended
     ]
     sequences = _LoopSequences(state)
-    invariant, rebuild_captured = _lifted(captured)
+    invariant, rebuild_invariant = _lifted([captured, sequences.entry_elements])
     first = 1 if counted else 2  # the iteration, then the condition of a `while`
 
     # while_loop's functions see only their arguments: what they read from outside comes last.
@@ -421,8 +419,8 @@ def _while_loop(body, trip_count, condition, carried, captured, updated_captures
         handles = [
             value.clone() if isinstance(value, torch.Tensor) else value for value in values[first - 1 : first - 1 + len(state)]
         ]
-        current = sequences.entering(handles)
-        inputs = rebuild_captured(values[first - 1 + len(state) : -1])
+        inputs, entry_elements = rebuild_invariant(values[first - 1 + len(state) : -1])
+        current = sequences.entering(handles, entry_elements)
         for position, value in zip(appended, current[len(carried) :]):
             inputs[position] = value
         outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
@@ -439,33 +437,47 @@ def _while_loop(body, trip_count, condition, carried, captured, updated_captures
     return [*final[: len(carried)], *(next(appended_after) if position >= 0 else None for position in updated_captures)]
 
 
-def _lifted(captured: list[Any]) -> tuple[list[torch.Tensor], Callable[[Sequence[torch.Tensor]], list[Any]]]:
-    """The values a loop body or branch reads from outside as tensors, which while_loop and
-    cond take as inputs (a sequence as its handle, a SymInt such as ``int(t)`` as a 0-d
-    tensor), and how to rebuild those values from them inside."""
-    leaves, spec = pytree.tree_flatten(captured, is_leaf=lambda value: isinstance(value, TensorSequence))
-    tensors: list[torch.Tensor] = []
-    positions: dict[int, int] = {}  # leaf -> its tensor; each tensor once (inputs may not alias)
-    for i, leaf in enumerate(leaves):
-        tensor = _as_tensor(leaf)
-        if tensor is not None:
-            same = next((j for j, known in enumerate(tensors) if known is tensor), None)
-            if same is None:
-                same = len(tensors)
-                tensors.append(tensor)
-            positions[i] = same
+def _lifted(outside: Any) -> tuple[list[torch.Tensor | torch.SymInt], Callable[[Sequence[Any]], Any]]:
+    """What a loop body or a branch reads from outside (``outside``: values, sequences and
+    element descriptions, nested in lists) as inputs of while_loop or cond, and how to rebuild
+    it from them inside: tensors, sequences' handles, SymInts such as ``int(t)`` as 0-d
+    tensors, and the symbols of the enclosing graph among elements' sizes (a dynamic dim) as
+    SymInts: a subgraph's tracer knows only the tensors and symbols it is given."""
+    leaves, spec = pytree.tree_flatten(outside, is_leaf=lambda value: isinstance(value, (TensorSequence, Element)))
+    inputs: list[torch.Tensor | torch.SymInt] = []
 
-    def rebuild(values: Sequence[torch.Tensor]) -> list[Any]:
+    def position(value: torch.Tensor | torch.SymInt) -> int:
+        # Each input once: while_loop's and cond's inputs may not alias.
+        for index, known in enumerate(inputs):
+            if known is value:
+                return index
+        inputs.append(value)
+        return len(inputs) - 1
+
+    positions = {i: position(_as_tensor(leaf)) for i, leaf in enumerate(leaves) if _as_tensor(leaf) is not None}
+    sizes = {}
+    for i, leaf in enumerate(leaves):
+        element = leaf.element if isinstance(leaf, TensorSequence) else leaf
+        if isinstance(element, Element) and element.shape is not None:
+            sizes[i] = [position(size) if isinstance(size, torch.SymInt) else None for size in element.shape]
+
+    def rebuild(values: Sequence[Any]) -> Any:
         rebuilt = list(leaves)
-        for i, position in positions.items():
-            leaf, value = leaves[i], values[position]
+        for i, leaf in enumerate(leaves):
+            element = leaf.element if isinstance(leaf, TensorSequence) else leaf
+            if i in sizes:
+                shape = [size if at is None else values[at] for size, at in zip(element.shape, sizes[i])]
+                element = Element(element.dtype, tuple(shape))
             if isinstance(leaf, TensorSequence):
-                rebuilt[i] = leaf.with_handle(value, leaf.element)
-            else:
+                rebuilt[i] = leaf.with_handle(values[positions[i]], element)
+            elif isinstance(leaf, Element):
+                rebuilt[i] = element
+            elif i in positions:
+                value = values[positions[i]]
                 rebuilt[i] = value if isinstance(leaf, torch.Tensor) else value.item()
         return pytree.tree_unflatten(rebuilt, spec)
 
-    return tensors, rebuild
+    return inputs, rebuild
 
 
 def _as_tensor(value: Any) -> torch.Tensor | None:
@@ -483,13 +495,17 @@ def run_if(
     true_branch: Callable[..., Any],
     false_branch: Callable[..., Any],
     appended: tuple[int, ...],
+    scalar_outputs: tuple[torch.dtype | None, ...],
     source: str,
     *arguments: Any,
 ) -> list[Any]:
-    """TorchScript's ``prim::If`` whose branches append to lists, while torch.export traces it:
-    each branch returns the If's outputs, then those lists. A predicate known at export picks
-    its branch; otherwise the lists become ONNX sequences (their lengths now depend on data)
-    and the If ``torch.cond``, which carries their handles."""
+    """TorchScript's ``prim::If`` while torch.export traces it: each branch returns the If's
+    outputs, then the lists it appended to (``appended``: their positions among
+    ``arguments``). A predicate known at export picks its branch. Otherwise the If becomes
+    ``torch.cond``: the lists become ONNX sequences (their lengths now depend on data) and cond
+    carries their handles, and outputs that TorchScript types as bool/int/float
+    (``scalar_outputs``: their dtypes) cross it as 0-d tensors: a branch may compute one from
+    a tensor and the other give a constant (``while i < n and bool(t[i])``)."""
     if isinstance(predicate, (bool, int)):
         return _as_list((true_branch if predicate else false_branch)(*arguments))
     arguments = list(arguments)
@@ -498,23 +514,37 @@ def run_if(
     operands, rebuild = _lifted(arguments)
     elements: dict[int, list[Element | None]] = {}
 
+    def as_operand(index: int, value: Any) -> Any:
+        if isinstance(value, TensorSequence):
+            elements.setdefault(index, []).append(value.element)
+            return value.handle
+        dtype = scalar_outputs[index] if index < len(scalar_outputs) else None
+        if dtype is None:
+            # cond merges its branches' results only if their layouts agree (a slice's offset).
+            return value.clone(memory_format=torch.contiguous_format) if isinstance(value, torch.Tensor) else value
+        if isinstance(value, torch.Tensor):
+            return value.to(dtype).reshape(())
+        return torch.scalar_tensor(value, dtype=dtype)
+
     def run(branch: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
         def run_branch(*values):
-            outputs = _as_list(branch(*rebuild(values)))
-            for index, value in enumerate(outputs):
-                if isinstance(value, TensorSequence):
-                    elements.setdefault(index, []).append(value.element)
-            return tuple(value.handle if isinstance(value, TensorSequence) else value for value in outputs)
+            return tuple(as_operand(index, value) for index, value in enumerate(_as_list(branch(*rebuild(values)))))
 
         return run_branch
 
     results = list(cond_op(_as_bool(predicate), run(true_branch), run(false_branch), tuple(operands)))
+    for index, dtype in enumerate(scalar_outputs):
+        if dtype is not None:
+            results[index] = results[index].item()
     for index, branch_elements in elements.items():
         element = None
         for other in branch_elements:
             element = other.join(element, source or None) if other is not None else element
         results[index] = TensorSequence(results[index], element, source or None)
     return results
+
+
+_SCALAR_TYPES = {"BoolType": torch.bool, "IntType": torch.int64, "FloatType": torch.float64}
 
 
 def _lists_appended_within(node: torch._C.Node) -> list[str]:
@@ -565,9 +595,15 @@ class _LoopSequences:
     def handles(state: list[Any]) -> list[Any]:
         return [value.handle if isinstance(value, TensorSequence) else value for value in state]
 
-    def entering(self, handles: Any) -> list[Any]:
+    @property
+    def entry_elements(self) -> list[Element | None]:
+        return list(self._entry.values())
+
+    def entering(self, handles: Any, entry_elements: list[Element | None]) -> list[Any]:
+        """The body's state: ``entry_elements`` are :attr:`entry_elements` as the body sees
+        them (with the symbols it is given)."""
         values = list(handles)
-        for i, element in self._entry.items():
+        for i, element in zip(self._entry, entry_elements):
             self._inside[i] = values[i] = TensorSequence(values[i], element)
         return values
 

@@ -4,13 +4,17 @@ is compared with the TorchScript model run eagerly."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.export import Dim
 
 import dynexport
 from dynexport.errors import TorchScriptConversionError
-from tests.equivalence import assert_exports_equivalent
+from tests.equivalence import assert_close, assert_exports_equivalent
 from tests.test_torchscript import ListLoopModel
 
 
@@ -63,6 +67,24 @@ def test_a_list_that_starts_with_tensors_of_another_shape():
         resized=[(torch.randn(3, 5), torch.tensor(0)), (torch.randn(4, 1), torch.tensor(6))],
     )
     assert "SequenceConstruct" in ops_in(program)
+
+
+class RunningMax(torch.nn.Module):
+    def forward(self, x, n):
+        steps = [x]
+        for i in range(int(n)):
+            steps.append(torch.maximum(steps[-1], x * (i % 3)))
+        return torch.stack(steps)
+
+
+def test_a_loop_reads_what_it_appended_in_earlier_iterations():
+    # The elements' sizes are the dynamic dims of x: the body is given those symbols.
+    assert_exports_equivalent(
+        torch.jit.script(RunningMax()),
+        (torch.randn(2, 3), torch.tensor(4)),
+        dynamic_shapes={"x": {0: Dim("rows"), 1: Dim("cols")}, "n": None},
+        resized=[(torch.randn(5, 2), torch.tensor(0)), (torch.randn(1, 7), torch.tensor(8))],
+    )
 
 
 class Tokens(torch.nn.Module):
@@ -225,6 +247,35 @@ def test_the_seed_list_loop_model_over_a_dynamic_length_is_an_onnx_loop():
     )
     assert {"SplitToSequence", "Loop", "SequenceAt", "ConcatFromSequence"} <= ops_in(program)
     assert not (ops_in(program) & {"Split"})
+
+
+# --- Properties: one export, many run-time lengths. ---------------------------------------------
+
+
+@functools.cache
+def exported(model: type[torch.nn.Module], dims: tuple[tuple[str, int], ...]) -> tuple[torch.jit.ScriptModule, dynexport.ONNXProgram]:
+    scripted = torch.jit.script(model())
+    if model is ChunkSums:
+        args, shapes = (torch.randn(7, 3), torch.tensor(2)), {"x": {0: Dim("length"), 1: Dim("cols")}, "size": None}
+    else:
+        args, shapes = (torch.randn(3, 2),), {"x": {0: Dim("rows"), 1: Dim("cols")}}
+    return scripted, dynexport.export(scripted, args, dynamic_shapes=shapes)
+
+
+@settings(max_examples=30)
+@given(length=st.integers(1, 30), cols=st.integers(1, 4), size=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_split_loops_match_eager_for_any_length_and_size(length, cols, size, seed):
+    model, program = exported(ChunkSums, ())
+    x = torch.randn(length, cols, generator=torch.Generator().manual_seed(seed))
+    assert_close(program(x, torch.tensor(size)), model(x, torch.tensor(size)), where=f"length {length}, size {size}")
+
+
+@settings(max_examples=30)
+@given(rows=st.integers(1, 12), cols=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_branch_appends_match_eager_for_any_rows(rows, cols, seed):
+    model, program = exported(PositiveRows, ())
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    assert_close(program(x), model(x), where=f"{rows} rows")
 
 
 # --- Errors. -----------------------------------------------------------------------------------

@@ -176,6 +176,43 @@ def test_dynamic_loop_with_a_tensor_break():
     assert op_histogram(program)["Loop"] == 1
 
 
+@torch.jit.script
+def count_below(x, limit):
+    # `and` short-circuits: an If whose branches give a bool computed from x and a constant.
+    i = 0
+    while i < x.size(0) and bool(x[i] < limit):
+        i += 1
+    return x[:i] * 2, i
+
+
+def test_short_circuit_while_condition_over_data():
+    program = assert_exports_equivalent(
+        count_below,
+        (torch.tensor([1, 2, 3, 9, 4]), torch.tensor(5)),
+        dynamic_shapes={"x": {0: Dim("length")}, "limit": None},
+        resized=[(torch.tensor([1, 2, 3]), torch.tensor(9)), (torch.tensor([7, 1]), torch.tensor(2))],
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
+@torch.jit.script
+def scale_or_count(x):
+    if bool(x.sum() > 0):
+        y, k = x * 2, 3
+    else:
+        y, k = x - 1, x.size(0)
+    return y * k
+
+
+def test_branches_give_an_int_from_a_constant_and_a_size():
+    assert_exports_equivalent(
+        scale_or_count,
+        (torch.ones(3, 2),),
+        dynamic_shapes={"x": {0: Dim("rows")}},
+        resized=[(-torch.ones(5, 2),), (torch.randn(4, 2).abs(),)],
+    )
+
+
 class Recurrence(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -74,7 +74,7 @@ def _like(value: ir.Value, source: ir.Value) -> ir.Value:
     """``value`` typed as ``source`` (a loop variable's initial value, a branch's output) when
     that is a sequence: the FX graph only has the sequence's handle."""
     if isinstance(source.type, ir.SequenceType):
-        value.type = source.type
+        value.type, value.shape = source.type, None  # not the handle's shape
     return value
 
 
