@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -101,14 +102,25 @@ def capture(
             reasons[name] = error
             if _is_user_error(error):
                 break
-    hint = None
+    hints = []
+    if any(_SPLIT_INTO_UNKNOWN_COUNT.search(str(error)) for error in reasons.values()):
+        hints.append(
+            "The model splits a tensor into a number of pieces that depends on data or on a "
+            "dynamic dim; torch.export needs that number fixed. Script the function that makes "
+            "and uses the list (torch.jit.script): dynexport exports such a list as an ONNX "
+            "sequence (docs/control_flow.md, Lists), or fix the number of pieces."
+        )
     if oblivious:
-        hint = (
+        hints.append(
             "An example size of 0 or 1 on a dynamic dim lets model code that tests that size "
             "(e.g. `if batch == 1`) fix it; if a constraint on such a dim is violated, export "
             "with an example size of 2 or more."
         )
-    raise CaptureError(reasons, hint) from next(iter(reasons.values()))
+    raise CaptureError(reasons, " ".join(hints) or None) from next(iter(reasons.values()))
+
+
+# torch's data-dependent guard errors say which function needed the number ("Caused by: ...").
+_SPLIT_INTO_UNKNOWN_COUNT = re.compile(r"Caused by: \(.* in (split|unbind|chunk|tensor_split|split_with_sizes)\)")
 
 
 def _is_user_error(error: Exception) -> bool:

@@ -37,6 +37,9 @@ class CaptureError(ExportError):
             lines.append(f"  - {strategy}: {type(error).__name__}: {(message or [''])[0]}")
             # torch lists each violated constraint on a "- " line: those say what to fix.
             lines += [f"      {line}" for line in message[1:] if line.startswith("- ")][:4]
+            where = _model_call(message)
+            if where:
+                lines.append(f"      at {where}")
         lines.append(
             "Hint: "
             + (hint or "")
@@ -46,6 +49,18 @@ class CaptureError(ExportError):
             "torch.export.draft_export to list every problem at once."
         )
         super().__init__("\n".join(lines))
+
+
+def _model_call(message: list[str]) -> str | None:
+    """The model's line that torch says raised a capture error (``File "m.py", line 4, in
+    forward: code``), from the lines torch puts under "The following call raised this error"."""
+    marker = "The following call raised this error:"
+    if marker not in message:
+        return None
+    following = message[message.index(marker) + 1 : message.index(marker) + 3]
+    if not following or not following[0].startswith("File "):
+        return None
+    return f"{following[0]}: {following[1]}" if len(following) > 1 else following[0]
 
 
 @dataclasses.dataclass(frozen=True)

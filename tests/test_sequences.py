@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.export import Dim
 
 import dynexport
-from dynexport.errors import TorchScriptConversionError
+from dynexport.errors import CaptureError, TorchScriptConversionError
 from tests.equivalence import assert_close, assert_exports_equivalent
 from tests.test_torchscript import ListLoopModel
 
@@ -279,6 +279,19 @@ def test_branch_appends_match_eager_for_any_rows(rows, cols, seed):
 
 
 # --- Errors. -----------------------------------------------------------------------------------
+
+
+class SplitByData(torch.nn.Module):
+    def forward(self, x, n):
+        return torch.stack([chunk.sum(0) for chunk in x.split(n.item())])
+
+
+def test_torch_export_of_a_split_into_a_data_dependent_count_points_to_sequences():
+    with pytest.raises(CaptureError) as error:
+        dynexport.export(SplitByData(), (torch.randn(6, 3), torch.tensor(2)))
+    message = str(error.value)
+    assert "test_sequences.py" in message and "x.split(n.item())" in message
+    assert "ONNX sequence" in message and "torch.jit.script" in message
 
 
 class MixedDtypes(torch.nn.Module):
