@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import dynexport
+from dynexport.errors import TranslationError
 from tests.equivalence import assert_exports_equivalent
 
 N = torch.export.Dim("n")
@@ -115,6 +117,25 @@ def test_unique_consecutive_runs():
         dynamic_shapes=({0: N},),
         resized=[(torch.tensor([1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0]),), (torch.tensor([7.0]),)],
     )
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_unique_consecutive_slices_along_a_dim(dim):
+    def runs(x):
+        return torch.unique_consecutive(x, return_inverse=True, return_counts=True, dim=dim)
+
+    x = torch.tensor([[1.0, 1.0, 2.0, 2.0, 3.0], [0.0, 0.0, 5.0, 5.0, 5.0], [0.0, 0.0, 5.0, 5.0, 5.0], [1.0, 2.0, 2.0, 2.0, 2.0]])
+    assert_exports_equivalent(
+        Unary(runs),
+        (x,),
+        dynamic_shapes=({0: N, 1: torch.export.Dim("m")},),
+        resized=[(x.t().contiguous(),), (torch.randint(0, 2, (7, 3)).float(),), (torch.zeros(1, 2),)],
+    )
+
+
+def test_unique_consecutive_with_a_negative_dim_names_the_dim_to_pass():
+    with pytest.raises(TranslationError, match=r"dim=1"):
+        dynexport.export(Unary(lambda x: torch.unique_consecutive(x, dim=-1)), (torch.ones(3, 2),))
 
 
 def test_item_feeds_creation_and_slicing_sizes():

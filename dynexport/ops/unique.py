@@ -6,7 +6,8 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import bfloat16_to_float, cast, ints
+from dynexport.errors import TranslationError, source_line
+from dynexport.ops._helpers import bfloat16_to_float, cast, ints, normalize_dim, rank
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -31,22 +32,40 @@ def unique_dim(ctx, self, dim, sorted=True, return_inverse=False, return_counts=
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 
-@translates(aten.unique_consecutive.default, checker=lambda node: len(node.args) < 4 and "dim" not in node.kwargs)
+@translates(aten.unique_consecutive.default)
 def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim=None):
-    flat = ctx.op.Reshape(bfloat16_to_float(ctx, self), ints(ctx, [-1]))
-    length = ctx.op.Shape(flat)
-    changed = ctx.op.Not(
-        ctx.op.Equal(ctx.op.Slice(flat, ints(ctx, [1]), length), ctx.op.Slice(flat, ints(ctx, [0]), ints(ctx, [-1])))
+    # Along a dim, slices are compared whole; without one, the flattened elements.
+    if dim is not None and dim < 0:
+        raise TranslationError(
+            "aten.unique_consecutive.default",
+            source_line(ctx.node),
+            f"torch's shape function gives unique_consecutive(dim={dim}) a wrong output rank "
+            f"({len(ctx.out[0].shape)} for a rank-{rank(self)} input), so the captured graph is wrong from there on",
+            f"pass the dim counted from the front: dim={dim + rank(self)}",
+        )
+    x = bfloat16_to_float(ctx, self)
+    if dim is None:
+        x = ctx.op.Reshape(x, ints(ctx, [-1]))
+        axis = 0
+    else:
+        axis = normalize_dim(dim, rank(self))
+    length = ctx.op.Shape(x, start=axis, end=axis + 1)
+    differs = ctx.op.Not(
+        ctx.op.Equal(
+            ctx.op.Slice(x, ints(ctx, [1]), length, ints(ctx, [axis])),
+            ctx.op.Slice(x, ints(ctx, [0]), ints(ctx, [-1]), ints(ctx, [axis])),
+        )
     )
-    # The first element starts a run; Slice keeps an empty input empty.
+    others = [d for d in range(1 if dim is None else rank(self)) if d != axis]
+    changed = ctx.op.ReduceMax(cast(ctx, differs, _INT64), ints(ctx, others), keepdims=0) if others else differs
+    changed = cast(ctx, changed, ir.DataType.BOOL)
+    # The first slice starts a run; Slice keeps an empty input empty.
     starts = ctx.op.Slice(ctx.op.Concat(ctx.constant([True], ir.DataType.BOOL), changed, axis=0), ints(ctx, [0]), length)
-    values = ctx.op.Compress(flat, starts, axis=0)
+    values = ctx.op.Compress(x, starts, axis=axis)
     inverse = ctx.op.Sub(ctx.op.CumSum(cast(ctx, starts, _INT64), ctx.constant(0, _INT64)), ctx.constant(1, _INT64))
     first_positions = ctx.op.Reshape(ctx.op.NonZero(starts), ints(ctx, [-1]))
     ends = ctx.op.Concat(ctx.op.Slice(first_positions, ints(ctx, [1]), length), length, axis=0)
     counts = ctx.op.Sub(ends, first_positions)
-    return [
-        cast(ctx, values, self.dtype),
-        ctx.op.Reshape(inverse, ctx.op.Shape(self)) if return_inverse else None,
-        counts if return_counts else None,
-    ]
+    if dim is None:
+        inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self))
+    return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
