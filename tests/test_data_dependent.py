@@ -180,3 +180,16 @@ def test_unique_of_bfloat16_values():
         Unary(lambda x: (torch.unique(x, return_inverse=True, return_counts=True), torch.unique_consecutive(x, return_counts=True), torch.unique(x, dim=0))),
         (x,),
     )
+
+
+def test_roll_of_a_dim_that_is_empty_at_run_time():
+    # The shift is taken modulo the run-time size, which may be 0.
+    def rolled(x):
+        return torch.roll(x, 3), torch.roll(x, -2, 0)
+
+    assert_exports_equivalent(
+        Unary(rolled),
+        (torch.randn(4, 3),),
+        dynamic_shapes=({0: torch.export.Dim("n", min=0)},),
+        resized=[(torch.randn(0, 3),), (torch.randn(7, 3),)],
+    )

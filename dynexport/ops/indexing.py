@@ -527,7 +527,8 @@ def _roll(ctx, x, shift, dim: int, size) -> ir.Value:
             return x
         split = ints(ctx, [size - shift % size])
     else:
-        size = scalar(ctx, size, _INT64)
+        # An empty dim rolls to itself; Max keeps Mod from dividing by its zero size.
+        size = ctx.op.Max(scalar(ctx, size, _INT64), ctx.constant(1, _INT64))
         split = shape_tensor(ctx, [ctx.op.Sub(size, ctx.op.Mod(scalar(ctx, shift, _INT64), size))])
     axis = ints(ctx, [dim])
     tail = ctx.op.Slice(x, split, ints(ctx, [2**63 - 1]), axis)

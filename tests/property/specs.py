@@ -643,8 +643,9 @@ def _flip(draw, dtype):
 @composite
 def _roll(draw, dtype):
     shape = draw(shapes(min_rank=1))
-    dims = draw(dim_lists(len(shape)))
-    return (draw(tensors(shape, dtype, SPECIALS)),), {"shifts": [draw(st.integers(-6, 6)) for _ in dims], "dims": dims}
+    dims = draw(dim_lists(len(shape), min_size=0))  # none: the flattened tensor rolls
+    shifts = [draw(st.integers(-6, 6)) for _ in dims or [None]]
+    return (draw(tensors(shape, dtype, SPECIALS)),), {"shifts": shifts, "dims": dims}
 
 
 @composite
@@ -1058,7 +1059,7 @@ SPECS: list[OpSpec] = [
     OpSpec("expand_as.default", aten.expand_as.default, composite(lambda draw, dtype: _expand_as(draw, dtype)), ALL),
     OpSpec("repeat.default", aten.repeat.default, _repeat, ALL, dynamic=False),
     OpSpec("flip.default", aten.flip.default, _flip, ALL),
-    OpSpec("roll.default", aten.roll.default, _roll, ALL, dynamic=False),
+    OpSpec("roll.default", aten.roll.default, _roll, ALL),
     OpSpec("tril.default", aten.tril.default, _tri, ALL),
     OpSpec("triu.default", aten.triu.default, _tri, ALL),
     OpSpec("diagonal.default", aten.diagonal.default, composite(lambda draw, dtype: _diagonal(draw, dtype)), ALL),
