@@ -79,8 +79,10 @@ def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, includ
         rows = ctx.op.Mul(rows, ctx.op.Unsqueeze(per_sample_weights, ints(ctx, [1])))
     kept = None
     if padding is not None:
-        padding %= weight.shape[0]
-        kept = ctx.op.Not(ctx.op.Equal(indices, ctx.constant(padding, indices.dtype)))
+        padding_row = ctx.constant(padding, indices.dtype)
+        if padding < 0:  # counted from the end of the table
+            padding_row = ctx.op.Add(padding_row, cast(ctx, ctx.op.Shape(weight, start=0, end=1), indices.dtype))
+        kept = ctx.op.Not(ctx.op.Equal(indices, padding_row))
     filler = -math.inf if reduce == "max" else 0.0
     if kept is not None:
         rows = ctx.op.Where(ctx.op.Unsqueeze(kept, ints(ctx, [1])), rows, ctx.constant(filler, weight.dtype))

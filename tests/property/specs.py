@@ -1025,8 +1025,15 @@ SPECS: list[OpSpec] = [
     OpSpec("_pdist_forward.default", lambda x, p: aten._pdist_forward(x, p), _pdist, (torch.float32, torch.float64)),
     # Static: growing the indices or the offsets would make bags PyTorch rejects.
     OpSpec(
-        "_embedding_bag.default",
+        "embedding_bag.padding_idx",
         lambda w, i, o, mode, padding_idx: F.embedding_bag(i, w, o, mode=mode, padding_idx=padding_idx),
+        _embedding_bag, (torch.float32, torch.float64), dynamic=False,
+    ),
+    OpSpec(
+        "_embedding_bag.default",
+        lambda w, i, o, mode, padding_idx: aten._embedding_bag.default(
+            w, i, o, False, ["sum", "mean", "max"].index(mode), False, None, False, -1 if padding_idx is None else padding_idx
+        )[0],
         _embedding_bag, (torch.float32, torch.float64), dynamic=False,
     ),
     # float32 only: onnxruntime's LSTM and GRU have no float64 kernels.
