@@ -106,3 +106,42 @@ def gru(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirect
         ctx, "GRU", input, [hx], params, has_biases, num_layers, bidirectional, batch_first, _GRU_GATES
     )
     return output, h_n
+
+
+# -- single steps (nn.LSTMCell, nn.GRUCell, nn.RNNCell): the gate arithmetic itself ----------
+
+
+def _projected(ctx, x, weight, bias):
+    """``x @ weight.T + bias``; MatMul also takes an unbatched (1-D) x."""
+    product = ctx.op.MatMul(x, ctx.op.Transpose(weight, perm=[1, 0]))
+    return product if bias is None else ctx.op.Add(product, bias)
+
+
+def _gate_blocks(ctx, gates, count: int) -> list:
+    return list(ctx.op.Split(gates, axis=-1, num_outputs=count, _outputs=count))
+
+
+@translates(aten.lstm_cell.default)
+def lstm_cell(ctx, input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    h, c = hx
+    gates = ctx.op.Add(_projected(ctx, input, w_ih, b_ih), _projected(ctx, h, w_hh, b_hh))
+    i, f, g, o = _gate_blocks(ctx, gates, 4)
+    cell = ctx.op.Add(ctx.op.Mul(ctx.op.Sigmoid(f), c), ctx.op.Mul(ctx.op.Sigmoid(i), ctx.op.Tanh(g)))
+    return ctx.op.Mul(ctx.op.Sigmoid(o), ctx.op.Tanh(cell)), cell
+
+
+@translates(aten.gru_cell.default)
+def gru_cell(ctx, input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    r_i, z_i, n_i = _gate_blocks(ctx, _projected(ctx, input, w_ih, b_ih), 3)
+    r_h, z_h, n_h = _gate_blocks(ctx, _projected(ctx, hx, w_hh, b_hh), 3)
+    reset = ctx.op.Sigmoid(ctx.op.Add(r_i, r_h))
+    update = ctx.op.Sigmoid(ctx.op.Add(z_i, z_h))
+    new = ctx.op.Tanh(ctx.op.Add(n_i, ctx.op.Mul(reset, n_h)))
+    # (1 - z) * n + z * h, as n + z * (h - n)
+    return ctx.op.Add(new, ctx.op.Mul(update, ctx.op.Sub(hx, new)))
+
+
+@translates(aten.rnn_tanh_cell.default, aten.rnn_relu_cell.default)
+def rnn_cell(ctx, input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    total = ctx.op.Add(_projected(ctx, input, w_ih, b_ih), _projected(ctx, hx, w_hh, b_hh))
+    return ctx.op.Tanh(total) if ctx.node.target is aten.rnn_tanh_cell.default else ctx.op.Relu(total)

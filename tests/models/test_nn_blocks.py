@@ -39,6 +39,31 @@ def test_recurrent_tagger():
     assert (histogram["LSTM"], histogram["GRU"]) == (2, 1)
 
 
+class Cells(nn.Module):
+    """One step of each recurrent cell, the LSTM cell's state fed to the others."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTMCell(5, 6)
+        self.gru = nn.GRUCell(6, 6)
+        self.rnn = nn.RNNCell(6, 4, nonlinearity="relu")
+
+    def forward(self, x, h, c):
+        h, c = self.lstm(x, (h, c))
+        return self.rnn(self.gru(h, c)), c
+
+
+def test_recurrent_cells():
+    torch.manual_seed(0)
+    model = Cells().eval()
+    calls = [(torch.randn(b, 5), torch.randn(b, 6), torch.randn(b, 6)) for b in (2, 5, 1, 3)]
+    batch = Dim("batch")
+    program = assert_exports_equivalent(
+        model, calls[0], dynamic_shapes=({0: batch}, {0: batch}, {0: batch}), resized=calls[1:], atol=1e-5
+    )
+    assert not {"LSTM", "GRU", "RNN"} & set(op_histogram(program))  # a step is its gate arithmetic
+
+
 def test_multihead_attention_with_padding_mask():
     torch.manual_seed(0)
     attention = nn.MultiheadAttention(16, 4, batch_first=True).eval()
