@@ -189,6 +189,20 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         inputs = [self.get_fx_value_by_ir_value(value) for value in node.inputs()]
         self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(python_operator, tuple(inputs))
 
+    def convert_prim_unchecked_cast(self, node: torch._C.Node) -> None:
+        # `Optional[Tensor]` to `Tensor` after an `is not None` test: nothing to compute.
+        self._convert_as_noop(node)
+
+    def _identify_inputs_as_arguments(self, entry: torch._C.Node) -> set[str]:
+        arguments = super()._identify_inputs_as_arguments(entry)
+        # A block may also return a value of the enclosing graph it does not read (`else: y = x`).
+        for block in entry.blocks():
+            for value in block.outputs():
+                name = value.debugName()
+                if name in self.name_to_node and name not in self.name_to_attribute_fqn:
+                    arguments.add(name)
+        return arguments
+
     def _convert_block_to_subgraph(
         self, node: torch._C.Node, arguments: list[str], updated: Sequence[str] = ()
     ) -> tuple[list[torch.fx.Node], list[_GraphConverter]]:
@@ -405,8 +419,8 @@ def _while_loop(body, trip_count, condition, carried, captured, updated_captures
     state = [_as_sequence(value, source) for value in carried] + [
         _as_sequence(captured[position], source) for position in appended
     ]
-    sequences = _LoopSequences(state)
-    invariant, rebuild_invariant = _lifted([captured, sequences.entry_elements])
+    loop_state = _LoopState(state)
+    invariant, rebuild_invariant = _lifted([captured, loop_state.entry_elements])
     first = 1 if counted else 2  # the iteration, then the condition of a `while`
 
     # while_loop's functions see only their arguments: what they read from outside comes last.
@@ -416,23 +430,21 @@ def _while_loop(body, trip_count, condition, carried, captured, updated_captures
 
     def run_body(iteration, *values):
         # The body may mutate what it is given (`x += 1`); while_loop's inputs must stay intact.
-        handles = [
-            value.clone() if isinstance(value, torch.Tensor) else value for value in values[first - 1 : first - 1 + len(state)]
-        ]
+        carried_values = [value.clone() for value in values[first - 1 : first - 1 + len(state)]]
         inputs, entry_elements = rebuild_invariant(values[first - 1 + len(state) : -1])
-        current = sequences.entering(handles, entry_elements)
+        current = loop_state.entering(carried_values, entry_elements)
         for position, value in zip(appended, current[len(carried) :]):
             inputs[position] = value
         outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
         updated = [value for value, position in zip(outputs[1 + len(carried) :], updated_captures) if position >= 0]
-        next_state = sequences.leaving([*outputs[1 : 1 + len(carried)], *updated], source)
+        next_state = loop_state.leaving([*outputs[1 : 1 + len(carried)], *updated], source)
         test = () if counted else (_as_bool(outputs[0]),)
         return (iteration + 1, *test, *next_state)
 
     start = torch.zeros((), dtype=torch.int64)
     test = () if counted else (_as_bool(condition),)
-    final = while_loop_op(run_condition, run_body, (start, *test, *sequences.handles(state)), (*invariant, bound))
-    final = sequences.after(list(final[first:]), source)
+    final = while_loop_op(run_condition, run_body, (start, *test, *loop_state.carried(state)), (*invariant, bound))
+    final = loop_state.after(list(final[first:]), source)
     appended_after = iter(final[len(carried) :])
     return [*final[: len(carried)], *(next(appended_after) if position >= 0 else None for position in updated_captures)]
 
@@ -581,50 +593,54 @@ def _as_sequence(value: Any, source: str) -> Any:
     return TensorSequence.of(value, source or None) if isinstance(value, list) else value
 
 
-class _LoopSequences:
-    """The sequences among a while_loop's state: while_loop carries their handles, this keeps
-    what their elements look like, from before the loop and from what the body appends."""
+class _LoopState:
+    """What a while_loop carries for TorchScript's loop state: tensors as they are, lists as
+    their sequences' handles, ints, floats and bools as 0-d tensors (while_loop's autograd form,
+    used when parameters require grad, carries tensors only). Keeps what the sequences' elements
+    look like, from before the loop and from what the body appends."""
 
     def __init__(self, state: list[Any]):
         self._entry = {i: value.element for i, value in enumerate(state) if isinstance(value, TensorSequence)}
+        self._scalars = {i: _scalar_dtype(value) for i, value in enumerate(state) if _scalar_dtype(value) is not None}
         self._appended: dict[int, Element | None] = {}
         self._read: set[int] = set()
         self._inside: dict[int, TensorSequence] = {}
 
-    @staticmethod
-    def handles(state: list[Any]) -> list[Any]:
-        return [value.handle if isinstance(value, TensorSequence) else value for value in state]
+    def carried(self, state: list[Any]) -> list[torch.Tensor]:
+        return [self._carried(i, value) for i, value in enumerate(state)]
+
+    def _carried(self, i: int, value: Any) -> torch.Tensor:
+        if isinstance(value, TensorSequence):
+            return value.handle
+        if i in self._scalars and not isinstance(value, torch.Tensor):
+            return torch.scalar_tensor(value, dtype=self._scalars[i])
+        return value
 
     @property
     def entry_elements(self) -> list[Element | None]:
         return list(self._entry.values())
 
-    def entering(self, handles: Any, entry_elements: list[Element | None]) -> list[Any]:
-        """The body's state: ``entry_elements`` are :attr:`entry_elements` as the body sees
-        them (with the symbols it is given)."""
-        values = list(handles)
+    def entering(self, values: list[torch.Tensor], entry_elements: list[Element | None]) -> list[Any]:
+        """The body's state; ``entry_elements`` are :attr:`entry_elements` as the body sees them
+        (with the symbols it is given)."""
+        values = [value.item() if i in self._scalars else value for i, value in enumerate(values)]
         for i, element in zip(self._entry, entry_elements):
             self._inside[i] = values[i] = TensorSequence(values[i], element)
         return values
 
-    def leaving(self, outputs: list[Any], source: str) -> list[Any]:
-        handles = []
-        for i, value in enumerate(outputs):
-            if i in self._entry:
-                value = _as_sequence(value, source)
-                if not isinstance(value, TensorSequence):
-                    raise TorchScriptConversionError(
-                        "prim::Loop", source or None, f"the loop replaces a list with a {_kind(value)}", _HINT
-                    )
-                self._appended[i] = value.element
-                if self._inside[i].was_read:
-                    self._read.add(i)
-                value = value.handle
-            handles.append(value)
-        return handles
+    def leaving(self, outputs: list[Any], source: str) -> list[torch.Tensor]:
+        for i in self._entry:
+            value = _as_sequence(outputs[i], source)
+            if not isinstance(value, TensorSequence):
+                raise TorchScriptConversionError("prim::Loop", source or None, f"the loop replaces a list with a {_kind(value)}", _HINT)
+            self._appended[i] = value.element
+            if self._inside[i].was_read:
+                self._read.add(i)
+            outputs[i] = value
+        return self.carried(outputs)
 
-    def after(self, handles: list[Any], source: str) -> list[Any]:
-        values = list(handles)
+    def after(self, values: list[torch.Tensor], source: str) -> list[Any]:
+        values = [value.item() if i in self._scalars else value for i, value in enumerate(values)]
         for i, entry in self._entry.items():
             appended = self._appended.get(i)
             element = appended.join(entry, source or None) if appended is not None else entry
@@ -637,6 +653,16 @@ class _LoopSequences:
                 )
             values[i] = TensorSequence(values[i], element.outside_loop() if element is not None else None, source or None)
         return values
+
+
+def _scalar_dtype(value: Any) -> torch.dtype | None:
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    if isinstance(value, float):
+        return torch.float64
+    return _SYMBOLIC_DTYPES.get(type(value))
 
 
 _SYMBOLIC_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}

@@ -249,6 +249,36 @@ def test_the_seed_list_loop_model_over_a_dynamic_length_is_an_onnx_loop():
     assert not (ops_in(program) & {"Split"})
 
 
+class GreedyDecoder(torch.nn.Module):
+    """A recurrent decoder: one token per step until it emits token 3 or reaches `max_steps`."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(8, 6)
+        self.cell = torch.nn.GRUCell(6, 6)
+        self.out = torch.nn.Linear(6, 8)
+
+    def forward(self, hidden, start, max_steps):
+        tokens: list[torch.Tensor] = []
+        token = start
+        for _ in range(int(max_steps)):
+            hidden = self.cell(self.embed(token), hidden)
+            token = self.out(hidden).argmax(-1)
+            tokens.append(token)
+            if bool(token[0] == 3):
+                break
+        return torch.stack(tokens, 1), hidden
+
+
+def test_a_greedy_decoding_loop_collects_its_tokens():
+    model = torch.jit.script(GreedyDecoder().eval())
+    hidden = torch.randn(1, 6, generator=torch.Generator().manual_seed(1))
+    runs = [(torch.randn(1, 6, generator=torch.Generator().manual_seed(seed)), torch.tensor([seed % 8]), torch.tensor(12)) for seed in range(2, 8)]
+    program = assert_exports_equivalent(model, (hidden, torch.tensor([3]), torch.tensor(5)), resized=runs)
+    assert {"Loop", "SequenceInsert", "ConcatFromSequence", "GRU"} & ops_in(program) >= {"Loop", "SequenceInsert", "ConcatFromSequence"}
+
+
 # --- Properties: one export, many run-time lengths. ---------------------------------------------
 
 
