@@ -6,12 +6,12 @@ an FX GraphModule by torch's TorchScript converter (``torch._export.converter``)
 captures that GraphModule like any other model, so the rest of the pipeline sees an ordinary
 ExportedProgram.
 
-torch's converter turns ``prim::If`` into ``torch.cond`` but unrolls ``prim::Loop`` while it builds
-the graph, which needs a trip count known before any input is seen. Here ``prim::Loop`` becomes a
-call of :func:`run_loop` instead, which decides while torch.export traces, when the trip count
-is known: a Python int unrolls, a symbolic one (``int(tensor)``, a dynamic size) becomes
-``torch.while_loop``, and so does every loop whose condition the body computes (``while``,
-``break``).
+torch's converter unrolls ``prim::Loop`` while it builds the graph, which needs a trip count
+known before any input is seen, and its ``prim::If`` loses the lists a branch appends to. Here
+both become calls of :mod:`dynexport.script_control_flow`'s ``run_loop`` and ``run_if``, which
+decide while torch.export traces, when the values are known; lists whose length only the run
+knows become ONNX sequences (:mod:`dynexport.sequences`): ``len``, ``stack``, ``cat``,
+``split`` and ``unbind`` are converted to calls that handle both lists and sequences.
 """
 
 from __future__ import annotations
@@ -25,16 +25,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch._export import converter as ts_converter
-from torch._higher_order_ops.cond import cond_op
-from torch._higher_order_ops.while_loop import while_loop_op
 
 from dynexport import sequences
 from dynexport.errors import CaptureError, TorchScriptConversionError
-from dynexport.sequences import Element, TensorSequence
+from dynexport.script_control_flow import run_if, run_loop
 
-__all__ = ["capture", "graph_module", "is_torchscript", "run_loop"]
+__all__ = ["capture", "graph_module", "is_torchscript"]
 
 _STRATEGY = "torch.export(strict=False) of the TorchScript graph"
 
@@ -359,203 +356,6 @@ _HINT = (
 )
 
 
-def run_loop(
-    body: Callable[..., Any],
-    trip_count: int | torch.SymInt | torch.Tensor,
-    condition: bool | torch.Tensor | None,
-    carried_count: int,
-    updated_captures: tuple[int, ...],
-    source: str,
-    *values: Any,
-) -> list[Any]:
-    """TorchScript's ``prim::Loop`` while torch.export traces it: ``body(*captured, i, *carried)``
-    returns ``(condition, *carried, *updated captured lists)``; the loop runs while
-    ``i < trip_count`` and the condition (None: a counted loop) holds. Returns the carried values, then the captured
-    values the body updated in place (lists it appended to)."""
-    carried, captured = list(values[:carried_count]), list(values[carried_count:])
-    if isinstance(trip_count, int) and (condition is None or isinstance(condition, (bool, int))):
-        return _unrolled(body, trip_count, condition is None or bool(condition), carried, captured, updated_captures, source)
-    return _while_loop(body, trip_count, condition, carried, captured, updated_captures, source)
-
-
-def _unrolled(body, trip_count, condition, carried, captured, updated_captures, source) -> list[Any]:
-    iteration = 0
-    while iteration < trip_count and condition:
-        outputs = _as_list(body(*captured, iteration, *carried))
-        condition, carried = outputs[0], outputs[1 : 1 + len(carried)]
-        for position, value in zip(updated_captures, outputs[1 + len(carried) :]):
-            if position >= 0:
-                captured[position] = value
-        if isinstance(condition, torch.Tensor):
-            raise TorchScriptConversionError(
-                "prim::Loop",
-                source or None,
-                "the loop runs a trip count known at export, but its condition (a `while` "
-                "test or a `break`) depends on tensor values",
-                "compute the condition from Python ints, or give the loop a tensor trip count",
-            )
-        iteration += 1
-    return [*carried, *(captured[position] if position >= 0 else None for position in updated_captures)]
-
-
-def _while_loop(body, trip_count, condition, carried, captured, updated_captures, source) -> list[Any]:
-    unsupported = [_kind(value) for value in carried if not isinstance(value, (torch.Tensor, int, list, TensorSequence))]
-    if unsupported:
-        raise TorchScriptConversionError(
-            "prim::Loop",
-            source or None,
-            f"the loop's trip count is only known at run time and it carries {', '.join(sorted(set(unsupported)))} "
-            "values; torch.while_loop carries tensors, ints and (as ONNX sequences) lists of tensors",
-            "carry tensors instead, or make the trip count a Python int known at export",
-        )
-    if isinstance(trip_count, torch.Tensor):
-        bound = trip_count.to(torch.int64)  # int(t) truncates a float t
-    else:
-        bound = torch.scalar_tensor(trip_count, dtype=torch.int64)
-    counted = condition is None
-    # Lists the body appends to are carried as ONNX sequences: the loop's state is its own
-    # carried values, then those lists.
-    appended = [position for position in updated_captures if position >= 0]
-    state = [_as_sequence(value, source) for value in carried] + [
-        _as_sequence(captured[position], source) for position in appended
-    ]
-    loop_state = _LoopState(state)
-    invariant, rebuild_invariant = _lifted([captured, loop_state.entry_elements])
-    first = 1 if counted else 2  # the iteration, then the condition of a `while`
-
-    # while_loop's functions see only their arguments: what they read from outside comes last.
-    def run_condition(iteration, *values):
-        test = iteration < values[-1]
-        return test if counted else torch.logical_and(test, values[0])
-
-    def run_body(iteration, *values):
-        # The body may mutate what it is given (`x += 1`); while_loop's inputs must stay intact.
-        carried_values = [value.clone() for value in values[first - 1 : first - 1 + len(state)]]
-        inputs, entry_elements = rebuild_invariant(values[first - 1 + len(state) : -1])
-        current = loop_state.entering(carried_values, entry_elements)
-        for position, value in zip(appended, current[len(carried) :]):
-            inputs[position] = value
-        outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
-        updated = [value for value, position in zip(outputs[1 + len(carried) :], updated_captures) if position >= 0]
-        next_state = loop_state.leaving([*outputs[1 : 1 + len(carried)], *updated], source)
-        test = () if counted else (_as_bool(outputs[0]),)
-        return (iteration + 1, *test, *next_state)
-
-    start = torch.zeros((), dtype=torch.int64)
-    test = () if counted else (_as_bool(condition),)
-    final = while_loop_op(run_condition, run_body, (start, *test, *loop_state.carried(state)), (*invariant, bound))
-    final = loop_state.after(list(final[first:]), source)
-    appended_after = iter(final[len(carried) :])
-    return [*final[: len(carried)], *(next(appended_after) if position >= 0 else None for position in updated_captures)]
-
-
-def _lifted(outside: Any) -> tuple[list[torch.Tensor | torch.SymInt], Callable[[Sequence[Any]], Any]]:
-    """What a loop body or a branch reads from outside (``outside``: values, sequences and
-    element descriptions, nested in lists) as inputs of while_loop or cond, and how to rebuild
-    it from them inside: tensors, sequences' handles, SymInts such as ``int(t)`` as 0-d
-    tensors, and the symbols of the enclosing graph among elements' sizes (a dynamic dim) as
-    SymInts: a subgraph's tracer knows only the tensors and symbols it is given."""
-    leaves, spec = pytree.tree_flatten(outside, is_leaf=lambda value: isinstance(value, (TensorSequence, Element)))
-    inputs: list[torch.Tensor | torch.SymInt] = []
-
-    def position(value: torch.Tensor | torch.SymInt) -> int:
-        # Each input once: while_loop's and cond's inputs may not alias.
-        for index, known in enumerate(inputs):
-            if known is value:
-                return index
-        inputs.append(value)
-        return len(inputs) - 1
-
-    positions = {i: position(_as_tensor(leaf)) for i, leaf in enumerate(leaves) if _as_tensor(leaf) is not None}
-    sizes = {}
-    for i, leaf in enumerate(leaves):
-        element = leaf.element if isinstance(leaf, TensorSequence) else leaf
-        if isinstance(element, Element) and element.shape is not None:
-            sizes[i] = [position(size) if isinstance(size, torch.SymInt) else None for size in element.shape]
-
-    def rebuild(values: Sequence[Any]) -> Any:
-        rebuilt = list(leaves)
-        for i, leaf in enumerate(leaves):
-            element = leaf.element if isinstance(leaf, TensorSequence) else leaf
-            if i in sizes:
-                shape = [size if at is None else values[at] for size, at in zip(element.shape, sizes[i])]
-                element = Element(element.dtype, tuple(shape))
-            if isinstance(leaf, TensorSequence):
-                rebuilt[i] = leaf.with_handle(values[positions[i]], element)
-            elif isinstance(leaf, Element):
-                rebuilt[i] = element
-            elif i in positions:
-                value = values[positions[i]]
-                rebuilt[i] = value if isinstance(leaf, torch.Tensor) else value.item()
-        return pytree.tree_unflatten(rebuilt, spec)
-
-    return inputs, rebuild
-
-
-def _as_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, TensorSequence):
-        return value.handle
-    if type(value) in _SYMBOLIC_DTYPES:
-        return torch.scalar_tensor(value, dtype=_SYMBOLIC_DTYPES[type(value)])
-    return None
-
-
-def run_if(
-    predicate: bool | torch.SymBool | torch.Tensor,
-    true_branch: Callable[..., Any],
-    false_branch: Callable[..., Any],
-    appended: tuple[int, ...],
-    scalar_outputs: tuple[torch.dtype | None, ...],
-    source: str,
-    *arguments: Any,
-) -> list[Any]:
-    """TorchScript's ``prim::If`` while torch.export traces it: each branch returns the If's
-    outputs, then the lists it appended to (``appended``: their positions among
-    ``arguments``). A predicate known at export picks its branch. Otherwise the If becomes
-    ``torch.cond``: the lists become ONNX sequences (their lengths now depend on data) and cond
-    carries their handles, and outputs that TorchScript types as bool/int/float
-    (``scalar_outputs``: their dtypes) cross it as 0-d tensors: a branch may compute one from
-    a tensor and the other give a constant (``while i < n and bool(t[i])``)."""
-    if isinstance(predicate, (bool, int)):
-        return _as_list((true_branch if predicate else false_branch)(*arguments))
-    arguments = list(arguments)
-    for position in appended:
-        arguments[position] = _as_sequence(arguments[position], source)
-    operands, rebuild = _lifted(arguments)
-    elements: dict[int, list[Element | None]] = {}
-
-    def as_operand(index: int, value: Any) -> Any:
-        if isinstance(value, TensorSequence):
-            elements.setdefault(index, []).append(value.element)
-            return value.handle
-        dtype = scalar_outputs[index] if index < len(scalar_outputs) else None
-        if dtype is None:
-            # cond merges its branches' results only if their layouts agree (a slice's offset).
-            return value.clone(memory_format=torch.contiguous_format) if isinstance(value, torch.Tensor) else value
-        if isinstance(value, torch.Tensor):
-            return value.to(dtype).reshape(())
-        return torch.scalar_tensor(value, dtype=dtype)
-
-    def run(branch: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
-        def run_branch(*values):
-            return tuple(as_operand(index, value) for index, value in enumerate(_as_list(branch(*rebuild(values)))))
-
-        return run_branch
-
-    results = list(cond_op(_as_bool(predicate), run(true_branch), run(false_branch), tuple(operands)))
-    for index, dtype in enumerate(scalar_outputs):
-        if dtype is not None:
-            results[index] = results[index].item()
-    for index, branch_elements in elements.items():
-        element = None
-        for other in branch_elements:
-            element = other.join(element, source or None) if other is not None else element
-        results[index] = TensorSequence(results[index], element, source or None)
-    return results
-
-
 _SCALAR_TYPES = {"BoolType": torch.bool, "IntType": torch.int64, "FloatType": torch.float64}
 
 
@@ -589,104 +389,11 @@ class _Names(dict):
             self.add(name)
 
 
-def _as_sequence(value: Any, source: str) -> Any:
-    return TensorSequence.of(value, source or None) if isinstance(value, list) else value
-
-
-class _LoopState:
-    """What a while_loop carries for TorchScript's loop state: tensors as they are, lists as
-    their sequences' handles, ints, floats and bools as 0-d tensors (while_loop's autograd form,
-    used when parameters require grad, carries tensors only). Keeps what the sequences' elements
-    look like, from before the loop and from what the body appends."""
-
-    def __init__(self, state: list[Any]):
-        self._entry = {i: value.element for i, value in enumerate(state) if isinstance(value, TensorSequence)}
-        self._scalars = {i: _scalar_dtype(value) for i, value in enumerate(state) if _scalar_dtype(value) is not None}
-        self._appended: dict[int, Element | None] = {}
-        self._read: set[int] = set()
-        self._inside: dict[int, TensorSequence] = {}
-
-    def carried(self, state: list[Any]) -> list[torch.Tensor]:
-        return [self._carried(i, value) for i, value in enumerate(state)]
-
-    def _carried(self, i: int, value: Any) -> torch.Tensor:
-        if isinstance(value, TensorSequence):
-            return value.handle
-        if i in self._scalars and not isinstance(value, torch.Tensor):
-            return torch.scalar_tensor(value, dtype=self._scalars[i])
-        return value
-
-    @property
-    def entry_elements(self) -> list[Element | None]:
-        return list(self._entry.values())
-
-    def entering(self, values: list[torch.Tensor], entry_elements: list[Element | None]) -> list[Any]:
-        """The body's state; ``entry_elements`` are :attr:`entry_elements` as the body sees them
-        (with the symbols it is given)."""
-        values = [value.item() if i in self._scalars else value for i, value in enumerate(values)]
-        for i, element in zip(self._entry, entry_elements):
-            self._inside[i] = values[i] = TensorSequence(values[i], element)
-        return values
-
-    def leaving(self, outputs: list[Any], source: str) -> list[torch.Tensor]:
-        for i in self._entry:
-            value = _as_sequence(outputs[i], source)
-            if not isinstance(value, TensorSequence):
-                raise TorchScriptConversionError("prim::Loop", source or None, f"the loop replaces a list with a {_kind(value)}", _HINT)
-            self._appended[i] = value.element
-            if self._inside[i].was_read:
-                self._read.add(i)
-            outputs[i] = value
-        return self.carried(outputs)
-
-    def after(self, values: list[torch.Tensor], source: str) -> list[Any]:
-        values = [value.item() if i in self._scalars else value for i, value in enumerate(values)]
-        for i, entry in self._entry.items():
-            appended = self._appended.get(i)
-            element = appended.join(entry, source or None) if appended is not None else entry
-            if i in self._read and entry is not None and element != entry:
-                raise TorchScriptConversionError(
-                    "prim::Loop",
-                    source or None,
-                    "the loop reads a list whose elements' shapes it changes by appending",
-                    "append tensors of the shape the list already holds",
-                )
-            values[i] = TensorSequence(values[i], element.outside_loop() if element is not None else None, source or None)
-        return values
-
-
-def _scalar_dtype(value: Any) -> torch.dtype | None:
-    if isinstance(value, bool):
-        return torch.bool
-    if isinstance(value, int):
-        return torch.int64
-    if isinstance(value, float):
-        return torch.float64
-    return _SYMBOLIC_DTYPES.get(type(value))
-
-
-_SYMBOLIC_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}
-
-
-def _as_bool(condition: bool | torch.SymBool | torch.Tensor) -> torch.Tensor:
-    if isinstance(condition, torch.Tensor):
-        return condition.to(torch.bool).reshape(())
-    return torch.scalar_tensor(condition, dtype=torch.bool)
-
-
 def _is_true(value: torch._C.Value) -> bool:
     node = value.node()
     return (
         node.kind() == "prim::Constant" and node.hasAttribute("value") and node.kindOf("value") == "i" and bool(node.i("value"))
     )
-
-
-def _kind(value: Any) -> str:
-    return "list" if isinstance(value, (list, tuple)) else type(value).__name__
-
-
-def _as_list(outputs: Any) -> list[Any]:
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
 _LOCATION = re.compile(r"# (?P<file>.+):(?P<line>\d+):\d+$")
