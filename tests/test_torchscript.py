@@ -213,6 +213,26 @@ def test_branches_give_an_int_from_a_constant_and_a_size():
     )
 
 
+@torch.jit.script
+def count_up(x, steps):
+    # The loop carries a dynamic size (a SymInt) and a float.
+    n = x.size(0)
+    scale = 1.0
+    for _ in range(int(steps)):
+        n = n + 2
+        scale = scale * 0.5
+    return x * n * scale
+
+
+def test_a_dynamic_loop_carries_a_size_and_a_float():
+    assert_exports_equivalent(
+        count_up,
+        (torch.ones(3), torch.tensor(2)),
+        dynamic_shapes={"x": {0: Dim("length")}, "steps": None},
+        resized=[(torch.ones(5), torch.tensor(0)), (torch.ones(2), torch.tensor(7))],
+    )
+
+
 class Recurrence(torch.nn.Module):
     def __init__(self):
         super().__init__()
