@@ -26,6 +26,7 @@ from torch._decomp import decomposition_table as torch_decompositions
 from torch.func import functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from dynexport.decompositions.fused import FUSED_DECOMPOSITIONS
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 
 __all__ = [
@@ -158,7 +159,7 @@ def decomposition_for(target: Any) -> Callable[..., Any] | None:
     """The function that decomposes ``target``, or None when it has none."""
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    fn = _core_table().get(target) or torch_decompositions.get(target)
+    fn = _core_table().get(target) or torch_decompositions.get(target) or FUSED_DECOMPOSITIONS.get(target)
     if fn is not None:
         return fn
     if torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"):

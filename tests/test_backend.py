@@ -191,6 +191,46 @@ def test_unsupported_op_raises_with_fallback_raise():
         fn(torch.randn(2, 4))
 
 
+@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
+def test_the_transformer_encoder_fast_path_runs_in_onnxruntime(norm_first, activation):
+    # Under no_grad in eval mode nn.TransformerEncoderLayer calls one fused kernel.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=norm_first, activation=activation)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    fn, onnx_backend = compiled(model, fallback="raise")
+    with torch.no_grad():
+        for batch, steps in [(2, 5), (3, 7), (1, 2)]:
+            x = torch.randn(batch, steps, 16)
+            assert_close(fn(x), model(x))
+    programs = [subgraph.program for subgraph in onnx_backend.subgraphs]
+    assert programs and all(program is not None for program in programs)
+
+
+_STEPS = 4
+_CAUSAL = torch.triu(torch.ones(_STEPS, _STEPS, dtype=torch.bool), 1)
+_PADDING = torch.tensor([[False, False, False, True], [False, False, True, True]])
+
+
+@pytest.mark.parametrize(
+    "masks",
+    [
+        dict(src_mask=torch.nn.Transformer.generate_square_subsequent_mask(_STEPS)),
+        dict(src_mask=_CAUSAL),
+        dict(src_key_padding_mask=_PADDING),
+        dict(src_mask=_CAUSAL, src_key_padding_mask=_PADDING),
+    ],
+    ids=["float causal", "bool causal", "key padding", "both"],
+)
+def test_the_transformer_encoder_fast_path_with_masks(masks):
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    fn, _ = compiled(model, fallback="raise")
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(2, _STEPS, 8)
+            assert_close(fn(x, **masks), model(x, **masks))
+
+
 def test_autograd_runs_eagerly_with_one_warning_and_exact_gradients():
     torch.manual_seed(0)
     model = Classifier()
