@@ -63,8 +63,6 @@ _GAP_REASONS: list[tuple[str, str]] = [
     (r"_linear_cross_entropy", "a torch-internal chunked loss with no decomposition"),
     (r"gcd|nextafter|frexp", "integer gcd needs a value-dependent number of steps; nextafter/frexp need float bit "
      "manipulation ONNX has no op for"),
-    (r"aten\.unique_consecutive", "unique_consecutive with a negative dim: torch's shape function gives its "
-     "result a wrong rank, so the export stops with an error naming the non-negative dim to pass"),
 ]
 
 
