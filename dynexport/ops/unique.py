@@ -21,7 +21,7 @@ def unique(ctx, self, sorted=True, return_inverse=False, return_counts=False):
     # first occurrence instead. Unique and Compress take no bfloat16.
     flat = ctx.op.Reshape(bfloat16_to_float(ctx, self), ints(ctx, [-1]))
     values, _, inverse, counts = ctx.op.Unique(flat, sorted=1, _outputs=4)
-    inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self))
+    inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self), allowzero=1)
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 
@@ -67,5 +67,5 @@ def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim
     ends = ctx.op.Concat(ctx.op.Slice(first_positions, ints(ctx, [1]), length), length, axis=0)
     counts = ctx.op.Sub(ends, first_positions)
     if dim is None:
-        inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self))
+        inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self), allowzero=1)
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]

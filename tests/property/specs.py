@@ -728,6 +728,15 @@ def _gru(x, h, weights):
     return torch.gru(x, h, weights, True, 1, 0.0, False, False, False)
 
 
+@composite
+def _unique_consecutive(draw, dtype):
+    # Few distinct values, so that runs repeat; a dim counted from the front (see the rule).
+    shape = draw(shapes(min_rank=1, max_rank=3))
+    along = draw(maybe(st.integers(0, len(shape) - 1)))
+    x = draw(tensors(shape, dtype, Domain(0, 2, integral=True)))
+    return (x,), {"return_inverse": True, "return_counts": True, "dim": along}
+
+
 def _cell(kind: str):
     gates = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}[kind]
 
@@ -1063,6 +1072,13 @@ SPECS: list[OpSpec] = [
     # float32 only: onnxruntime's LSTM and GRU have no float64 kernels.
     OpSpec("lstm.input", _lstm, _recurrent("lstm"), F32, tolerances={torch.float32: (1e-4, 1e-5)}),
     OpSpec("gru.input", _gru, _recurrent("gru"), F32, tolerances={torch.float32: (1e-4, 1e-5)}),
+    OpSpec("unique_consecutive.default", aten.unique_consecutive.default, _unique_consecutive, ALL),
+    OpSpec("_unique2.default", lambda x, dim, **flags: aten._unique2.default(x, True, **flags), _unique_consecutive, ALL),
+    OpSpec(
+        "unique_dim.default",
+        lambda x, dim, **flags: aten.unique_dim.default(x, dim, True, **flags) if dim is not None else aten._unique2.default(x, True, **flags),
+        _unique_consecutive, ALL,
+    ),
     OpSpec("lstm_cell.default", _lstm_cell, _cell("lstm"), FLOATS, tolerances=LOW_PRECISION_SUM),
     OpSpec("gru_cell.default", _one_state_cell(torch.gru_cell), _cell("gru"), FLOATS, tolerances=LOW_PRECISION_SUM),
     OpSpec("rnn_tanh_cell.default", _one_state_cell(torch.rnn_tanh_cell), _cell("rnn_tanh"), FLOATS, tolerances=LOW_PRECISION_SUM),
