@@ -193,3 +193,13 @@ def test_roll_of_a_dim_that_is_empty_at_run_time():
         dynamic_shapes=({0: torch.export.Dim("n", min=0)},),
         resized=[(torch.randn(0, 3),), (torch.randn(7, 3),)],
     )
+
+
+def test_group_norm_of_a_batch_that_is_empty_at_run_time():
+    model = torch.nn.GroupNorm(2, 4).eval()
+    assert_exports_equivalent(
+        model,
+        (torch.randn(3, 4, 5),),
+        dynamic_shapes=({0: torch.export.Dim("n", min=0), 2: torch.export.Dim("length")},),
+        resized=[(torch.randn(0, 4, 5),), (torch.randn(6, 4, 7),)],
+    )

@@ -107,9 +107,13 @@ def native_layer_norm(ctx, input, normalized_shape, weight, bias, eps):
 def group_norm(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
     # Not GroupNormalization-21: its variance E[x^2] - E[x]^2 cancels catastrophically (NaN)
     # for inputs whose mean is large against their spread; LayerNormalization's is two-pass.
-    grouped = ctx.op.Reshape(input, ints(ctx, [0, num_groups, -1]))
+    # Each group's size spelled out: Reshape cannot infer a -1 among zero-size dims. (A
+    # zero-size spatial dim still fails: onnxruntime's LayerNormalization wants a non-empty axis.)
+    per_group = ctx.op.Div(ctx.op.ReduceProd(ctx.op.Shape(input, start=1), keepdims=1), ints(ctx, [num_groups]))
+    grouped_shape = ctx.op.Concat(ctx.op.Shape(input, end=1), ints(ctx, [num_groups]), per_group, axis=0)
+    grouped = ctx.op.Reshape(input, grouped_shape, allowzero=1)
     normalized = ctx.op.LayerNormalization(grouped, _one(ctx, input.dtype), axis=2, epsilon=eps)
-    normalized = ctx.op.Reshape(normalized, ctx.op.Shape(input))
+    normalized = ctx.op.Reshape(normalized, ctx.op.Shape(input), allowzero=1)
     return _channel_affine(ctx, normalized, input, weight, bias)
 
 

@@ -133,7 +133,7 @@ def _scan(ctx, op_type: str, prefixes: ir.Value, x: ir.Value) -> ir.Value:
     """``prefixes`` reduced over each row, shaped like ``x``: onnxruntime gives wrong shapes when
     it reduces an empty axis, and the reshape (of no elements then) corrects them."""
     reduced = getattr(ctx.op, op_type)(prefixes, ints(ctx, [-1]), keepdims=0)
-    return ctx.op.Reshape(reduced, ctx.op.Shape(x))
+    return ctx.op.Reshape(reduced, ctx.op.Shape(x), allowzero=1)
 
 
 def _last(ctx, x: ir.Value, dim: int, rank_: int) -> ir.Value:
@@ -456,4 +456,4 @@ def pdist(ctx, self, p=2):
     differences = ctx.op.Sub(first, second)
     norms = _vector_norm(ctx, _accumulator(ctx, differences, self.dtype), p, [ints(ctx, [-1])], 0)
     # onnxruntime reduces a single row's no pairs to shape [0, m]; the reshape corrects it.
-    return cast(ctx, ctx.op.Reshape(norms, ctx.op.Shape(differences, end=1)), self.dtype)
+    return cast(ctx, ctx.op.Reshape(norms, ctx.op.Shape(differences, end=1), allowzero=1), self.dtype)

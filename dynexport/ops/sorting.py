@@ -220,7 +220,7 @@ def count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_in
         below = ctx.op.Or(below, ctx.op.IsNaN(columns))
     counts = ctx.op.ReduceSum(cast(ctx, below, _INT64), ints(ctx, [-1]), keepdims=0)
     # onnxruntime shapes a reduction over an empty axis wrongly; the reshape corrects it.
-    counts = ctx.op.Reshape(counts, ctx.op.Shape(values))
+    counts = ctx.op.Reshape(counts, ctx.op.Shape(values), allowzero=1)
     return cast(ctx, counts, ir.DataType.INT32 if out_int32 else _INT64)
 
 
