@@ -182,6 +182,9 @@ def test_unique_of_bfloat16_values():
     )
 
 
+# --- Dynamic dims that are empty at run time. ----------------------------------------------------
+
+
 def test_roll_of_a_dim_that_is_empty_at_run_time():
     # The shift is taken modulo the run-time size, which may be 0.
     def rolled(x):
@@ -202,4 +205,21 @@ def test_group_norm_of_a_batch_that_is_empty_at_run_time():
         (torch.randn(3, 4, 5),),
         dynamic_shapes=({0: torch.export.Dim("n", min=0), 2: torch.export.Dim("length")},),
         resized=[(torch.randn(0, 4, 5),), (torch.randn(6, 4, 7),)],
+    )
+
+
+class GroupedQueryAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def test_grouped_query_attention_of_a_batch_that_is_empty_at_run_time():
+    batch, steps = torch.export.Dim("batch", min=0), torch.export.Dim("steps")
+    dims = {0: batch, 2: steps}
+
+    def qkv(b, s):
+        return torch.randn(b, 4, s, 8), torch.randn(b, 2, s, 8), torch.randn(b, 2, s, 8)
+
+    assert_exports_equivalent(
+        GroupedQueryAttention(), qkv(2, 5), dynamic_shapes=(dims, dims, dims), resized=[qkv(0, 3), qkv(3, 7)]
     )

@@ -131,7 +131,8 @@ def _repeat_heads(ctx, x, query) -> ir.Value:
     else:
         groups = ctx.op.Div(scalar(ctx, size_of(ctx, query, -3), ir.DataType.INT64), scalar(ctx, size_of(ctx, x, -3), ir.DataType.INT64))
     repeated = ctx.op.Expand(ctx.op.Unsqueeze(x, ints(ctx, [-3])), shape_tensor(ctx, [groups, 1, 1]))
-    shape = ctx.op.Concat(ctx.op.Shape(x, end=-3), ints(ctx, [-1]), ctx.op.Shape(x, start=-2), axis=0)
-    return ctx.op.Reshape(repeated, shape)
+    # The head count spelled out: Reshape cannot infer a -1 when the batch is empty.
+    shape = ctx.op.Concat(ctx.op.Shape(x, end=-3), ctx.op.Shape(query, start=-3, end=-2), ctx.op.Shape(x, start=-2), axis=0)
+    return ctx.op.Reshape(repeated, shape, allowzero=1)
 
 
