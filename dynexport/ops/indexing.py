@@ -227,6 +227,8 @@ def index(ctx, self, indices):
 
 @translates(aten.index_put.default, aten._unsafe_index_put.default)
 def index_put(ctx, self, indices, values, accumulate=False):
+    if _empty(self) or any(index is not None and _empty(index) for index in indices):
+        return ctx.op.Identity(self)  # nothing written; onnxruntime's ScatterND rejects no updates
     dims, tensors = _index_tensors(ctx, indices)
     perm = dims + [d for d in range(rank(self)) if d not in dims]
     moved = _transpose(ctx, self, perm)
@@ -308,6 +310,11 @@ def _one_element(ctx, x: ir.Value) -> ir.Value:
     flat = ctx.op.Reshape(x, ints(ctx, [1]))
     flat.shape = ir.Shape([1])
     return flat
+
+
+def _empty(x: ir.Value) -> bool:
+    """Whether ``x`` has no elements whatever the inputs (a dim of static size 0)."""
+    return x.shape is not None and any(size == 0 for size in x.shape if isinstance(size, int))
 
 
 def _reduced(ctx, op_type: str, self, index, updates, reduction: str, **attributes) -> ir.Value:
@@ -426,6 +433,8 @@ def slice_scatter(ctx, self, src, dim=0, start=None, end=None, step=1):
     dim = normalize_dim(dim, rank(self))
     if start in (None, 0) and step == 1 and src.shape == self.shape:
         return cast(ctx, src, self.dtype)
+    if _empty(self) or _empty(src):
+        return ctx.op.Identity(self)  # nothing written; onnxruntime's ScatterElements rejects no updates
     first = _slice_start(ctx, self, dim, start)
     zero, one = ctx.constant(0, _INT64), ctx.constant(1, _INT64)
     offsets = ctx.op.Range(zero, scalar(ctx, size_of(ctx, src, dim), _INT64), one)

@@ -677,7 +677,10 @@ def _var_nonempty(draw, dtype):
 @composite
 def _vector_norm(draw, dtype):
     shape = draw(shapes())
-    args = {"ord": draw(st.sampled_from([2, 1, 3, math.inf, -math.inf, 0])), "dim": draw(maybe(dim_lists(len(shape)))), "keepdim": draw(st.booleans())}
+    # torch.export's fake kernel rejects an inf norm over a size-1 dim of a tensor with an empty
+    # dim, which eager computes: there is no program to translate.
+    orders = [2, 1, 3, 0] + ([] if 0 in shape else [math.inf, -math.inf])
+    args = {"ord": draw(st.sampled_from(orders)), "dim": draw(maybe(dim_lists(len(shape)))), "keepdim": draw(st.booleans())}
     return (draw(tensors(shape, dtype, SPECIALS)),), args
 
 
