@@ -10,6 +10,7 @@ returns.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,28 +30,28 @@ def run_loop(
     trip_count: int | torch.SymInt | torch.Tensor,
     condition: bool | torch.Tensor | None,
     carried_count: int,
-    updated_captures: tuple[int, ...],
+    appended: tuple[int, ...],
     source: str,
     *values: Any,
 ) -> list[Any]:
     """TorchScript's ``prim::Loop`` while torch.export traces it: ``body(*captured, i, *carried)``
-    returns ``(condition, *carried, *updated captured lists)``; the loop runs while
-    ``i < trip_count`` and the condition (None: a counted loop) holds. Returns the carried values, then the captured
-    values the body updated in place (lists it appended to)."""
+    returns ``(condition, *carried, *appended lists)``, ``appended`` being the positions among
+    the captured values of the lists the body appends to; the loop runs while ``i < trip_count``
+    and the condition (None: a counted loop) holds. Returns the carried values, then those
+    lists."""
     carried, captured = list(values[:carried_count]), list(values[carried_count:])
     if isinstance(trip_count, int) and (condition is None or isinstance(condition, (bool, int))):
-        return _unrolled(body, trip_count, condition is None or bool(condition), carried, captured, updated_captures, source)
-    return _while_loop(body, trip_count, condition, carried, captured, updated_captures, source)
+        return _unrolled(body, trip_count, condition is None or bool(condition), carried, captured, appended, source)
+    return _while_loop(body, trip_count, condition, carried, captured, appended, source)
 
 
-def _unrolled(body, trip_count, condition, carried, captured, updated_captures, source) -> list[Any]:
+def _unrolled(body, trip_count, condition, carried, captured, appended, source) -> list[Any]:
     iteration = 0
     while iteration < trip_count and condition:
         outputs = _as_list(body(*captured, iteration, *carried))
         condition, carried = outputs[0], outputs[1 : 1 + len(carried)]
-        for position, value in zip(updated_captures, outputs[1 + len(carried) :]):
-            if position >= 0:
-                captured[position] = value
+        for position, value in zip(appended, outputs[1 + len(carried) :]):
+            captured[position] = value
         if isinstance(condition, torch.Tensor):
             raise TorchScriptConversionError(
                 "prim::Loop",
@@ -60,10 +61,10 @@ def _unrolled(body, trip_count, condition, carried, captured, updated_captures, 
                 "compute the condition from Python ints, or give the loop a tensor trip count",
             )
         iteration += 1
-    return [*carried, *(captured[position] if position >= 0 else None for position in updated_captures)]
+    return [*carried, *(captured[position] for position in appended)]
 
 
-def _while_loop(body, trip_count, condition, carried, captured, updated_captures, source) -> list[Any]:
+def _while_loop(body, trip_count, condition, carried, captured, appended, source) -> list[Any]:
     unsupported = [
         _kind(value)
         for value in carried
@@ -84,7 +85,6 @@ def _while_loop(body, trip_count, condition, carried, captured, updated_captures
     counted = condition is None
     # Lists the body appends to are carried as ONNX sequences: the loop's state is its own
     # carried values, then those lists.
-    appended = [position for position in updated_captures if position >= 0]
     state = [_as_sequence(value, source) for value in carried] + [
         _as_sequence(captured[position], source) for position in appended
     ]
@@ -105,17 +105,14 @@ def _while_loop(body, trip_count, condition, carried, captured, updated_captures
         for position, value in zip(appended, current[len(carried) :]):
             inputs[position] = value
         outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
-        updated = [value for value, position in zip(outputs[1 + len(carried) :], updated_captures) if position >= 0]
-        next_state = loop_state.leaving([*outputs[1 : 1 + len(carried)], *updated], source)
+        next_state = loop_state.leaving(outputs[1:], source)
         test = () if counted else (_as_bool(outputs[0]),)
         return (iteration + 1, *test, *next_state)
 
     start = torch.zeros((), dtype=torch.int64)
     test = () if counted else (_as_bool(condition),)
     final = while_loop_op(run_condition, run_body, (start, *test, *loop_state.carried(state)), (*invariant, bound))
-    final = loop_state.after(list(final[first:]), source)
-    appended_after = iter(final[len(carried) :])
-    return [*final[: len(carried)], *(next(appended_after) if position >= 0 else None for position in updated_captures)]
+    return loop_state.after(list(final[first:]), source)
 
 
 def _lifted(outside: Any) -> tuple[list[torch.Tensor | torch.SymInt], Callable[[Sequence[Any]], Any]]:
@@ -135,7 +132,12 @@ def _lifted(outside: Any) -> tuple[list[torch.Tensor | torch.SymInt], Callable[[
         inputs.append(value)
         return len(inputs) - 1
 
-    positions = {i: position(_as_tensor(leaf)) for i, leaf in enumerate(leaves) if _as_tensor(leaf) is not None}
+    positions = {}
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (torch.Tensor, TensorSequence)):
+            positions[i] = position(leaf.handle if isinstance(leaf, TensorSequence) else leaf)
+        elif type(leaf) in _SYMBOLIC_DTYPES:
+            positions[i] = position(_scalar_tensor(leaf, _SYMBOLIC_DTYPES[type(leaf)]))
     sizes = {}
     for i, leaf in enumerate(leaves):
         element = leaf.element if isinstance(leaf, TensorSequence) else leaf
@@ -159,16 +161,6 @@ def _lifted(outside: Any) -> tuple[list[torch.Tensor | torch.SymInt], Callable[[
         return pytree.tree_unflatten(rebuilt, spec)
 
     return inputs, rebuild
-
-
-def _as_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, TensorSequence):
-        return value.handle
-    if type(value) in _SYMBOLIC_DTYPES:
-        return torch.scalar_tensor(value, dtype=_SYMBOLIC_DTYPES[type(value)])
-    return None
 
 
 def run_if(
@@ -200,12 +192,10 @@ def run_if(
             elements.setdefault(index, []).append(value.element)
             return value.handle
         dtype = scalar_outputs[index] if index < len(scalar_outputs) else None
-        if dtype is None:
-            # cond merges its branches' results only if their layouts agree (a slice's offset).
-            return value.clone(memory_format=torch.contiguous_format) if isinstance(value, torch.Tensor) else value
-        if isinstance(value, torch.Tensor):
-            return value.to(dtype).reshape(())
-        return torch.scalar_tensor(value, dtype=dtype)
+        if dtype is not None:
+            return _scalar_tensor(value, dtype)
+        # cond merges its branches' results only if their layouts agree (a slice's offset).
+        return value.clone(memory_format=torch.contiguous_format) if isinstance(value, torch.Tensor) else value
 
     def run(branch: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
         def run_branch(*values):
@@ -218,10 +208,7 @@ def run_if(
         if dtype is not None:
             results[index] = results[index].item()
     for index, branch_elements in elements.items():
-        element = None
-        for other in branch_elements:
-            element = other.join(element, source or None) if other is not None else element
-        results[index] = TensorSequence(results[index], element, source or None)
+        results[index] = TensorSequence(results[index], _joined(branch_elements, source), source or None)
     return results
 
 
@@ -237,7 +224,7 @@ class _LoopState:
 
     def __init__(self, state: list[Any]):
         self._entry = {i: value.element for i, value in enumerate(state) if isinstance(value, TensorSequence)}
-        self._scalars = {i: _scalar_dtype(value) for i, value in enumerate(state) if _scalar_dtype(value) is not None}
+        self._scalars = {i: dtype for i, value in enumerate(state) if (dtype := _scalar_dtype(value)) is not None}
         self._appended: dict[int, Element | None] = {}
         self._read: set[int] = set()
         self._inside: dict[int, TensorSequence] = {}
@@ -248,8 +235,8 @@ class _LoopState:
     def _carried(self, i: int, value: Any) -> torch.Tensor:
         if isinstance(value, TensorSequence):
             return value.handle
-        if i in self._scalars and not isinstance(value, torch.Tensor):
-            return torch.scalar_tensor(value, dtype=self._scalars[i])
+        if i in self._scalars:
+            return _scalar_tensor(value, self._scalars[i])
         return value
 
     @property
@@ -280,8 +267,7 @@ class _LoopState:
     def after(self, values: list[torch.Tensor], source: str) -> list[Any]:
         values = [value.item() if i in self._scalars else value for i, value in enumerate(values)]
         for i, entry in self._entry.items():
-            appended = self._appended.get(i)
-            element = appended.join(entry, source or None) if appended is not None else entry
+            element = _joined([entry, self._appended.get(i)], source)
             if i in self._read and entry is not None and element != entry:
                 raise TorchScriptConversionError(
                     "prim::Loop",
@@ -293,23 +279,29 @@ class _LoopState:
         return values
 
 
-def _scalar_dtype(value: Any) -> torch.dtype | None:
-    if isinstance(value, bool):
-        return torch.bool
-    if isinstance(value, int):
-        return torch.int64
-    if isinstance(value, float):
-        return torch.float64
-    return _SYMBOLIC_DTYPES.get(type(value))
+def _joined(elements: list[Element | None], source: str) -> Element | None:
+    """What the elements of all these sequences look like (None: no sequence has any)."""
+    known = [element for element in elements if element is not None]
+    return functools.reduce(lambda a, b: a.join(b, source or None), known) if known else None
 
 
 _SYMBOLIC_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}
+_SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, **_SYMBOLIC_DTYPES}
+
+
+def _scalar_dtype(value: Any) -> torch.dtype | None:
+    return _SCALAR_DTYPES.get(type(value))
+
+
+def _scalar_tensor(value: Any, dtype: torch.dtype) -> torch.Tensor:
+    """A number (Python or symbolic) or a one-element tensor as a 0-d tensor of ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype).reshape(())
+    return torch.scalar_tensor(value, dtype=dtype)
 
 
 def _as_bool(condition: bool | torch.SymBool | torch.Tensor) -> torch.Tensor:
-    if isinstance(condition, torch.Tensor):
-        return condition.to(torch.bool).reshape(())
-    return torch.scalar_tensor(condition, dtype=torch.bool)
+    return _scalar_tensor(condition, torch.bool)
 
 
 def _kind(value: Any) -> str:

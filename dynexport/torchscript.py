@@ -155,8 +155,9 @@ class _ScriptConverter(ts_converter.TS2EPConverter):
 
 
 class _GraphConverter(ts_converter.TS2FXGraphConverter):
-    """Converts one TorchScript graph or block; ``prim::Loop`` becomes a :func:`run_loop` call and
-    every FX node records its TorchScript source line as its stack trace."""
+    """Converts one TorchScript graph or block; ``prim::Loop`` and ``prim::If`` become
+    :func:`run_loop` and :func:`run_if` calls, and every FX node records its TorchScript source
+    line as its stack trace."""
 
     def convert_node(self, node: torch._C.Node) -> None:
         before = len(self.fx_graph.nodes)
@@ -202,10 +203,12 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
 
     def _convert_block_to_subgraph(
         self, node: torch._C.Node, arguments: list[str], updated: Sequence[str] = ()
-    ) -> tuple[list[torch.fx.Node], list[_GraphConverter]]:
+    ) -> list[torch.fx.Node]:
         # torch's version converts blocks with its own converter class, not this one. Each
-        # block returns its outputs, then the lists it updated: ``updated`` first, in order.
-        graphs, converters = [], []
+        # block returns its outputs, then ``updated``, the lists appended to in the node's blocks
+        # (torch's converter collects them as it goes, in a set: branches would disagree on
+        # which and in what order).
+        graphs = []
         for block in node.blocks():
             converter = _GraphConverter(
                 block,
@@ -216,21 +219,18 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 self.name_to_constant,
                 self.name_to_attribute_fqn,
             )
-            converter.name_update_from_subblock_to_parent = _Names(updated)
+            converter.name_update_from_subblock_to_parent = list(updated)
             for name in arguments:
                 converter.name_to_node[name] = converter.fx_graph.placeholder(ts_converter.normalize_name(name))
             graphs.append(self.fx_graph.get_attr(self.add_subgraph(converter.convert())))
-            converters.append(converter)
-        return graphs, converters
+        return graphs
 
     def convert_aten_append(self, node: torch._C.Node) -> None:
         # torch's version, without its warning that appending mutates: run_loop and run_if
-        # return the lists their blocks update.
+        # return the lists their blocks append to (_lists_appended_within).
         container, element = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
         appended = self.fx_graph.call_function(sequences.append, (container, element, script_source(node)))
         self.name_to_node[node.output().debugName()] = self.name_to_node[node.inputsAt(0).debugName()] = appended
-        if not self.is_top_level_graph() and container.op == "placeholder":
-            self.name_update_from_subblock_to_parent.add(node.inputsAt(0).debugName())
 
     # Lists whose length may only be known at run time: these call dynexport.sequences, which
     # decides while torch.export traces whether a Python list or an ONNX sequence is needed.
@@ -266,14 +266,24 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
     def _call(self, node: torch._C.Node, function: Callable[..., Any], *args: Any) -> None:
         self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(function, args)
 
-    def convert_prim_If(self, node: torch._C.Node) -> None:
-        updated = _lists_appended_within(node)
-        self._check_set_attr_in_if_block(node)
+    def _block_arguments(self, node: torch._C.Node) -> list[str]:
+        """The values of this graph that ``node``'s blocks read, and the attributes they lift."""
         arguments = set(self._identify_inputs_as_arguments(node))
         for block in node.blocks():
             arguments |= self.blocks_to_lifted_attrs[block]
-        arguments = sorted(arguments)
-        branches, _ = self._convert_block_to_subgraph(node, arguments, updated)
+        return sorted(arguments)
+
+    def _bind_outputs(self, node: torch._C.Node, call: torch.fx.Node, updated: list[str]) -> None:
+        """``node``'s outputs, then the lists ``updated`` it appended to, as ``call``'s results."""
+        names = [output.debugName() for output in node.outputs()] + updated
+        for index, name in enumerate(names):
+            self.name_to_node[name] = self.fx_graph.call_function(operator.getitem, (call, index))
+
+    def convert_prim_If(self, node: torch._C.Node) -> None:
+        self._check_set_attr_in_if_block(node)
+        updated = _lists_appended_within(node)
+        arguments = self._block_arguments(node)
+        branches = self._convert_block_to_subgraph(node, arguments, updated)
         branch = self.fx_graph.call_function(
             run_if,
             (
@@ -285,21 +295,14 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 *(self.get_fx_value_by_fqn(name) for name in arguments),
             ),
         )
-        for index, output in enumerate(node.outputs()):
-            self.name_to_node[output.debugName()] = self.fx_graph.call_function(operator.getitem, (branch, index))
-        for index, name in enumerate(updated, start=node.outputsSize()):
-            if not self.is_top_level_graph() and self.name_to_node[name].op == "placeholder":
-                self.name_update_from_subblock_to_parent.add(name)
-            self.name_to_node[name] = self.fx_graph.call_function(operator.getitem, (branch, index))
+        self._bind_outputs(node, branch, updated)
 
     def convert_prim_Loop(self, node: torch._C.Node) -> None:
         trip_count, condition, *carried = node.inputs()
         body = next(node.blocks())
-        captured = sorted(self._identify_inputs_as_arguments(node) | self.blocks_to_lifted_attrs[body])
-        (body_graph,), (body_converter,) = self._convert_block_to_subgraph(node, captured)
-        updated = list(body_converter.name_update_from_subblock_to_parent)
-        if not self.is_top_level_graph():
-            self.name_update_from_subblock_to_parent.update(updated)
+        updated = _lists_appended_within(node)
+        captured = self._block_arguments(node)
+        (body_graph,) = self._convert_block_to_subgraph(node, captured, updated)
 
         # A counted loop (`for`, no `break`) needs no condition: None stands for "always true".
         counted = all(_is_true(value) for value in (condition, next(body.outputs())))
@@ -320,17 +323,13 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 trip_count_arg,
                 None if counted else self.get_fx_value_by_ir_value(condition),
                 len(carried),
-                tuple(captured.index(name) if name in captured else -1 for name in updated),
+                tuple(captured.index(name) for name in updated),
                 script_source(node) or "",
                 *(self.get_fx_value_by_ir_value(value) for value in carried),
                 *(self.get_fx_value_by_fqn(name) for name in captured),
             ),
         )
-        for index, output in enumerate(node.outputs()):
-            self.name_to_node[output.debugName()] = self.fx_graph.call_function(operator.getitem, (loop, index))
-        for index, name in enumerate(updated, start=len(carried)):
-            if name in captured:
-                self.name_to_node[name] = self.fx_graph.call_function(operator.getitem, (loop, index))
+        self._bind_outputs(node, loop, updated)
 
 
 _SCALAR_OPERATORS: dict[str, Callable[..., Any]] = {
@@ -372,21 +371,6 @@ def _lists_appended_within(node: torch._C.Node) -> list[str]:
                 appended.append(inner.inputsAt(0).debugName())
             pending += inner.blocks()
     return sorted(set(appended) - defined)
-
-
-class _Names(dict):
-    """An ordered set of names: torch's converter keeps a subblock's updated names in a set, in
-    the order the set happens to iterate; branches must return them in one order."""
-
-    def __init__(self, names: Sequence[str]):
-        super().__init__((name, None) for name in names)
-
-    def add(self, name: str) -> None:
-        self[name] = None
-
-    def update(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.add(name)
 
 
 def _is_true(value: torch._C.Value) -> bool:

@@ -237,6 +237,27 @@ def test_nested_loops_append_to_the_outer_list():
     assert any(node.op_type == "Loop" for body in bodies for node in body)
 
 
+class BranchLocalList(torch.nn.Module):
+    def forward(self, x, n):
+        # The list is made and filled inside one branch: the other branch knows nothing of it.
+        if bool(x.sum() > 0):
+            parts: list[torch.Tensor] = []
+            for i in range(int(n)):
+                parts.append(x * i)
+            y = torch.cat(parts + [x])
+        else:
+            y = x - 1
+        return y
+
+
+def test_a_list_local_to_a_branch_is_appended_to_in_a_loop():
+    assert_exports_equivalent(
+        torch.jit.script(BranchLocalList()),
+        (torch.ones(2, 3), torch.tensor(3)),
+        resized=[(-torch.ones(2, 3), torch.tensor(2)), (torch.ones(2, 3), torch.tensor(0)), (torch.ones(2, 3), torch.tensor(5))],
+    )
+
+
 def test_the_seed_list_loop_model_over_a_dynamic_length_is_an_onnx_loop():
     # The docs' ListLoopModel: the number of chunks of x now depends on x's run-time length.
     program = assert_exports_equivalent(
