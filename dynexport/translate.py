@@ -236,9 +236,8 @@ class _Translator:
     def annotate(self, value: ir.Value, val: Any, name: str | None) -> None:
         """Give ``value`` the type, shape and name the FX node's ``meta["val"]`` says it has
         (a sequence keeps its type: its ``val`` is the handle standing for it)."""
-        if isinstance(value.type, ir.SequenceType):
-            pass
-        elif isinstance(val, torch.Tensor):
+        sequence = isinstance(value.type, ir.SequenceType)
+        if isinstance(val, torch.Tensor) and not sequence:
             value.type = ir.TensorType(to_onnx_dtype(val.dtype))
             value.shape = self.dims.shape(val)
         elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):

@@ -7,6 +7,7 @@ int64 scalars (SymInts); :func:`shape_tensor` turns it into the 1-D int64 tensor
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "scalar_like",
     "shape_tensor",
     "size_of",
+    "size_of_dims",
 ]
 
 
@@ -161,6 +163,16 @@ def size_of(ctx, x: ir.Value, dim: int) -> int | ir.Value:
     if isinstance(size, int):
         return size
     return ctx.sym_size(x, dim)
+
+
+def size_of_dims(ctx, x: ir.Value, start: int, end: int) -> int | ir.Value:
+    """The number of elements in ``x``'s dims ``start`` to ``end`` (excluded), as ``size_of``
+    gives a size. Reshapes spell it out rather than write -1, which is ambiguous among zero-size
+    dims."""
+    sizes = x.shape[start:end]
+    if all(isinstance(size, int) for size in sizes):
+        return math.prod(sizes)
+    return ctx.op.ReduceProd(ctx.op.Shape(x, start=start, end=end), keepdims=0)
 
 
 def per_dim(value: int | Sequence[int], n: int) -> list[int]:

@@ -6,7 +6,16 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import to_onnx_dtype
-from dynexport.ops._helpers import cast, ints, only_first_output_used, rank, scalar_like
+from dynexport.ops._helpers import (
+    cast,
+    ints,
+    only_first_output_used,
+    rank,
+    scalar_like,
+    shape_tensor,
+    size_of,
+    size_of_dims,
+)
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -107,11 +116,10 @@ def native_layer_norm(ctx, input, normalized_shape, weight, bias, eps):
 def group_norm(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
     # Not GroupNormalization-21: its variance E[x^2] - E[x]^2 cancels catastrophically (NaN)
     # for inputs whose mean is large against their spread; LayerNormalization's is two-pass.
-    # Each group's size spelled out: Reshape cannot infer a -1 among zero-size dims. (A
-    # zero-size spatial dim still fails: onnxruntime's LayerNormalization wants a non-empty axis.)
-    per_group = ctx.op.Div(ctx.op.ReduceProd(ctx.op.Shape(input, start=1), keepdims=1), ints(ctx, [num_groups]))
-    grouped_shape = ctx.op.Concat(ctx.op.Shape(input, end=1), ints(ctx, [num_groups]), per_group, axis=0)
-    grouped = ctx.op.Reshape(input, grouped_shape, allowzero=1)
+    # (A zero-size spatial dim fails: onnxruntime's LayerNormalization wants a non-empty axis.)
+    per_group = size_of_dims(ctx, input, 1, rank(input))
+    per_group = per_group // num_groups if isinstance(per_group, int) else ctx.op.Div(per_group, ctx.constant(num_groups, ir.DataType.INT64))
+    grouped = ctx.op.Reshape(input, shape_tensor(ctx, [size_of(ctx, input, 0), num_groups, per_group]), allowzero=1)
     normalized = ctx.op.LayerNormalization(grouped, _one(ctx, input.dtype), axis=2, epsilon=eps)
     normalized = ctx.op.Reshape(normalized, ctx.op.Shape(input), allowzero=1)
     return _channel_affine(ctx, normalized, input, weight, bias)

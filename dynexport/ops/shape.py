@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import onnx_ir as ir
 import torch
 
@@ -14,6 +12,7 @@ from dynexport.ops._helpers import (
     rank,
     shape_tensor,
     size_of,
+    size_of_dims,
 )
 from dynexport.registry import translates
 
@@ -109,12 +108,7 @@ def flatten(ctx, self, start_dim=0, end_dim=-1):
     static = _static_out_shape(ctx)
     if static is not None:
         return ctx.op.Reshape(self, ints(ctx, static), allowzero=1)
-    # The merged size is computed, not -1: with a 0 among the other dims -1 is ambiguous.
-    merged_dims = self.shape[start:end + 1]
-    if all(isinstance(d, int) for d in merged_dims):
-        merged = math.prod(merged_dims)
-    else:
-        merged = ctx.op.ReduceProd(ctx.op.Shape(self, start=start, end=end + 1), keepdims=0)
+    merged = size_of_dims(ctx, self, start, end + 1)
     sizes = [size_of(ctx, self, d) for d in range(start)] + [merged] + [size_of(ctx, self, d) for d in range(end + 1, r)]
     return ctx.op.Reshape(self, shape_tensor(ctx, sizes), allowzero=1)
 

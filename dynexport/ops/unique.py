@@ -25,7 +25,6 @@ def unique(ctx, self, sorted=True, return_inverse=False, return_counts=False):
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 
-
 @translates(aten.unique_dim.default)
 def unique_dim(ctx, self, dim, sorted=True, return_inverse=False, return_counts=False):
     values, _, inverse, counts = ctx.op.Unique(bfloat16_to_float(ctx, self), axis=dim, sorted=1, _outputs=4)
