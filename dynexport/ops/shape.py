@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
+from dynexport.errors import TranslationError, source_line
 from dynexport.ops._helpers import (
     cast,
     ints,
@@ -87,6 +88,7 @@ def unsqueeze(ctx, self, dim):
 def squeeze(ctx, self, dim=None):
     r = rank(self)
     candidates = range(r) if dim is None else [normalize_dim(d, r) for d in ([dim] if isinstance(dim, int) else dim)]
+    _refuse_rank_decided_at_run_time(ctx, self, candidates)
     # Only dims of size 1 go; the output's rank says how many torch removed.
     removed = [d for d in candidates if self.shape[d] == 1]
     if r - len(removed) != ctx.out_rank:
@@ -95,6 +97,25 @@ def squeeze(ctx, self, dim=None):
     if not removed:
         return self
     return ctx.op.Squeeze(self, ints(ctx, removed))
+
+
+def _refuse_rank_decided_at_run_time(ctx, self, candidates) -> None:
+    """Squeeze removes a dim only when its size is 1, so a dynamic dim that may be 1 decides the
+    result's rank, which an ONNX graph cannot leave to run time. (An example size of 1 on such a
+    dim is captured size-obliviously: torch assumes the dim is not 1.)"""
+    sizes = ctx.node.args[0].meta["val"].shape
+    for d in candidates:
+        size = sizes[d]
+        if isinstance(size, torch.SymInt) and 1 in size.node.shape_env.bound_sympy(size.node.expr):
+            name = self.shape[d].value if isinstance(self.shape[d], ir.SymbolicDim) else str(size)
+            raise TranslationError(
+                str(ctx.node.target),
+                source_line(ctx.node),
+                f"dim {d} of the input is dynamic ({name}) and may be 1, so whether squeeze removes it, "
+                "and the rank of the result, is decided only at run time",
+                f"export with an example size >= 2 for {name}, make that dim static, or squeeze only "
+                "the dims that are always 1",
+            )
 
 
 @translates(aten.flatten.using_ints)

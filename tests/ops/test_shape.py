@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import dynexport
+from dynexport.errors import TranslationError
 from tests.equivalence import assert_exports_equivalent, op_histogram
 
 B = torch.export.Dim("batch")
@@ -52,7 +54,35 @@ def test_views(fn):
 
 def test_squeeze_variants():
     x = torch.randn(2, 1, 3, 1)
-    _check(lambda t: (t.squeeze(), t.squeeze(1), t.squeeze(-1), t.squeeze((1, 3)), t.squeeze(2)), x)
+    _check(lambda t: (t.squeeze(1), t.squeeze(-1), t.squeeze((1, 3)), t.squeeze(2)), x)
+    assert_exports_equivalent(lambda t: t.squeeze(), (x,))
+
+
+class _SqueezeDim1(torch.nn.Module):
+    def forward(self, x):
+        return x.squeeze(1)
+
+
+class _SqueezeAll(torch.nn.Module):
+    def forward(self, x):
+        return x.squeeze()
+
+
+@pytest.mark.parametrize("model", [_SqueezeDim1(), _SqueezeAll()], ids=["dim", "all"])
+def test_squeeze_of_a_dynamic_dim_that_may_be_one_is_refused(model):
+    # Eager removes dim 1 at size 1 and keeps it otherwise: the rank is decided at run time.
+    with pytest.raises(TranslationError, match=r"dynamic \((batch|n)\) and may be 1") as error:
+        dynexport.export(model, (torch.randn(2, 1, 4),), input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "n"}})
+    assert "squeeze" in str(error.value) and "return x.squeeze(" in str(error.value)
+    assert "example size >= 2" in str(error.value)
+
+
+def test_squeeze_of_a_dynamic_dim_that_is_never_one():
+    n = torch.export.Dim("n", min=2)
+    x = torch.randn(2, 3, 4)
+    assert_exports_equivalent(
+        lambda t: t.squeeze(1), (x,), dynamic_shapes=({1: n},), resized=[(torch.randn(2, 5, 4),)]
+    )
 
 
 def test_squeeze_keeps_dynamic_dim_even_when_exported_at_size_one():
