@@ -1,7 +1,13 @@
 """Capture a model as an ExportedProgram with torch.export, keeping symbolic shapes.
 
-Strategies are tried in order (non-strict, strict, draft) and the first that succeeds wins;
-when all fail, :class:`~dynexport.errors.CaptureError` carries each one's reason.
+Strategies are tried in order (non-strict, strict, draft) and the first that succeeds soundly
+wins. draft_export's graph counts only when its report lists no problem: a problem means a value
+of the example inputs (a data-dependent branch or trip count, a shape guard, an operator's output
+shape) was built into the graph, which would then be wrong at other inputs. When torch.export
+cannot capture a module soundly and the module's code calls TorchScript, the module is scripted
+(``torch.jit.script``) and goes through the TorchScript front end, with a warning. Otherwise
+:class:`~dynexport.errors.CaptureError` carries each strategy's reason, draft_export's problems
+one by one with their model line and fix.
 
 Dims declared dynamic stay dynamic even when the example size is 0 or 1: when an example holds
 such a size, capture runs with size-oblivious reasoning for backed sizes, so torch.export does not
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
+import os
 import re
 import warnings
 from collections.abc import Callable
@@ -20,11 +28,13 @@ from typing import Any
 
 import torch
 import torch.fx.experimental._config as fx_config
+from torch.export._draft_export import FailureType
 
+from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
 
-__all__ = ["STRATEGIES", "as_module", "capture"]
+__all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture"]
 
 
 def as_module(model: Any, args: tuple = ()) -> torch.nn.Module:
@@ -68,9 +78,12 @@ def _strict(module, args, kwargs, dynamic_shapes):
 
 
 def _draft(module, args, kwargs, dynamic_shapes):
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _draft_logs_silenced():
         warnings.simplefilter("ignore")
-        return torch.export.draft_export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
+        program = torch.export.draft_export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
+    if program._report.failures:
+        raise UnsoundCapture(program._report)
+    return program
 
 
 STRATEGIES: dict[str, Callable[..., torch.export.ExportedProgram]] = {
@@ -86,7 +99,11 @@ def capture(
     kwargs: dict,
     dynamic_shapes: Any,
 ) -> tuple[torch.export.ExportedProgram, str]:
-    """Capture ``module`` and return the program with the name of the strategy that worked."""
+    """Capture ``module`` and return the program with the name of the strategy that worked.
+
+    Raises:
+        CaptureError: no strategy captured the model soundly.
+    """
     reasons: dict[str, BaseException] = {}
     oblivious = dynamic_shapes is not None and any(
         size in (0, 1)
@@ -101,8 +118,38 @@ def capture(
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
             if _is_user_error(error):
-                break
+                raise _capture_error(reasons, oblivious) from error
+    if _calls_torchscript(module):
+        try:
+            program, strategy = _scripted(module, args, kwargs, dynamic_shapes)
+        except Exception as error:
+            reasons[_SCRIPTED] = _innermost_reason(error)
+        else:
+            first, reason = next(iter(reasons.items()))
+            warnings.warn(
+                f"{type(module).__name__} was captured through {strategy}: torch.export could "
+                f"not capture it soundly ({first}: {_first_line(reason)}), and its code calls "
+                "TorchScript, whose loops and branches become ONNX Loop and If",
+                stacklevel=3,
+            )
+            return program, strategy
+    raise _capture_error(reasons, oblivious) from next(iter(reasons.values()))
+
+
+def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> CaptureError:
     hints = []
+    if any(isinstance(error, UnsoundCapture) for error in reasons.values()):
+        hints.append(
+            "draft_export captured a graph only by building values of the example inputs into "
+            "it (each listed above with the model line and its fix); dynexport refuses that "
+            "graph, which would be wrong at other inputs."
+        )
+    if _SCRIPTED in reasons:
+        hints.append(
+            "The model calls TorchScript but could not be scripted whole (torch.jit.script's "
+            "reason above): make its forward scriptable, or export with dynamo=False, which "
+            "traces the module and keeps the loops and branches of the scripted code it calls."
+        )
     if any(_SPLIT_INTO_UNKNOWN_COUNT.search(str(error)) for error in reasons.values()):
         hints.append(
             "The model splits a tensor into a number of pieces that depends on data or on a "
@@ -116,7 +163,133 @@ def capture(
             "(e.g. `if batch == 1`) fix it; if a constraint on such a dim is violated, export "
             "with an example size of 2 or more."
         )
-    raise CaptureError(reasons, " ".join(hints) or None) from next(iter(reasons.values()))
+    return CaptureError(reasons, " ".join(hints) or None)
+
+
+class UnsoundCapture(Exception):
+    """draft_export produced a graph, but its report lists problems: values of the example
+    inputs that the graph holds as constants. ``problems`` has one line per problem: what was
+    fixed, the model line, and the fix."""
+
+    def __init__(self, report: Any):
+        self.report = report
+        filenames = {number: name for name, number in torch._logging.structured.INTERN_TABLE.items()}
+        filenames.update(report.str_to_filename)
+        self.problems = [_problem(failure, filenames) for failure in report.failures]
+        shown = self.problems if len(self.problems) <= _SHOWN_PROBLEMS else self.problems[: _SHOWN_PROBLEMS - 1]
+        more = len(self.problems) - len(shown)
+        super().__init__(
+            "\n".join(
+                [f"the graph holds {len(self.problems)} value(s) of the example inputs, refused:"]
+                + [f"- {problem}" for problem in shown]
+                + ([f"- ... and {more} more: .reasons['torch.export.draft_export'].problems lists all"] if more else [])
+            )
+        )
+
+
+# CaptureError shows at most four "- " lines of each strategy's reason.
+_SHOWN_PROBLEMS = 4
+
+
+def _problem(failure: Any, filenames: dict[int, str]) -> str:
+    """One draft_export failure as a line: what the graph fixed, where, and how to fix it."""
+    data = failure.data
+    where = _user_frame(data.get("user_stack") or [], filenames)
+    at = f" ({where})" if where else ""
+    if failure.failure_type is FailureType.DATA_DEPENDENT_ERROR:
+        return (
+            f"`{data['expr']}` depends on input data; the example's value {data['result']} was "
+            f"built into the graph{at}; fix: write that branch or loop with torch.cond / "
+            "torch.while_loop, or script it (torch.jit.script) and export with dynamo=False; if it "
+            "holds for every valid input, state it with torch._check(...)"
+        )
+    if failure.failure_type is FailureType.GUARD_ADDED:
+        return (
+            f"the guard {data['expr']} fixed a dim declared dynamic{at}; fix: give the Dim that "
+            "bound (Dim(name, min=..., max=...)) or declare the dim static"
+        )
+    if failure.failure_type is FailureType.MISSING_FAKE_KERNEL:
+        return (
+            f"torch.ops.{data['op']} has no fake kernel: its output shapes were copied from the "
+            "example; fix: register one with torch.library.register_fake"
+        )
+    return (
+        f"torch.ops.{data['op']}'s fake kernel disagrees with the real one ({data['reason']}). "
+        "fix: correct its torch.library.register_fake kernel"
+    )
+
+
+def _user_frame(stack: list[dict[str, Any]], filenames: dict[int, str]) -> str | None:
+    """The innermost frame of ``stack`` (draft_export's form) outside torch and dynexport."""
+    own = (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}")
+    for frame in reversed(stack):
+        filename = filenames.get(frame["filename"])
+        if filename is not None and not any(part in filename for part in own):
+            return f'File "{filename}", line {frame["line"]}, in {frame["name"]}: {frame["loc"]}'
+    return None
+
+
+@contextlib.contextmanager
+def _draft_logs_silenced():
+    """draft_export logs every problem and a banner pointing at ``ep._report``; the problems
+    reach the user through CaptureError instead."""
+    loggers = [
+        logging.getLogger("torch.export._draft_export"),
+        logging.getLogger("torch.fx.experimental.symbolic_shapes"),
+    ]
+    previous = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, previous):
+            logger.disabled = disabled
+
+
+_SCRIPTED = "torch.jit.script"
+
+
+def _calls_torchscript(module: torch.nn.Module) -> bool:
+    """Whether ``module`` or a submodule is TorchScript or has a method that calls a scripted
+    function or module by a global or closure name: the user wrote TorchScript for a reason
+    (usually a loop or branch torch.export cannot capture)."""
+    for submodule in module.modules():
+        if torchscript.is_torchscript(submodule):
+            return True
+        for method in vars(type(submodule)).values():
+            if not inspect.isfunction(method):
+                continue
+            try:
+                names = inspect.getclosurevars(method)
+            except ValueError:  # a closure cell not yet filled
+                continue
+            if any(torchscript.is_torchscript(value) for value in (*names.globals.values(), *names.nonlocals.values())):
+                return True
+    return False
+
+
+def _scripted(module, args, kwargs, dynamic_shapes) -> tuple[torch.export.ExportedProgram, str]:
+    """``module`` scripted whole and captured by the TorchScript front end, which keeps scripted
+    loops and branches as loops and branches (never ``torch.jit.trace``, which would unroll
+    them for the example)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated")
+        scripted = torch.jit.script(module)
+    graph_module, positional = torchscript.graph_module(scripted, args, kwargs)
+    program, strategy = torchscript.capture(graph_module, positional, {}, dynamic_shapes)
+    return program, f"{_SCRIPTED}, then {strategy}"
+
+
+def _innermost_reason(error: Exception) -> BaseException:
+    """The TorchScript front end's own failure, rather than the CaptureError that wraps it."""
+    if isinstance(error, CaptureError):
+        return next(iter(error.reasons.values()))
+    return error
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
 # torch's data-dependent guard errors say which function needed the number ("Caused by: ...").

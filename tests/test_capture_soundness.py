@@ -1,0 +1,156 @@
+"""Every capture strategy gives a graph that is right at other inputs than the example, or none.
+
+One test per strategy: non-strict and strict results checked at inputs that take another path
+or size; draft_export's graph refused when its report lists values fixed from the example; the
+TorchScript front end taken for modules that call scripted code, and refused when the module
+cannot be scripted (never traced, which would unroll the loop for the example).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import dynexport
+from dynexport.capture import UnsoundCapture
+from dynexport.errors import CaptureError
+from tests.equivalence import BATCH, assert_close, assert_exports_equivalent, op_histogram
+
+
+@torch.jit.script
+def loop(x, y):
+    for i in range(int(y)):
+        x = x + i
+    return x
+
+
+class LoopModel2(torch.nn.Module):
+    """The seed torch.onnx docs' model: a module calling a scripted loop."""
+
+    def forward(self, x, y):
+        return loop(x, y)
+
+
+class ScriptedSubmodule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.jit.script(LoopModel2())
+
+    def forward(self, x, y):
+        return self.body(x, y) * 2
+
+
+class UnscriptableForward(torch.nn.Module):
+    def forward(self, x, y):
+        return loop(x, y) + sum(map(lambda t: t.sum(), [x]))
+
+
+class DataDependentBranch(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x + 1
+        return x - 1
+
+
+@torch.library.custom_op("dynexport_soundness::positives", mutates_args=())
+def positives(x: torch.Tensor) -> torch.Tensor:
+    return x[x > 0]
+
+
+class PythonLoop(torch.nn.Module):
+    def forward(self, x, n):
+        for _ in range(int(n)):
+            x = x * 2
+        return x
+
+
+def test_non_strict_capture_keeps_data_dependent_branch_and_dynamic_batch():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t + 1, lambda t: t - 1, (x,))
+
+    x = torch.ones(3, 4)
+    program = assert_exports_equivalent(
+        Model(), (x,), dynamic_shapes=({0: BATCH},), resized=[(-torch.ones(5, 4),), (torch.ones(1, 4),)]
+    )
+    assert program.capture_strategy == "torch.export(strict=False)"
+
+
+def test_strict_capture_when_only_dynamo_traces_the_model():
+    class NumpySine(torch.nn.Module):
+        def forward(self, x):
+            return torch.from_numpy(np.sin(x.numpy())) + 1
+
+    program = assert_exports_equivalent(
+        NumpySine(), (torch.randn(3, 4),), dynamic_shapes=({0: BATCH},), resized=[(torch.randn(6, 4),)]
+    )
+    assert program.capture_strategy == "torch.export(strict=True)"
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "line"),
+    [
+        (DataDependentBranch(), (torch.ones(3),), "if x.sum() > 0:"),
+        (PythonLoop(), (torch.ones(3), torch.tensor(4)), "for _ in range(int(n)):"),
+    ],
+)
+def test_draft_graph_with_values_of_the_example_is_refused(model, args, line):
+    with pytest.raises(CaptureError) as caught:
+        dynexport.export(model, args)
+    error = caught.value
+    assert list(error.reasons) == [
+        "torch.export(strict=False)",
+        "torch.export(strict=True)",
+        "torch.export.draft_export",
+    ]
+    unsound = error.reasons["torch.export.draft_export"]
+    assert isinstance(unsound, UnsoundCapture) and len(unsound.problems) == 1
+    message = str(error)
+    assert line in message and __file__ in message
+    assert "torch._check" in message and "torch.cond" in message and "dynamo=False" in message
+
+
+def test_draft_graph_of_an_operator_without_fake_kernel_is_refused():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return positives(x) * 2
+
+    with pytest.raises(CaptureError) as caught:
+        dynexport.export(Model(), (torch.tensor([1.0, -1.0, 2.0]),))
+    (problem,) = caught.value.reasons["torch.export.draft_export"].problems
+    assert "dynexport_soundness.positives" in problem and "register_fake" in problem
+
+
+@pytest.mark.parametrize("trip_count", [0, 1, 5, 9, 12])
+def test_module_calling_a_scripted_loop_is_captured_through_torchscript(trip_count):
+    x = torch.ones(2, 3, dtype=torch.long)
+    with pytest.warns(UserWarning, match=r"LoopModel2 was captured through torch\.jit\.script"):
+        program = dynexport.export(LoopModel2(), (x, torch.tensor(5)), input_names=["input_data", "loop_range"])
+    assert program.capture_strategy.startswith("torch.jit.script")
+    assert op_histogram(program)["Loop"] == 1
+    assert [value.name for value in program.model.graph.inputs] == ["input_data", "loop_range"]
+    assert torch.equal(program(x, torch.tensor(9)), torch.full((2, 3), 37))
+    assert_close(program(x, torch.tensor(trip_count)), loop(x, torch.tensor(trip_count)))
+
+
+def test_scripted_submodule_captured_through_torchscript_with_a_dynamic_batch():
+    model = ScriptedSubmodule()
+    x = torch.randn(2, 3)
+    with pytest.warns(UserWarning, match="torch.jit.script"):
+        program = assert_exports_equivalent(
+            model,
+            (x, torch.tensor(3)),
+            dynamic_shapes=({0: BATCH}, None),
+            resized=[(torch.randn(5, 3), torch.tensor(0)), (torch.randn(1, 3), torch.tensor(7))],
+        )
+    assert op_histogram(program)["Loop"] == 1
+
+
+def test_unscriptable_module_calling_scripted_code_is_refused_not_traced():
+    with pytest.raises(CaptureError) as caught:
+        dynexport.export(UnscriptableForward(), (torch.ones(2, 3), torch.tensor(5)))
+    error = caught.value
+    assert list(error.reasons)[-2:] == ["torch.export.draft_export", "torch.jit.script"]
+    assert isinstance(error.reasons["torch.export.draft_export"], UnsoundCapture)
+    assert "for i in range(int(y)):" in str(error)
