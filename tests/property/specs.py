@@ -52,7 +52,8 @@ class OpSpec:
         fn: ``fn(*tensors, **args)`` is the one-op model.
         sample: ``sample(draw, dtype) -> (tensors, args)`` draws one input set.
         dtypes: the dtypes of the main input to try.
-        dynamic: export with dims of size >= 2 dynamic and rerun at grown sizes.
+        dynamic: rerun at grown sizes of the dynamic dims (dims of size >= 2 are exported dynamic).
+        static: export with static shapes (the op refuses dynamic dims, e.g. squeeze's that may be 1).
         check_values: False for outputs whose values are unspecified (empty, random).
         tolerances: ``{dtype: (rtol, atol)}`` where the op's numerics need more than the default.
         xfail: ``{dtype or None: reason}``: known bugs (None: every dtype).
@@ -63,6 +64,7 @@ class OpSpec:
     sample: Callable[[Callable, torch.dtype], Sample]
     dtypes: tuple[torch.dtype, ...] = FLOATS
     dynamic: bool = True
+    static: bool = False
     check_values: bool = True
     tolerances: dict[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=dict)
     xfail: dict[torch.dtype | None, str] = dataclasses.field(default_factory=dict)
@@ -1094,10 +1096,9 @@ SPECS: list[OpSpec] = [
     OpSpec("transpose.int", aten.transpose.int, _transpose, ALL),
     OpSpec("t.default", aten.t.default, one(SPECIALS, max_rank=2), ALL),
     OpSpec("unsqueeze.default", aten.unsqueeze.default, _unsqueeze, ALL),
-    # A dynamic dim that may be 1 makes squeeze refuse (the rank would be decided at run time).
-    OpSpec("squeeze.dim", aten.squeeze.dim, one(SPECIALS, min_rank=1, dim=st.integers(-1, 0)), ALL, dynamic=False),
-    OpSpec("squeeze.dims", aten.squeeze.dims, composite(lambda draw, dtype: _squeeze_dims(draw, dtype)), ALL, dynamic=False),
-    OpSpec("squeeze.default", aten.squeeze.default, one(SPECIALS), ALL, dynamic=False),
+    OpSpec("squeeze.dim", aten.squeeze.dim, one(SPECIALS, min_rank=1, dim=st.integers(-1, 0)), ALL, static=True),
+    OpSpec("squeeze.dims", aten.squeeze.dims, composite(lambda draw, dtype: _squeeze_dims(draw, dtype)), ALL, static=True),
+    OpSpec("squeeze.default", aten.squeeze.default, one(SPECIALS), ALL, static=True),
     OpSpec("flatten.using_ints", aten.flatten.using_ints, _flatten, ALL),
     OpSpec("slice.Tensor", aten.slice.Tensor, _slice, ALL),
     OpSpec("narrow.default", aten.narrow.default, _narrow, ALL, dynamic=False),
@@ -1306,5 +1307,12 @@ def check_spec(spec: OpSpec, dtype: torch.dtype, draw: Callable):
     growth = (lambda name: draw(st.integers(1, 3), label=f"growth of {name}")) if spec.dynamic else None
     rtol, atol = spec.tolerances.get(dtype, (None, None))
     return assert_dynamic_equivalent(
-        one_op, inputs, growth=growth, rtol=rtol, atol=atol, check_values=spec.check_values, float64_reference=True
+        one_op,
+        inputs,
+        growth=growth,
+        rtol=rtol,
+        atol=atol,
+        check_values=spec.check_values,
+        dynamic=not spec.static,
+        float64_reference=True,
     )
