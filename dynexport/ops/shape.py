@@ -183,16 +183,16 @@ def stack(ctx, tensors, dim=0):
     return unsqueezed[0] if len(unsqueezed) == 1 else ctx.op.Concat(*unsqueezed, axis=dim)
 
 
-def _split_sizes(ctx, self, dim: int) -> ir.Value:
-    """The sizes of the node's outputs along ``dim``, from their metadata."""
+def _equal_pieces(ctx, self, dim: int, piece: int | ir.Value, count: int) -> ir.Value:
+    """The sizes along ``dim`` of torch.split's ``count`` pieces: ``piece`` each, the last what
+    is left. Computed from the run-time size: the metadata's sizes hold only at the example."""
     sizes = [out.shape[dim] for out in ctx.out]
     if all(isinstance(s, int) for s in sizes):
         return ints(ctx, sizes)
-    # Only the last piece of torch.split can be symbolic: the rest are split_size each.
-    head = [int(s) for s in sizes[:-1]]
-    total = size_of(ctx, self, dim)
-    last = ctx.op.Sub(total, ctx.constant(sum(head), ir.DataType.INT64))
-    return shape_tensor(ctx, [*head, last])
+    piece = shape_tensor(ctx, [piece])
+    head = ctx.op.Expand(piece, ints(ctx, [count - 1]))
+    rest = ctx.op.Sub(shape_tensor(ctx, [size_of(ctx, self, dim)]), ctx.op.Mul(piece, ints(ctx, [count - 1])))
+    return ctx.op.Concat(head, rest, axis=0)
 
 
 @translates(aten.split.Tensor, aten.split_with_sizes.default)
@@ -204,8 +204,23 @@ def split(ctx, self, split_size, dim=0):
     if isinstance(split_size, (list, tuple)):
         sizes = shape_tensor(ctx, split_size)
     else:
-        sizes = _split_sizes(ctx, self, dim)
+        sizes = _equal_pieces(ctx, self, dim, split_size, count)
     return list(ctx.op.Split(self, sizes, axis=dim, _outputs=count))
+
+
+@translates(aten.chunk.default)
+def chunk(ctx, self, chunks, dim=0):
+    dim = normalize_dim(dim, rank(self))
+    count = len(ctx.out)
+    if count == 1:
+        return [self]
+    # torch.chunk splits into pieces of ceil(size / chunks).
+    size = size_of(ctx, self, dim)
+    if isinstance(size, int):
+        piece = -(-size // chunks)
+    else:
+        piece = ctx.op.Div(ctx.op.Add(size, ctx.constant(chunks - 1, ir.DataType.INT64)), ctx.constant(chunks, ir.DataType.INT64))
+    return list(ctx.op.Split(self, _equal_pieces(ctx, self, dim, piece, count), axis=dim, _outputs=count))
 
 
 @translates(aten.unbind.int)

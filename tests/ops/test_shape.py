@@ -128,6 +128,27 @@ def test_split_along_dynamic_dim_with_symbolic_sizes():
     )
 
 
+class _Chunk(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.chunk(x, 3, dim=self.dim)
+
+
+@pytest.mark.parametrize("dim", [1, -1])
+@pytest.mark.parametrize("example", [(1, 18), (2, 7)])
+def test_chunk_of_a_dynamic_dim_sizes_its_pieces_at_run_time(dim, example):
+    # PyTorch's own ONNX test: pieces of ceil(n / 3), the last what is left (13 -> 5, 5, 3).
+    program = assert_exports_equivalent(
+        _Chunk(dim), (torch.randn(*example),),
+        input_names=["x"], dynamic_axes={"x": {0: "batch_size", 1: "dims"}},
+        resized=[(torch.randn(1, n),) for n in (13, 14, 15)] + [(torch.randn(3, 7),), (torch.randn(2, 9),)],
+    )
+    assert op_histogram(program)["Split"] == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.int32, torch.bool, torch.float64])
 def test_casts(dtype):
     x = torch.randn(2, 3) * 3
