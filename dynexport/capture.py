@@ -34,7 +34,7 @@ from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
 
-__all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture"]
+__all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given"]
 
 
 def as_module(model: Any, args: tuple = ()) -> torch.nn.Module:
@@ -166,6 +166,18 @@ def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> Captur
     return CaptureError(reasons, " ".join(hints) or None)
 
 
+def check_given(program: torch.export.ExportedProgram) -> None:
+    """Refuse an ExportedProgram the user captured with draft_export when its report lists
+    problems, as :func:`capture` refuses its own.
+
+    Raises:
+        CaptureError: the program holds values of its example inputs.
+    """
+    report = getattr(program, "_report", None)  # set by torch.export.draft_export only
+    if report is not None and report.failures:
+        raise _capture_error({"given ExportedProgram (draft_export)": UnsoundCapture(report)}, oblivious=False)
+
+
 class UnsoundCapture(Exception):
     """draft_export produced a graph, but its report lists problems: values of the example
     inputs that the graph holds as constants. ``problems`` has one line per problem: what was
@@ -251,22 +263,39 @@ _SCRIPTED = "torch.jit.script"
 
 
 def _calls_torchscript(module: torch.nn.Module) -> bool:
-    """Whether ``module`` or a submodule is TorchScript or has a method that calls a scripted
-    function or module by a global or closure name: the user wrote TorchScript for a reason
-    (usually a loop or branch torch.export cannot capture)."""
-    for submodule in module.modules():
-        if torchscript.is_torchscript(submodule):
-            return True
-        for method in vars(type(submodule)).values():
-            if not inspect.isfunction(method):
-                continue
-            try:
-                names = inspect.getclosurevars(method)
-            except ValueError:  # a closure cell not yet filled
-                continue
-            if any(torchscript.is_torchscript(value) for value in (*names.globals.values(), *names.nonlocals.values())):
+    """Whether ``module`` or a submodule is TorchScript, or one of their methods calls a scripted
+    function or module by a global or closure name, itself or through the plain functions it
+    calls: the user wrote TorchScript for a reason (usually a loop or branch torch.export cannot
+    capture)."""
+    if any(torchscript.is_torchscript(submodule) for submodule in module.modules()):
+        return True
+    pending = [
+        method
+        for submodule in module.modules()
+        for method in vars(type(submodule)).values()
+        if inspect.isfunction(method)
+    ]
+    seen = set()
+    while pending:
+        function = pending.pop()
+        if function in seen:
+            continue
+        seen.add(function)
+        for value in _referenced(function):
+            if torchscript.is_torchscript(value):
                 return True
+            if inspect.isfunction(value) and not (value.__module__ or "").startswith("torch"):
+                pending.append(value)
     return False
+
+
+def _referenced(function: Callable) -> list[Any]:
+    """The values ``function`` names as globals or closure variables."""
+    try:
+        names = inspect.getclosurevars(function)
+    except ValueError:  # a closure cell not yet filled
+        return []
+    return [*names.globals.values(), *names.nonlocals.values()]
 
 
 def _scripted(module, args, kwargs, dynamic_shapes) -> tuple[torch.export.ExportedProgram, str]:

@@ -32,6 +32,15 @@ class LoopModel2(torch.nn.Module):
         return loop(x, y)
 
 
+def tripled_loop(x, y):
+    return loop(x, y) * 3
+
+
+class HelperCallingScript(torch.nn.Module):
+    def forward(self, x, y):
+        return tripled_loop(x, y)
+
+
 class ScriptedSubmodule(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -147,6 +156,15 @@ def test_scripted_submodule_captured_through_torchscript_with_a_dynamic_batch():
     assert op_histogram(program)["Loop"] == 1
 
 
+def test_module_calling_scripted_code_through_a_helper_function_is_captured_through_torchscript():
+    x = torch.ones(2, 3)
+    with pytest.warns(UserWarning, match="torch.jit.script"):
+        program = assert_exports_equivalent(
+            HelperCallingScript(), (x, torch.tensor(2)), resized=[(x, torch.tensor(0)), (-x, torch.tensor(6))]
+        )
+    assert op_histogram(program)["Loop"] == 1
+
+
 def test_unscriptable_module_calling_scripted_code_is_refused_not_traced():
     with pytest.raises(CaptureError) as caught:
         dynexport.export(UnscriptableForward(), (torch.ones(2, 3), torch.tensor(5)))
@@ -154,3 +172,15 @@ def test_unscriptable_module_calling_scripted_code_is_refused_not_traced():
     assert list(error.reasons)[-2:] == ["torch.export.draft_export", "torch.jit.script"]
     assert isinstance(error.reasons["torch.export.draft_export"], UnsoundCapture)
     assert "for i in range(int(y)):" in str(error)
+
+
+def test_given_draft_program_with_problems_is_refused_and_a_clean_one_exported():
+    unsound = torch.export.draft_export(DataDependentBranch(), (torch.ones(3),))
+    with pytest.raises(CaptureError) as caught:
+        dynexport.export(unsound, ())
+    assert "if x.sum() > 0:" in str(caught.value)
+
+    clean = torch.export.draft_export(torch.nn.ReLU(), (torch.randn(3),))
+    program = dynexport.export(clean, ())
+    x = torch.randn(3)
+    assert_close(program(x), torch.relu(x))
