@@ -174,6 +174,7 @@ def export(
                     "an ExportedProgram's dynamic shapes were fixed when it was captured; pass "
                     "dynamic_shapes to torch.export.export instead of to dynexport.export"
                 )
+            capture_stage.check_given(model)
             program, strategy, requested_dims = model, "given ExportedProgram", {}
             args, kwargs = (), {}
             if input_names is not None:
