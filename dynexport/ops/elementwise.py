@@ -515,14 +515,15 @@ _SHIFT_BITS = {
 _UINT64 = ir.DataType.UINT64
 
 
-def _shift_amount(ctx, other, bits: int) -> tuple[ir.Value, ir.Value]:
-    """``other`` as uint64 with amounts outside [0, bits) set to 0, and where they were."""
+def _shift_amount(ctx, other, bits: int, past_width: int) -> tuple[ir.Value, ir.Value]:
+    """``other`` as uint64, amounts outside [0, bits) replaced by ``past_width``, and where they
+    were. (onnxruntime's Where has no uint64 kernel: the choice is made in int64.)"""
     amount = cast(ctx, other, ir.DataType.INT64)
     out_of_range = ctx.op.Or(
         ctx.op.Less(amount, ctx.constant(0, ir.DataType.INT64)),
         ctx.op.GreaterOrEqual(amount, ctx.constant(bits, ir.DataType.INT64)),
     )
-    amount = ctx.op.Where(out_of_range, ctx.constant(0, ir.DataType.INT64), amount)
+    amount = ctx.op.Where(out_of_range, ctx.constant(past_width, ir.DataType.INT64), amount)
     return ctx.op.Cast(amount, to=_UINT64), out_of_range
 
 
@@ -535,11 +536,12 @@ def _shift_amount(ctx, other, bits: int) -> tuple[ir.Value, ir.Value]:
     aten.__lshift__.Tensor, aten.__lshift__.Scalar, promote=Promote.RESULT, checker=_shiftable,
 )
 def bitwise_left_shift(ctx, self, other):
-    amount, out_of_range = _shift_amount(ctx, other, _SHIFT_BITS[self.dtype])
+    amount, out_of_range = _shift_amount(ctx, other, _SHIFT_BITS[self.dtype], 0)
     wide = ctx.op.Cast(cast(ctx, self, ir.DataType.INT64), to=_UINT64)
+    shifted = ctx.op.Cast(ctx.op.BitShift(wide, amount, direction="LEFT"), to=ir.DataType.INT64)
     # PyTorch shifts every bit out for amounts past the width (and negative ones).
-    shifted = ctx.op.Where(out_of_range, ctx.constant(0, _UINT64), ctx.op.BitShift(wide, amount, direction="LEFT"))
-    return ctx.op.Cast(shifted, to=self.dtype)
+    shifted = ctx.op.Where(out_of_range, ctx.constant(0, ir.DataType.INT64), shifted)
+    return cast(ctx, shifted, self.dtype)
 
 
 @translates(
@@ -551,8 +553,7 @@ def bitwise_right_shift(ctx, self, other):
     # PyTorch shifts by bits - 1 (signed) or bits (unsigned) for amounts past that or negative.
     signed = self.dtype != ir.DataType.UINT8
     limit = _SHIFT_BITS[self.dtype] - signed
-    amount, out_of_range = _shift_amount(ctx, other, limit)
-    amount = ctx.op.Where(out_of_range, ctx.constant(limit, _UINT64), amount)
+    amount, _ = _shift_amount(ctx, other, limit, limit)
     wide = cast(ctx, self, ir.DataType.INT64)
     negative = ctx.op.Less(wide, ctx.constant(0, ir.DataType.INT64))
     magnitude = ctx.op.Cast(ctx.op.Where(negative, ctx.op.BitwiseNot(wide), wide), to=_UINT64)

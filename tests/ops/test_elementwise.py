@@ -188,7 +188,8 @@ def test_bit_shifts_follow_pytorch_for_signs_and_large_amounts(dtype):
     def fn(x, n):
         return x << n, x >> n, x << 2, x >> 3, torch.bitwise_right_shift(x, bits + 1), torch.bitwise_left_shift(x, bits)
 
-    assert_batch_dynamic_equivalent(fn, x, amounts)
+    # In onnxruntime itself: a model it has no kernel for (uint64 Where) does not load.
+    assert_batch_dynamic_equivalent(fn, x, amounts, runtime="onnxruntime")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.int32])
