@@ -7,20 +7,32 @@ It is onnxscript's public ``GraphBuilder`` with three choices of ours:
 - every node carries the FX node, module path, module class and model source line it came from
   in ``metadata_props``;
 - node and value names are derived from the FX node being translated.
+
+It also writes rules in torch.onnx's forms: onnxscript ops called outside any script
+(``onnxscript.opset18.Add(x, y)``) become nodes of the graph while
+:meth:`ModelBuilder.evaluating_onnxscript` is active, and ``@onnxscript.script()`` functions are
+inlined (:meth:`ModelBuilder.inline_function`). Ops of the default domain written for another
+opset than the model's are kept when their meaning is the same at the model's opset.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import onnx
 import onnx_ir as ir
+import onnxscript
+import onnxscript.evaluator
 import torch
 from onnxscript import BuilderFeature, GraphBuilder
 
 from dynexport.errors import source_line
 
-__all__ = ["ModelBuilder", "module_calls", "origin_metadata"]
+__all__ = ["ModelBuilder", "OnnxScriptError", "module_calls", "origin_metadata"]
 
 _BOOL_RESULT = frozenset(
     {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
@@ -111,6 +123,107 @@ def _schema(op_type: str, domain: str, version: int) -> onnx.defs.OpSchema | Non
         return None
 
 
+class OnnxScriptError(ValueError):
+    """An onnxscript op or function that a rule calls cannot be written into the model."""
+
+    def __init__(self, reason: str, hint: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.hint = hint
+
+
+# Ops whose meaning changed between opsets 18 and 23, not only their types or optional
+# attributes: GridSample renamed its modes, DFT took its axis as an input, GroupNormalization's
+# scale and bias became per channel.
+_REDEFINED_AT = {"GridSample": 20, "DFT": 20, "GroupNormalization": 21}
+
+
+def _check_default_domain_op(op_type: str, written_for: int, opset: int) -> None:
+    """Raise unless the default-domain op ``op_type`` written for opset ``written_for`` means
+    the same in a model of opset ``opset``."""
+    written = _schema(op_type, "", written_for)
+    if written is None:
+        raise OnnxScriptError(f"ONNX has no operator {op_type} at opset {written_for}")
+    if written.since_version > opset:
+        raise OnnxScriptError(
+            f"{op_type} (onnxscript.opset{written_for}) is defined from opset {written.since_version}; "
+            f"the model is opset {opset}",
+            f"export with opset_version={written.since_version} or later",
+        )
+    redefined = _REDEFINED_AT.get(op_type)
+    if redefined is not None and written.since_version < redefined <= opset:
+        raise OnnxScriptError(
+            f"{op_type} means something else at opset {redefined} than at opset {written_for}, which "
+            f"the rule writes it for; the model is opset {opset}",
+            f"write it with onnxscript.opset{opset} or export with opset_version={written_for}",
+        )
+
+
+def _bind_op_arguments(
+    op: onnxscript.values.Op, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """Split an onnxscript op call's arguments into the node's inputs and attributes:
+    positional arguments and keywords named after a formal input are inputs, other keywords
+    attributes (None ones left out)."""
+    schema = op.op_schema
+    if schema is None:
+        return list(args), {k: v for k, v in kwargs.items() if v is not None}
+    formal = [i.name for i in schema.inputs]
+    inputs = list(args)
+    attributes = {}
+    for name, value in kwargs.items():
+        if name in formal:
+            index = formal.index(name)
+            inputs.extend([None] * (index + 1 - len(inputs)))
+            inputs[index] = value
+        elif name not in schema.attributes:
+            raise OnnxScriptError(f"{op.name} has no input or attribute named {name!r}")
+        elif value is not None:
+            attributes[name] = value
+    return inputs, attributes
+
+
+def _output_count(op: onnxscript.values.Op, attributes: Mapping[str, Any]) -> int:
+    schema = op.op_schema
+    if schema is None:
+        return 1
+    variadic = schema.outputs and schema.outputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+    if not variadic:
+        return len(schema.outputs)
+    if "num_outputs" in attributes:
+        return int(attributes["num_outputs"])
+    raise OnnxScriptError(f"{op.name} has a variable number of outputs", f"pass _outputs=<count> to {op.name}")
+
+
+def _attribute_as(attr_type: ir.AttributeType, name: str, value: Any) -> ir.Attr:
+    """``value`` (a Python value passed for a function's attribute) as an attribute of the type
+    the function's body reads it as (an int passed for a float attribute becomes a float)."""
+    convert = {
+        ir.AttributeType.FLOAT: float,
+        ir.AttributeType.INT: int,
+        ir.AttributeType.STRING: str,
+        ir.AttributeType.FLOATS: lambda v: [float(x) for x in v],
+        ir.AttributeType.INTS: lambda v: [int(x) for x in v],
+        ir.AttributeType.STRINGS: lambda v: [str(x) for x in v],
+    }.get(attr_type)
+    if convert is None:
+        return ir.convenience.convert_attribute(name, value)
+    return ir.Attr(name, attr_type, convert(value))
+
+
+class _ScriptEmitter:
+    """An onnxscript evaluator that writes the ops and functions called into a builder's graph."""
+
+    def __init__(self, builder: ModelBuilder):
+        self._builder = builder
+
+    def eval_op(self, op: onnxscript.values.Op, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        return self._builder.call_script_op(op, args, kwargs)
+
+    def eval_function(self, function: onnxscript.OnnxFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        return self._builder.inline_function(function, args, kwargs)
+
+
 class ModelBuilder(GraphBuilder):
     """A GraphBuilder that names and annotates what it builds after the current FX node."""
 
@@ -129,6 +242,8 @@ class ModelBuilder(GraphBuilder):
         self._origins: dict[torch.fx.Node, tuple[dict[str, str], tuple[tuple[str, str, str], ...]]] = {}
         # The module calls each emitted node belongs to, for export_modules_as_functions.
         self.node_module_calls: dict[ir.Node, tuple[tuple[str, str, str], ...]] = {}
+        # The versions of custom domains that onnxscript Opsets named, kept by the root builder.
+        self.domain_versions: dict[str, set[int]] = {}
 
     @property
     def origin_name(self) -> str:
@@ -145,6 +260,89 @@ class ModelBuilder(GraphBuilder):
         if cached is None:
             cached = self._origins[source] = (origin_metadata(source), module_calls(source))
         self._origin_props, self._origin_calls = cached
+
+    @contextlib.contextmanager
+    def evaluating_onnxscript(self) -> Iterator[None]:
+        """While active, onnxscript ops and functions called outside a script
+        (``onnxscript.opset18.Add(x, y)``) write nodes into this graph and return its values."""
+        with onnxscript.evaluator.default_as(_ScriptEmitter(self)):
+            yield
+
+    def call_script_op(self, op: onnxscript.values.Op, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """One node for the onnxscript op call ``op(*args, **kwargs)``: ``_outputs`` gives the
+        count of a variadic op's outputs, Python numbers become constants."""
+        kwargs = dict(kwargs)
+        outputs = kwargs.pop("_outputs", None)
+        inputs, attributes = _bind_op_arguments(op, args, kwargs)
+        version = self._node_version(op.name, op.domain, op.opset.version)
+        if outputs is None:
+            outputs = _output_count(op, attributes)
+        return self.call_op(op.name, inputs, attributes, domain=op.domain, version=version, outputs=outputs)
+
+    def inline_function(self, function: onnxscript.OnnxFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Write the body of the onnxscript function into this graph, its inputs and attributes
+        bound to ``args`` and ``kwargs`` as Python binds its signature; return its outputs."""
+        try:
+            bound = inspect.signature(function.function).bind(*args, **kwargs)
+        except TypeError as error:
+            raise OnnxScriptError(
+                f"the onnxscript function {function.name} cannot take the operator's arguments: {error}",
+                "its parameters must match the operator's schema: tensors first, then its attributes",
+            ) from None
+        bound.apply_defaults()
+        graph = function.function_ir.graph
+        values: dict[ir.Value, Any] = {formal: bound.arguments[formal.name] for formal in graph.inputs}
+        attributes = {a.name: bound.arguments.get(a.name) for a in function.function_ir.attrs}
+        for node in graph:
+            self._inline_node(node, values, attributes, graph.opset_imports)
+        outputs = [values[v] for v in graph.outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _inline_node(
+        self, node: ir.Node, values: dict[ir.Value, Any], attributes: Mapping[str, Any], opsets: Mapping[str, int]
+    ) -> None:
+        inputs = [values[v] if v is not None else None for v in node.inputs]
+        callee = node.meta.get("callee")
+        if isinstance(callee, onnxscript.OnnxFunction):
+            resolved = {}
+            for name, attr in node.attributes.items():
+                if attr.is_ref():
+                    if attributes.get(attr.ref_attr_name) is not None:
+                        resolved[name] = attributes[attr.ref_attr_name]
+                else:
+                    resolved[name] = attr.value
+            results = self.inline_function(callee, inputs, resolved)
+            results = results if isinstance(results, tuple) else (results,)
+            values.update(zip(node.outputs, results))
+            return
+        node_attributes = {}
+        for name, attr in node.attributes.items():
+            if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                raise OnnxScriptError(
+                    f"{node.op_type} in an onnxscript function carries a subgraph, which dynexport does not inline",
+                    "write the control flow as a dynexport rule (ctx.subgraph) or compute it without If/Loop/Scan",
+                )
+            if not attr.is_ref():
+                node_attributes[name] = attr
+            elif attributes.get(attr.ref_attr_name) is not None:
+                node_attributes[name] = _attribute_as(attr.type, name, attributes[attr.ref_attr_name])
+        version = self._node_version(node.op_type, node.domain, opsets.get(node.domain, 1))
+        results = self.call_op(
+            node.op_type, inputs, node_attributes, domain=node.domain, version=version, outputs=len(node.outputs)
+        )
+        results = results if isinstance(results, Sequence) else (results,)
+        values.update(zip(node.outputs, results))
+
+    def _node_version(self, op_type: str, domain: str, written_for: int) -> int:
+        """The version a node written for ``domain``'s opset ``written_for`` is emitted at: the
+        model's opset for the default domain (after checking it means the same there), else
+        ``written_for``, recorded for the domain's import."""
+        if domain == "":
+            opset = self.graph.opset_imports[""]
+            _check_default_domain_op(op_type, written_for, opset)
+            return opset
+        self.root.domain_versions.setdefault(domain, set()).add(written_for)
+        return written_for
 
     def _get_schema(self, op_type, domain, version):
         if version is None:

@@ -12,23 +12,32 @@ Cross-cutting concerns are declared in the decorator instead of repeated in ever
 ``promote`` casts the listed arguments before the rule runs, ``checker`` lets a rule decline
 inputs it cannot handle (the node then decomposes), and ``min_opset`` picks between rules that
 differ by ONNX opset.
+
+Users' rules may also come in torch.onnx's forms (:class:`RuleForm`): an onnxscript function
+(``@onnxscript.script()``), or a plain function that takes the operator's arguments without a
+context and calls onnxscript ops (``onnxscript.opset18.Add(x, y)``). A user's rule always ranks
+above the built-in ones, whenever either was registered.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import onnxscript
 import torch
 
 __all__ = [
     "Promote",
     "Rule",
+    "RuleForm",
     "TranslationTable",
     "default_table",
     "register_translation",
+    "rule_form",
     "target_name",
     "translates",
     "unregister_translation",
@@ -45,6 +54,20 @@ class Promote(enum.Enum):
     """Cast to the common dtype of the promoted arguments (torch.result_type): comparisons."""
 
 
+class RuleForm(enum.Enum):
+    """How a rule is called."""
+
+    CONTEXT = "context"
+    """dynexport's own: ``rule(ctx, *args, **kwargs)``, emitting with ``ctx.op``."""
+
+    ONNXSCRIPT_FUNCTION = "onnxscript_function"
+    """An ``@onnxscript.script()`` function, inlined with the node's arguments."""
+
+    TORCH_ONNX = "torch_onnx"
+    """torch.onnx's plain function: ``fn(*args, **kwargs)`` without a context, calling
+    onnxscript ops (``onnxscript.opset18.Add``) that emit into the graph."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     fn: Callable[..., Any]
@@ -53,10 +76,38 @@ class Rule:
     promoted: tuple[str, ...] = ("self", "other")
     checker: Callable[[torch.fx.Node], bool] | None = None
     min_opset: int = 1
+    form: RuleForm = RuleForm.CONTEXT
+    builtin: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.fn.__module__}.{self.fn.__qualname__}"
+        fn = self.fn.function if isinstance(self.fn, onnxscript.OnnxFunction) else self.fn
+        return f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def rule_form(fn: Callable[..., Any]) -> RuleForm:
+    """Tell a user's rule's form from the rule itself: an onnxscript function, else dynexport's
+    form when its first parameter is named ``ctx`` or annotated ``TranslationContext``, else
+    torch.onnx's plain form."""
+    if isinstance(fn, onnxscript.OnnxFunction):
+        return RuleForm.ONNXSCRIPT_FUNCTION
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return RuleForm.TORCH_ONNX
+    if first is None:
+        return RuleForm.TORCH_ONNX
+    annotation = first.annotation
+    annotation = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if first.name == "ctx" or annotation.rsplit(".", 1)[-1] == "TranslationContext":
+        return RuleForm.CONTEXT
+    return RuleForm.TORCH_ONNX
+
+
+def _is_builtin(fn: Callable[..., Any]) -> bool:
+    # The built-in table is dynexport.ops; it loads lazily, so the order of registration cannot
+    # tell a user's rule from ours.
+    return (getattr(fn, "__module__", None) or "").startswith("dynexport.")
 
 
 def target_name(target: Any) -> str:
@@ -88,11 +139,17 @@ class TranslationTable:
         for target in rule.targets:
             candidates = self._rules.setdefault(target, [])
             candidates.append(rule)
-            candidates.sort(key=lambda r: r.min_opset, reverse=True)
+            # Users' rules first, then the highest opset.
+            candidates.sort(key=lambda r: (not r.builtin, r.min_opset), reverse=True)
 
     def override(self, target: Any, fn: Callable[..., Any]) -> None:
-        """Make ``fn`` the rule for ``target``, above any built-in rule."""
-        self._user_rules[target] = Rule(fn=fn, targets=(target,))
+        """Make ``fn`` (in any :class:`RuleForm`) the rule for ``target``, above any other
+        rule; an OpOverloadPacket stands for each of its overloads."""
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            for overload in target.overloads():
+                self.override(getattr(target, overload), fn)
+            return
+        self._user_rules[target] = Rule(fn=fn, targets=(target,), form=rule_form(fn))
 
     def remove_override(self, target: Any) -> bool:
         """Drop the user rule for ``target``; True when there was one."""
@@ -137,7 +194,9 @@ def translates(
     min_opset: int = 1,
     table: TranslationTable | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as the rule for ``targets``.
+    """Register the decorated function as the rule for ``targets``: in dynexport's form
+    (``rule(ctx, ...)``), or an ``@onnxscript.script()`` function. Rules registered from outside
+    dynexport rank above the built-in ones.
 
     Args:
         targets: the OpOverloads (or Python callables such as ``operator.mul``) it translates.
@@ -152,8 +211,9 @@ def translates(
         raise ValueError("translates() needs at least one operator")
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        form = RuleForm.ONNXSCRIPT_FUNCTION if isinstance(fn, onnxscript.OnnxFunction) else RuleForm.CONTEXT
         (table or default_table).add(
-            Rule(fn, tuple(targets), promote, promoted, checker, min_opset)
+            Rule(fn, tuple(targets), promote, promoted, checker, min_opset, form, _is_builtin(fn))
         )
         return fn
 
@@ -164,9 +224,11 @@ def register_translation(target: Any, fn: Callable[..., Any]) -> None:
     """Translate ``target`` (an OpOverload such as ``torch.ops.mylib.foo.default``) with ``fn``
     in every export from now on, in place of any built-in rule.
 
-    ``fn(ctx, *args, **kwargs)`` receives the translation context and the operator's arguments
-    (ONNX values for tensors) and returns ONNX values; emit ops with ``ctx.op.<Op>(...)``, in a
-    custom domain with ``ctx.op.<Op>(..., _domain="my.domain")``.
+    ``fn`` is dynexport's form, ``fn(ctx, *args, **kwargs)``: the translation context and the
+    operator's arguments (ONNX values for tensors), emitting with ``ctx.op.<Op>(...)`` (in a
+    custom domain with ``ctx.op.<Op>(..., _domain="my.domain")``); or one of torch.onnx's forms,
+    an ``@onnxscript.script()`` function or a plain function of the operator's arguments calling
+    onnxscript ops (see :func:`rule_form`).
     """
     if not callable(fn):
         raise TypeError(f"the translation for {target_name(target)} must be callable, got {type(fn).__name__}")

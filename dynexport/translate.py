@@ -29,7 +29,7 @@ import torch
 from onnx_ir.tensor_adapters import TorchTensor
 from torch.export.graph_signature import InputKind, OutputKind
 
-from dynexport.builder import ModelBuilder
+from dynexport.builder import ModelBuilder, OnnxScriptError
 from dynexport.decompositions import (
     Decomposition,
     decomposition_table,
@@ -46,12 +46,15 @@ from dynexport.errors import (
 from dynexport.module_functions import extract_module_functions
 from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
 from dynexport.passes.fx.simplify import Simplifications
-from dynexport.registry import Promote, Rule, TranslationTable, target_name
+from dynexport.passes.onnx.naming import make_names_unique
+from dynexport.registry import Promote, Rule, RuleForm, TranslationTable, target_name
 
-__all__ = ["BUFFER_UPDATES_KEY", "GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
+__all__ = ["BUFFER_UPDATES_KEY", "OUTPUT_DIMS_KEY", "GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
 
 # Model metadata: JSON ``{buffer: output}`` for the buffers a training-mode model updates.
 BUFFER_UPDATES_KEY = "pkg.dynexport.buffer_updates"
+# {output: {axis: size}}: the size each output dim named by the user stands for, in input dim names.
+OUTPUT_DIMS_KEY = "pkg.dynexport.output_dims"
 
 # Keyword arguments that place or lay out a tensor; they never change an ONNX computation.
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
@@ -63,12 +66,14 @@ class GraphIO:
 
     ``input_names`` has one entry per user-input placeholder of the program, in order (entries
     for non-tensor inputs are ignored); ``output_names`` one per user output; ``dim_names`` maps
-    torch's shape symbols (``s0``) to the names users gave the dims (``batch``).
+    torch's shape symbols (``s0``) to the names users gave the dims (``batch``); ``output_dims``
+    the names users gave output dims, by output name and axis (``{"output0": {2: "anchors"}}``).
     """
 
     input_names: list[str]
     output_names: list[str]
     dim_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    output_dims: dict[str, dict[int, str]] = dataclasses.field(default_factory=dict)
 
 
 class TranslationContext:
@@ -349,17 +354,36 @@ class _Translator:
         if rule.promote is not None:
             args, kwargs = _promote(ctx, rule, args, kwargs)
         try:
-            result = rule.fn(ctx, *args, **kwargs)
+            result = self.call_rule(rule, ctx, args, kwargs)
         except ExportError:
             raise
+        except OnnxScriptError as error:
+            raise TranslationError(
+                target_name(node.target), source_line(origin or node), f"{error.reason} (rule {rule.name})", error.hint
+            ) from error
         except Exception as error:
             raise TranslationError(
                 target_name(node.target),
                 source_line(origin or node),
                 f"{type(error).__name__}: {error} (rule {rule.name})",
-                "this is a bug in dynexport's rule; please report it with the model.",
+                "this is a bug in dynexport's rule; please report it with the model."
+                if rule.builtin
+                else "the custom translation raised it; it receives the operator's arguments as the FX "
+                "node holds them (ONNX values for tensors).",
             ) from error
         return self._annotate_result(node, result, name_prefix + node.name)
+
+    def call_rule(self, rule: Rule, ctx: TranslationContext, args: tuple, kwargs: dict) -> Any:
+        """Run ``rule`` in its form; torch.onnx's forms take no context, and dtypes as ONNX
+        element types, as torch.onnx passes them."""
+        if rule.form is RuleForm.CONTEXT:
+            return rule.fn(ctx, *args, **kwargs)
+        args = tuple(_torch_onnx_argument(a) for a in args)
+        kwargs = {k: _torch_onnx_argument(v) for k, v in kwargs.items()}
+        if rule.form is RuleForm.ONNXSCRIPT_FUNCTION:
+            return self.builder.inline_function(rule.fn, args, kwargs)
+        with self.builder.evaluating_onnxscript():
+            return rule.fn(*args, **kwargs)
 
     def custom_domain_node(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], origin: torch.fx.Node | None) -> Any:
         """One node in the domain ``pkg.torch.<namespace>`` standing for an operator with no
@@ -507,6 +531,14 @@ def _argument_value(argument: Any, env: dict[torch.fx.Node, Any]) -> Any:
     if isinstance(argument, tuple):
         return tuple(_argument_value(a, env) for a in argument)
     return argument
+
+
+def _torch_onnx_argument(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return int(to_onnx_dtype(value))
+    if isinstance(value, list):
+        return [_torch_onnx_argument(v) for v in value]
+    return value
 
 
 def _attribute_value(value: Any) -> Any:
@@ -681,7 +713,7 @@ def translate_program(
         env[node] = value
 
     translator.translate_graph(program.graph, env)
-    _add_outputs(translator, program, env, io.output_names)
+    output_dims = _add_outputs(translator, program, env, io.output_names, io.output_dims)
     updated = _add_buffer_updates(translator, program, env) if buffer_updates else {}
     model = ir.Model(
         graph,
@@ -692,9 +724,12 @@ def translate_program(
     )
     if updated:
         model.metadata_props[BUFFER_UPDATES_KEY] = json.dumps(updated)
+    if output_dims:
+        model.metadata_props[OUTPUT_DIMS_KEY] = json.dumps(output_dims)
+    # Before functions are extracted: they import the domains at the graph's versions.
+    _import_custom_domains(graph, custom_opsets or {}, translator.builder.domain_versions)
     if module_functions is not None:
         extract_module_functions(model, translator.builder.node_module_calls, module_functions)
-    _import_custom_domains(graph, custom_opsets or {})
     if translator.fallbacks:
         names = sorted({target_name(t) for t in translator.fallbacks.values()})
         warnings.warn(
@@ -706,20 +741,36 @@ def translate_program(
     return model
 
 
-def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int]) -> None:
-    """Declare every domain the nodes use: at ``custom_opsets``' version, else 1."""
+def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int], written_for: dict[str, set[int]]) -> None:
+    """Declare every domain the nodes use: at ``custom_opsets``' version, else the version the
+    rules' onnxscript Opsets name (``written_for``), else 1."""
+    for domain, versions in written_for.items():
+        if domain not in custom_opsets and len(versions) > 1:
+            raise ExportError(
+                f"the custom translations use the domain {domain!r} at versions {sorted(versions)}; a model "
+                f"imports one. Pass custom_opsets={{{domain!r}: <version>}} to choose it."
+            )
     for node in graph.all_nodes():
         if node.domain not in graph.opset_imports:
-            graph.opset_imports[node.domain] = custom_opsets.get(node.domain, 1)
+            default = min(written_for.get(node.domain, {1}))
+            graph.opset_imports[node.domain] = custom_opsets.get(node.domain, default)
     for domain, version in custom_opsets.items():
         graph.opset_imports.setdefault(domain, version)
 
 
-def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any], names: list[str]) -> None:
+def _add_outputs(
+    translator: _Translator,
+    program,
+    env: dict[torch.fx.Node, Any],
+    names: list[str],
+    dim_names: dict[str, dict[int, str]],
+) -> dict[str, dict[int, str]]:
     """Make the program's user outputs the graph's outputs, named ``names``; None outputs are
-    left out, Python numbers become constants."""
+    left out, Python numbers become constants. An output dim in ``dim_names`` takes the user's
+    name; returns the size each such dim stands for, by output and axis."""
     graph = translator.graph
     used: set[int] = set()
+    sizes: dict[str, dict[int, str]] = {}
     for (arg, _), name in zip(_outputs_of_kind(program, OutputKind.USER_OUTPUT), names):
         value = env[arg] if isinstance(arg, torch.fx.Node) else arg
         if value is None:
@@ -734,7 +785,14 @@ def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any]
             value = identity
         used.add(id(value))
         value.name = name
+        if name in dim_names:
+            dims = list(value.shape)
+            sizes[name] = {axis: str(dims[axis]) for axis in dim_names[name]}
+            value.shape = ir.Shape([dim_names[name].get(axis, dim) for axis, dim in enumerate(dims)])
         graph.outputs.append(value)
+    # A value inside the graph may hold a name the user gave an output.
+    make_names_unique(graph)
+    return sizes
 
 
 def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Node, Any]) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Custom operators: torch.library ops reach the table whole, custom domains and their opset
-versions, and the custom-domain fallback for operators nobody translates."""
+versions, custom translations in torch.onnx's forms, and the custom-domain fallback for operators
+nobody translates."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import onnx
 import onnxscript
 import pytest
 import torch
+from onnxscript import opset18
 from onnxscript import opset20 as op
 
 import dynexport
-from dynexport.errors import UnsupportedOperatorError
-from tests.equivalence import op_histogram
+from dynexport.errors import ExportError, TranslationError, UnsupportedOperatorError
+from tests.equivalence import assert_exports_equivalent, op_histogram
+
+BATCH = torch.export.Dim("batch")
 
 
 @torch.library.custom_op("dynexport_custom::scaled_tanh", mutates_args=())
@@ -111,3 +115,230 @@ def test_custom_domain_fallback_keeps_the_op_as_one_node():
 def test_bad_custom_options_fail_early(options, match):
     with pytest.raises(ValueError, match=match):
         dynexport.export(UsesOpaque(), (torch.randn(2, 3),), **options)
+
+
+# torch.onnx's forms, as its tutorial "Extending the ONNX Exporter Operator Support" writes them
+# (the functions are copied unchanged).
+
+
+def custom_aten_add(self, other, alpha: float = 1.0):
+    if alpha != 1.0:
+        alpha = opset18.CastLike(alpha, other)
+        other = opset18.Mul(other, alpha)
+    # To distinguish the custom implementation from the builtin one, we switch the order of the inputs
+    return opset18.Add(other, self)
+
+
+class AddModel(torch.nn.Module):
+    def forward(self, input_x, input_y):
+        return torch.ops.aten.add.Tensor(input_x, input_y)
+
+
+class AddWithAlpha(torch.nn.Module):
+    def forward(self, input_x, input_y):
+        return torch.add(input_x, input_y, alpha=3)
+
+
+@pytest.mark.parametrize("model", [AddModel(), AddWithAlpha()])
+def test_torch_onnx_plain_function_translates_without_a_context(model):
+    x, y = torch.tensor([1.0]), torch.tensor([2.0])
+    program = assert_exports_equivalent(
+        model, (x, y), resized=[(torch.randn(5), torch.randn(5))],
+        custom_translation_table={torch.ops.aten.add.Tensor: custom_aten_add},
+        dynamic_shapes=({0: BATCH}, {0: BATCH}),
+    )
+    add = next(n for n in program.model.graph if n.op_type == "Add")
+    assert add.inputs[1].name == "input_x"  # the custom rule's order, not the built-in one's
+    assert op_histogram(program)["Mul"] == (1 if isinstance(model, AddWithAlpha) else 0)
+
+
+microsoft_op = onnxscript.values.Opset(domain="com.microsoft", version=1)
+
+
+@onnxscript.script(microsoft_op)
+def custom_aten_gelu(self: onnxscript.FLOAT, approximate: str = "none") -> onnxscript.FLOAT:
+    return microsoft_op.Gelu(self)
+
+
+class GeluModel(torch.nn.Module):
+    def forward(self, input_x):
+        return torch.ops.aten.gelu(input_x)
+
+
+def test_onnxscript_function_in_a_custom_domain_runs_in_onnxruntime():
+    program = assert_exports_equivalent(
+        GeluModel(), (torch.randn(3, 4),), resized=[(torch.randn(7, 4),)],
+        custom_translation_table={torch.ops.aten.gelu.default: custom_aten_gelu},
+        dynamic_shapes=({0: BATCH},),
+    )
+    assert [(n.domain, n.op_type) for n in program.model.graph] == [("com.microsoft", "Gelu")]
+    assert program.model.opset_imports["com.microsoft"] == 1
+
+
+class GeluBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.linear(x)) + x
+
+
+def test_custom_domain_nodes_moved_into_module_functions_keep_their_import(tmp_path):
+    model = torch.nn.Sequential(GeluBlock(), GeluBlock()).eval()
+    program = assert_exports_equivalent(
+        model, (torch.randn(3, 4),), resized=[(torch.randn(6, 4),)], f=tmp_path / "m.onnx",
+        custom_translation_table={torch.ops.aten.gelu.default: custom_aten_gelu},
+        export_modules_as_functions={GeluBlock}, dynamic_shapes=({0: BATCH},), report=True,
+    )
+    block = next(f for f in program.model_proto.functions if f.name == "GeluBlock")
+    assert {o.domain: o.version for o in block.opset_import}["com.microsoft"] == 1
+    assert program.model.opset_imports["com.microsoft"] == 1
+    onnx.checker.check_model(str(tmp_path / "m.onnx"), full_check=True)
+    assert (tmp_path / "m.report.md").exists()
+
+
+@torch.library.custom_op("dynexport_custom::add_and_round_op", mutates_args=())
+def add_and_round_op(input: torch.Tensor) -> torch.Tensor:
+    return torch.round(input + input)
+
+
+@add_and_round_op.register_fake
+def _add_and_round_op_fake(tensor_x):
+    return torch.empty_like(tensor_x)
+
+
+class AddAndRoundModel(torch.nn.Module):
+    def forward(self, input):
+        return add_and_round_op(input)
+
+
+def onnx_add_and_round(input):
+    return opset18.Round(opset18.Add(input, input))
+
+
+def test_torch_onnx_plain_function_translates_a_custom_op():
+    program = assert_exports_equivalent(
+        AddAndRoundModel(), (torch.tensor([1.0]),), resized=[(torch.randn(6) * 3,)],
+        custom_translation_table={torch.ops.dynexport_custom.add_and_round_op.default: onnx_add_and_round},
+        dynamic_shapes=({0: BATCH},),
+    )
+    assert op_histogram(program) == {"Add": 1, "Round": 1}
+
+
+custom_aten = onnxscript.values.Opset(domain="custom.aten", version=1)
+
+
+@onnxscript.script(custom_aten)
+def custom_aten_add_script(input_x, input_y, alpha: float = 1.0):
+    alpha = opset18.CastLike(alpha, input_y)
+    input_y = opset18.Mul(input_y, alpha)
+    return opset18.Add(input_x, input_y)
+
+
+class AddThenScale(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.add(x, y, alpha=2) * x + torch.add(x, y)
+
+
+def test_onnxscript_function_is_inlined_with_its_attributes_and_verifies():
+    # alpha reaches the function as the int 2 and as its default 1.0; its body reads a float.
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    table = {torch.ops.aten.add.Tensor: custom_aten_add_script}
+    program = assert_exports_equivalent(
+        AddThenScale(), (x, y), resized=[(torch.randn(5, 3), torch.randn(5, 3))],
+        custom_translation_table=table, dynamic_shapes=({0: BATCH}, {0: BATCH}),
+    )
+    assert "custom.aten" not in program.model.opset_imports and not program.model.functions
+    report = program.verify(x, y, compare_intermediates=True)
+    assert report.passed
+    report = dynexport.verify(AddThenScale(), (x, y), custom_translation_table=table, compare_intermediates=True)
+    assert report.passed
+
+
+def test_dynexport_export_verify_accepts_torch_onnx_forms():
+    x = torch.randn(4)
+    dynexport.export(AddAndRoundModel(), (x,), verify=True,
+                     custom_translation_table={torch.ops.dynexport_custom.add_and_round_op.default: onnx_add_and_round})
+
+
+def test_a_plain_function_calling_a_scripted_one_and_emitting_a_custom_domain_with_its_version():
+    my_domain = onnxscript.values.Opset("my.domain", 2)
+
+    @onnxscript.script(my_domain, default_opset=opset18)
+    def ScaledTanh(x, scale: float):
+        return opset18.Mul(opset18.Tanh(x), opset18.CastLike(scale, x))
+
+    def scaled_tanh(x, scale):
+        return ScaledTanh(x, scale=scale)
+
+    x = torch.randn(2, 3)
+    table = {torch.ops.dynexport_custom.scaled_tanh.default: scaled_tanh}
+    assert_exports_equivalent(UsesCustomOp(), (x,), resized=[(torch.randn(4, 3),)],
+                              custom_translation_table=table, dynamic_shapes=({0: BATCH},))
+
+
+def test_custom_domain_version_comes_from_the_opset_and_custom_opsets_overrides_it():
+    ort_v2 = onnxscript.values.Opset("com.example", 2)
+
+    @onnxscript.script(ort_v2)
+    def scaled_tanh_node(x, scale: float):
+        return ort_v2.ScaledTanh(x, scale=scale)
+
+    table = {torch.ops.dynexport_custom.scaled_tanh.default: scaled_tanh_node}
+    program = dynexport.export(UsesCustomOp(), (torch.randn(2, 3),), custom_translation_table=table)
+    assert program.model.opset_imports["com.example"] == 2
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    program = dynexport.export(UsesCustomOp(), (torch.randn(2, 3),), custom_translation_table=table,
+                               custom_opsets={"com.example": 5})
+    assert program.model.opset_imports["com.example"] == 5
+
+
+def test_one_custom_domain_at_two_versions_needs_custom_opsets():
+    v1, v2 = onnxscript.values.Opset("com.example", 1), onnxscript.values.Opset("com.example", 2)
+
+    @onnxscript.script(v1)
+    def tanh_v1(x, scale: float):
+        return v1.Tanh(x)
+
+    @onnxscript.script(v2)
+    def relu_v2(self, other):
+        return v2.Relu(self)
+
+    table = {torch.ops.dynexport_custom.scaled_tanh.default: tanh_v1, torch.ops.aten.sub.Tensor: relu_v2}
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.dynexport_custom.scaled_tanh(x, 2.0) - 1
+
+    with pytest.raises(ExportError, match=r"'com.example' at versions \[1, 2\]"):
+        dynexport.export(Model(), (torch.randn(2),), custom_translation_table=table)
+
+
+def test_default_domain_ops_must_mean_the_same_at_the_model_opset():
+    def rms_norm(input, normalized_shape, weight=None, eps=None):
+        from onnxscript import opset23
+
+        return opset23.RMSNormalization(input, weight, axis=-1, epsilon=eps or 1e-6)
+
+    class Norm(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.rms_norm(x, [4], torch.ones(4))
+
+    table = {torch.ops.aten.rms_norm.default: rms_norm}
+    with pytest.raises(TranslationError, match="defined from opset 23") as caught:
+        dynexport.export(Norm(), (torch.randn(2, 4),), custom_translation_table=table, opset_version=20)
+    assert "opset_version=23" in str(caught.value)
+
+    def grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+        return opset18.GridSample(input, grid, mode="bilinear", align_corners=int(align_corners))
+
+    class Sample(torch.nn.Module):
+        def forward(self, x, grid):
+            return torch.nn.functional.grid_sample(x, grid, align_corners=False)
+
+    args = (torch.randn(1, 1, 4, 4), torch.rand(1, 2, 2, 2) * 2 - 1)
+    table = {torch.ops.aten.grid_sampler.default: grid_sample}
+    with pytest.raises(TranslationError, match="GridSample means something else at opset 20"):
+        dynexport.export(Sample(), args, custom_translation_table=table)
+    assert_exports_equivalent(Sample(), args, custom_translation_table=table, opset_version=18)

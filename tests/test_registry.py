@@ -1,12 +1,19 @@
-"""The table's mechanics: rule choice by opset and checker, user rules layered above ours."""
+"""The table's mechanics: rule choice by opset and checker, user rules layered above ours, the
+forms a rule may take."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
+import onnxscript
 import pytest
 import torch
+from onnxscript import opset18
 
 import dynexport
-from dynexport.registry import Rule, TranslationTable, default_table
+from dynexport.registry import Rule, RuleForm, TranslationTable, default_table, rule_form
 
 aten = torch.ops.aten
 
@@ -56,3 +63,85 @@ def test_register_translation_rejects_bad_input():
         dynexport.register_translation(aten.relu, lambda ctx, x: x)
     with pytest.raises(KeyError, match="no translation was registered"):
         dynexport.unregister_translation(aten.cosh.default)
+
+
+def test_user_rules_rank_above_builtin_ones_whatever_the_order_and_opset():
+    builtin = _rule("builtin", builtin=True, min_opset=20)
+    user = _rule("user")
+    for rules in ([builtin, user], [user, builtin]):
+        assert TranslationTable(rules).lookup(aten.relu.default, None, 20) is user
+    declining = _rule("declining", checker=lambda node: False)
+    node = torch.fx.Graph().placeholder("x")
+    assert TranslationTable([builtin, declining]).lookup(aten.relu.default, node, 20) is builtin
+
+
+_REGISTRATION_ORDER = textwrap.dedent("""
+    import sys
+    import torch
+    import dynexport
+
+    aten = torch.ops.aten
+    x = torch.tensor([-1.0, 2.0])
+    assert "dynexport.ops" not in sys.modules  # the built-in rules load at the first export
+
+    @dynexport.translates(aten.relu.default)
+    def relu_as_abs(ctx, self):
+        return ctx.op.Abs(self)
+
+    assert dynexport.export(torch.nn.ReLU(), (x,))(x).tolist() == [1.0, 2.0]
+    assert "dynexport.ops" in sys.modules
+
+    @dynexport.translates(aten.gelu.default)  # after; the built-in rule is Gelu from opset 20
+    def gelu_as_neg(ctx, self, approximate="none"):
+        return ctx.op.Neg(self)
+
+    assert dynexport.export(torch.nn.GELU(), (x,))(x).tolist() == [1.0, -2.0]
+""")
+
+
+def test_translates_from_user_code_wins_registered_before_or_after_the_first_export():
+    result = subprocess.run([sys.executable, "-c", _REGISTRATION_ORDER], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_rule_forms_are_told_apart_without_asking():
+    def ours(ctx, x):
+        return x
+
+    def annotated(context: dynexport.TranslationContext, x):
+        return x
+
+    def theirs(self, other, alpha: float = 1.0):
+        return opset18.Add(self, other)
+
+    @onnxscript.script()
+    def scripted(x):
+        return opset18.Neg(x)
+
+    assert rule_form(ours) is RuleForm.CONTEXT
+    assert rule_form(annotated) is RuleForm.CONTEXT
+    assert rule_form(theirs) is RuleForm.TORCH_ONNX
+    assert rule_form(abs) is RuleForm.TORCH_ONNX
+    assert rule_form(scripted) is RuleForm.ONNXSCRIPT_FUNCTION
+
+
+def test_a_packet_in_the_table_stands_for_each_overload():
+    def add_as_sub(self, other, alpha=1):
+        return opset18.Sub(self, other)
+
+    table = default_table.with_overrides({aten.add: add_as_sub})
+    for overload in (aten.add.Tensor, aten.add.Scalar):
+        rule = table.lookup(overload, None, 20)
+        assert rule.form is RuleForm.TORCH_ONNX and not rule.builtin
+    x, y = torch.tensor([1.0, 5.0]), torch.tensor([2.0, 3.0])
+    program = dynexport.export(lambda a, b: a + b, (x, y), custom_translation_table={aten.add: add_as_sub})
+    torch.testing.assert_close(program(x, y), x - y)
+
+
+def test_a_failing_user_rule_is_not_called_a_dynexport_bug():
+    def broken(self):
+        raise KeyError("boom")
+
+    with pytest.raises(dynexport.errors.TranslationError) as caught:
+        dynexport.export(torch.nn.ReLU(), (torch.randn(2),), custom_translation_table={aten.relu.default: broken})
+    assert "custom translation raised it" in str(caught.value) and "bug in dynexport" not in str(caught.value)
