@@ -16,6 +16,13 @@ import torch
 from dynexport import capture as capture_stage
 from dynexport import report as report_stage
 from dynexport import signature, torchscript
+from dynexport.dim_refinement import (
+    DIM_REFINEMENTS_KEY,
+    capture_refining_dims,
+    derived_dim_roots,
+    refinements_metadata,
+)
+from dynexport.model_caches import caches_flattened
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.module_functions import module_selector
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
@@ -166,7 +173,7 @@ def export(
     record = report_stage.ExportRecord(
         model_name, opset, destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
     )
-    with report_stage.reporting(report_file, record):
+    with report_stage.reporting(report_file, record), caches_flattened((args, kwargs)):
         timings = record.timings
         if isinstance(model, torch.export.ExportedProgram):
             if dynamic_shapes is not None or dynamic_axes is not None:
@@ -205,7 +212,11 @@ def export(
                 requested_dims = signature.named_dims(dynamic_shapes, bound)
             with _phase(timings, "capture"), exporting(), select_model_mode_for_export(module, training):
                 capture = torchscript.capture if from_torchscript else capture_stage.capture
-                program, strategy = capture(module, args, kwargs, dynamic_shapes)
+                program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
+                    capture, module, args, kwargs, dynamic_shapes
+                )
+            if record.dim_refinements:
+                requested_dims = signature.named_dims(dynamic_shapes, bound)
             if auto_dims:
                 _warn_fixed_dims(program, requested_dims)
         record.strategy, record.exported_program = strategy, program
@@ -216,6 +227,7 @@ def export(
             simplifications = simplify_program(program, fold_constants=do_constant_folding) if optimize else None
         record.exported_program = program
         io_names = signature.graph_io(program, input_names, output_names, requested_dims)
+        io_names.dim_names.update(derived_dim_roots(program, requested_dims))
         onnx_model = translate_program(
             program,
             io_names,
@@ -236,6 +248,8 @@ def export(
             if optimize:
                 with _dataless_weights_hidden(onnx_model):
                     optimize_model(onnx_model, fold_constants=do_constant_folding)
+        if record.dim_refinements:
+            onnx_model.metadata_props[DIM_REFINEMENTS_KEY] = refinements_metadata(record.dim_refinements)
         record.onnx_model = onnx_model
         result = ONNXProgram(onnx_model, program, timings=timings, capture_strategy=strategy)
         timings = record.timings = result.timings

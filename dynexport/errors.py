@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "CaptureError",
+    "DimSpecializedError",
     "ExportError",
     "TorchScriptConversionError",
     "TranslationError",
@@ -49,6 +50,25 @@ class CaptureError(ExportError):
             "torch.export.draft_export to list every problem at once."
         )
         super().__init__("\n".join(lines))
+
+
+class DimSpecializedError(CaptureError):
+    """The model fixes dims the user declared dynamic: ``dims`` maps each dim name to the size it
+    is fixed to, ``source`` is the model line that fixes one (None when torch does not say)."""
+
+    def __init__(self, dims: dict[str, int], source: str | None, reasons: dict[str, BaseException]):
+        self.reasons = reasons
+        self.dims = dims
+        self.source = source
+        fixed = ", ".join(f"{name} = {size}" for name, size in dims.items())
+        ExportError.__init__(self, _located(
+            f"The model fixes dims declared dynamic to the example's sizes: {fixed}",
+            source,
+            "the ONNX model would accept only these sizes, so dynexport does not apply torch.export's "
+            "suggested fix. Keep the dim dynamic in the model (a size read from the input rather than "
+            "a constant), or opt in to a static dim: give it as None, Dim.STATIC or Dim.AUTO in "
+            "dynamic_shapes.",
+        ))
 
 
 def _model_call(message: list[str]) -> str | None:

@@ -30,6 +30,7 @@ class ExportRecord:
     opset: int
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     strategy: str | None = None
+    dim_refinements: list[Any] = dataclasses.field(default_factory=list)
     exported_program: torch.export.ExportedProgram | None = None
     summary: TranslationSummary = dataclasses.field(default_factory=TranslationSummary)
     onnx_model: Any = None
@@ -89,6 +90,10 @@ def render_report(record: ExportRecord) -> str:
             lines.append("")
 
     lines += ["## Capture", "", f"Strategy: {record.strategy or 'none succeeded'}", ""]
+    if record.dim_refinements:
+        lines += ["dynamic_shapes refined from torch.export's suggested fixes:", ""]
+        lines += [f"- {refinement}" for refinement in record.dim_refinements]
+        lines.append("")
     if record.timings:
         rows = [[phase, f"{seconds:.3f}"] for phase, seconds in record.timings.items()]
         rows.append(["**total**", f"{sum(record.timings.values()):.3f}"])

@@ -175,6 +175,10 @@ def _dim_spec_names(spec: Any, value: Any, path: str, out: dict[tuple[str, int],
     elif isinstance(value, Mapping) and isinstance(spec, Mapping):
         for k, v in value.items():
             _dim_spec_names(spec.get(k), v, f"{path}_{k}", out)
+    elif type(value) in pytree.SUPPORTED_NODES and isinstance(spec, (list, tuple)):  # a cache object
+        children, _ = pytree.SUPPORTED_NODES[type(value)].flatten_with_keys_fn(value)
+        for (key, v), s in zip(children, spec):
+            _dim_spec_names(s, v, f"{path}_{getattr(key, 'key', getattr(key, 'idx', key))}", out)
 
 
 def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, int], str]:

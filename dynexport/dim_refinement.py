@@ -1,0 +1,228 @@
+"""Dynamic-shape refinement: fit the user's ``dynamic_shapes`` to what the model requires.
+
+A model often constrains a dim the user declared with a plain ``Dim("seq")``: position embeddings
+bound it (``seq <= 128``), a reflect pad needs ``h >= 4``, a stride-2 conv whose output is added
+back needs an even ``h``, one input is one longer than another. torch.export then refuses the
+spec with a constraint violation that lists suggested fixes. Capture applies those fixes (bounds,
+derived dims, equalities) with ``torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes``
+and tries again, a bounded number of times since one fix can reveal the next, and says what
+changed: one warning per dim, the export report, and the ONNX metadata (``DIM_REFINEMENTS_KEY``).
+
+A fix that makes a declared-dynamic dim static is never applied: the ONNX model would silently
+accept one size only. :class:`~dynexport.errors.DimSpecializedError` names the dim and the model
+line that fixes it instead; the user opts in by declaring that dim static or ``Dim.AUTO``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import sysconfig
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import sympy
+import torch
+from torch.export.dynamic_shapes import _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
+
+from dynexport.errors import CaptureError, DimSpecializedError
+
+__all__ = [
+    "DIM_REFINEMENTS_KEY",
+    "DimRefinement",
+    "capture_refining_dims",
+    "derived_dim_roots",
+    "refinements_metadata",
+]
+
+DIM_REFINEMENTS_KEY = "pkg.dynexport.dim_refinements"
+
+# One fix can uncover the next constraint (a bound once an equality holds); a model still asking
+# after this many captures is not converging.
+MAX_ROUNDS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DimRefinement:
+    """One change capture made to a declared dim: ``dim`` ``seq`` and ``change`` ``max=128`` (a
+    bound), or ``dim`` ``h`` and ``change`` ``= 2*_h`` (a derived dim or an equality)."""
+
+    dim: str
+    change: str
+
+    def __str__(self) -> str:
+        separator = " " if self.change.startswith("=") else ": "
+        return f"{self.dim}{separator}{self.change} (from the model)"
+
+
+def capture_refining_dims(
+    capture: Callable[..., tuple[torch.export.ExportedProgram, str]],
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    dynamic_shapes: Any,
+) -> tuple[torch.export.ExportedProgram, str, list[DimRefinement], Any]:
+    """``capture(module, args, kwargs, dynamic_shapes)``, retried with torch's suggested fixes
+    applied to ``dynamic_shapes`` while it reports violated constraints.
+
+    Returns the program, the capture strategy, the refinements made (each also warned about) and
+    the ``dynamic_shapes`` the program was captured with.
+
+    Raises:
+        DimSpecializedError: a fix would make a dim the user declared dynamic static.
+        CaptureError: capture failed for another reason, or the fixes did not converge.
+    """
+    refinements: list[DimRefinement] = []
+    for _ in range(MAX_ROUNDS):
+        try:
+            program, strategy = capture(module, args, kwargs, dynamic_shapes)
+            return program, strategy, refinements, dynamic_shapes
+        except CaptureError as error:
+            unrefined = error
+            message = _suggested_fixes_message(error)
+            if message is None:
+                raise
+            # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
+            declared = _get_dim_name_mapping(dynamic_shapes)
+            fixes = {name: fix for name, fix in _suggested_fixes(message).items() if name in declared}
+            static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
+            if static:
+                line = _specializing_line(set(static.values()), capture, module, args, kwargs, dynamic_shapes)
+                raise DimSpecializedError(static, line, error.reasons) from error
+            try:
+                dynamic_shapes = refine_dynamic_shapes_from_suggested_fixes(message, dynamic_shapes)
+            except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
+                raise error from None
+            round_refinements = [_describe(name, fix) for name, fix in fixes.items()]
+            refinements += round_refinements
+            for refinement in round_refinements:
+                warnings.warn(f"dynamic_shapes refined: {refinement}", stacklevel=3)
+    raise unrefined
+
+
+def refinements_metadata(refinements: list[DimRefinement]) -> str:
+    """The ``DIM_REFINEMENTS_KEY`` metadata value: a JSON object ``{dim: change}``."""
+    return json.dumps({r.dim: r.change for r in refinements})
+
+
+def derived_dim_roots(
+    program: torch.export.ExportedProgram, requested_dims: dict[tuple[str, int], str]
+) -> dict[str, str]:
+    """``{symbol: root name}`` for the inputs' derived dims: an input dim requested as ``2*_h``
+    whose size is ``2*s5`` names ``s5`` ``_h``, so that every size of that root reads in its name."""
+    roots = {}
+    placeholders = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    for (name, axis), wanted in requested_dims.items():
+        val = placeholders.get(name)
+        size = val.shape[axis] if isinstance(val, torch.Tensor) and axis < val.dim() else None
+        if not isinstance(size, torch.SymInt) or size.node.expr.is_symbol or len(size.node.expr.free_symbols) != 1:
+            continue
+        try:
+            derived = sympy.sympify(wanted)
+        except (sympy.SympifyError, TypeError):
+            continue
+        if not isinstance(derived, sympy.Expr) or len(derived.free_symbols) != 1:
+            continue
+        (symbol,), (root,) = size.node.expr.free_symbols, derived.free_symbols
+        if sympy.expand(size.node.expr.subs(symbol, root) - derived) == 0:
+            roots[symbol.name] = root.name
+    return roots
+
+
+def _suggested_fixes_message(error: CaptureError) -> str | None:
+    """torch.export's constraint-violation message when it suggests fixes, else None."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    for reason in error.reasons.values():
+        if (
+            isinstance(reason, UserError)
+            and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
+            and "Suggested fixes:" in reason.msg
+        ):
+            return reason.msg
+    return None
+
+
+def _suggested_fixes(message: str) -> dict[str, str]:
+    """``{dim name: fix}`` from the "Suggested fixes:" lines (``seq = Dim('seq', max=128)``,
+    ``h = 2*_h``, ``batch = 3``), the fix text as torch wrote it."""
+    fixes = {}
+    for line in message.split("Suggested fixes:", 1)[1].strip().splitlines():
+        name, separator, fix = line.strip().partition(" = ")
+        if separator:
+            fixes[name] = fix.strip()
+    return fixes
+
+
+def _describe(name: str, fix: str) -> DimRefinement:
+    bounds = re.fullmatch(r"Dim\('[^']*',?\s*(.*)\)", fix)
+    if bounds:
+        return DimRefinement(name, bounds.group(1))
+    return DimRefinement(name, f"= {fix}")
+
+
+# -- where the model fixes a dim ------------------------------------------------------------------
+
+_SHAPE_LOG = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+_REPLACEMENT = re.compile(r"set_replacement (\S+) = (-?\d+) ")
+
+
+class _SpecializationLines(logging.Handler):
+    """Records the model line that is running when torch's shape environment replaces a symbol by
+    a constant (the Python stack at the time of its log call)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[tuple[int, str]] = []  # (constant, model line)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        replacement = _REPLACEMENT.match(record.getMessage()) if str(record.msg).startswith("set_replacement") else None
+        line = _model_line(traceback.extract_stack()) if replacement else None
+        if line is not None:
+            self.lines.append((int(replacement.group(2)), line))
+
+
+def _model_line(stack: traceback.StackSummary) -> str | None:
+    for frame in reversed(stack):
+        if not _is_library(frame.filename):
+            return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}: {frame.line}'
+    return None
+
+
+def _is_library(filename: str) -> bool:
+    """torch, dynexport and the standard library: code that runs the model, not the model."""
+    if any(part in filename for part in (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}")):
+        return True
+    paths = sysconfig.get_paths()
+    packages = (paths["purelib"], paths["platlib"])
+    return filename.startswith(paths["stdlib"]) and not filename.startswith(packages)
+
+
+@contextlib.contextmanager
+def _specializations_recorded() -> Iterator[_SpecializationLines]:
+    handler = _SpecializationLines()
+    level, handlers, propagate = _SHAPE_LOG.level, _SHAPE_LOG.handlers, _SHAPE_LOG.propagate
+    # torch's own handlers would print every shape guard of this repeated capture.
+    _SHAPE_LOG.handlers, _SHAPE_LOG.propagate = [handler], False
+    _SHAPE_LOG.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        _SHAPE_LOG.handlers, _SHAPE_LOG.propagate = handlers, propagate
+        _SHAPE_LOG.setLevel(level)
+
+
+def _specializing_line(
+    sizes: set[int], capture: Callable[..., Any], module, args, kwargs, dynamic_shapes
+) -> str | None:
+    """The model line that fixes a dim to one of ``sizes``: capture runs once more (only on this
+    error path) with torch's shape log recorded, which costs a stack walk per guard."""
+    with _specializations_recorded() as recorded, contextlib.suppress(Exception):
+        capture(module, args, kwargs, dynamic_shapes)
+    return next((line for size, line in recorded.lines if size in sizes), None)

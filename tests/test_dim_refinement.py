@@ -1,0 +1,217 @@
+"""dynamic_shapes refined from torch.export's suggested fixes (dynexport/dim_refinement.py): each
+model constrains a plain ``Dim``; the export applies the fix, says so (warning, metadata, report)
+and the ONNX model matches eager PyTorch at sizes other than the example's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+
+import dynexport
+from dynexport.dim_refinement import DIM_REFINEMENTS_KEY
+from dynexport.errors import DimSpecializedError
+from dynexport.model_caches import caches_flattened
+from tests.equivalence import assert_close, assert_exports_equivalent
+
+Dim = torch.export.Dim
+
+
+def _refinements(program: dynexport.ONNXProgram) -> dict[str, str]:
+    return json.loads(program.model.metadata_props[DIM_REFINEMENTS_KEY])
+
+
+def _input_dims(program: dynexport.ONNXProgram) -> dict[str, list]:
+    return {v.name: [str(d) for d in v.shape] for v in program.model.graph.inputs}
+
+
+class _ReflectPad(torch.nn.Module):
+    def forward(self, x):
+        return F.pad(x, (3, 3), mode="reflect")
+
+
+def test_reflect_pad_bounds_the_padded_dim(tmp_path):
+    x = torch.randn(2, 3, 8)
+    report = tmp_path / "pad.report.md"
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: h: min=4 \(from the model\)"):
+        program = assert_exports_equivalent(
+            _ReflectPad(), (x,), dynamic_shapes={"x": {0: Dim("batch"), 2: Dim("h")}},
+            resized=[(torch.randn(3, 3, 4),), (torch.randn(1, 3, 19),)], report=report,
+        )
+    assert _refinements(program) == {"h": "min=4"}
+    assert _input_dims(program)["x"] == ["batch", "3", "h"]
+    assert "- h: min=4 (from the model)" in report.read_text()
+
+
+class _PositionEmbedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.positions = torch.nn.Parameter(torch.randn(16, 4))
+
+    def forward(self, x):
+        return x.unsqueeze(-1) * self.positions[: x.shape[1]]
+
+
+def test_table_length_bounds_the_sequence():
+    with pytest.warns(UserWarning, match=r"seq: max=16 \(from the model\)"):
+        program = assert_exports_equivalent(
+            _PositionEmbedding(), (torch.randn(2, 5),), dynamic_shapes=({0: Dim("batch"), 1: Dim("seq")},),
+            resized=[(torch.randn(3, 16),), (torch.randn(1, 2),)],
+        )
+    assert _refinements(program) == {"seq": "max=16"}
+    assert _input_dims(program)["x"] == ["batch", "seq"]
+
+
+class _DownUp(torch.nn.Module):
+    """A ResNet-style skip around a stride-2 conv and a 2x upsample: the sizes must be even."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(3, 3, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return x + F.interpolate(self.down(x), scale_factor=2.0)
+
+
+def test_skip_connection_makes_sizes_multiples_of_two():
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"h = 2\*_h \(from the model\)"):
+        program = assert_exports_equivalent(
+            _DownUp().eval(), (torch.randn(2, 3, 8, 6),),
+            dynamic_shapes={"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}},
+            resized=[(torch.randn(3, 3, 12, 4),), (torch.randn(1, 3, 2, 10),)],
+        )
+    assert _refinements(program) == {"h": "= 2*_h", "w": "= 2*_w"}
+    assert _input_dims(program)["x"] == ["batch", "3", "2*_h", "2*_w"]
+
+
+def _shifted_sum(x, y):
+    return x + y[1:]
+
+
+def test_equality_between_two_dims():
+    with pytest.warns(UserWarning, match=r"b = a \+ 1 \(from the model\)"):
+        program = assert_exports_equivalent(
+            _shifted_sum, (torch.randn(4), torch.randn(5)), dynamic_shapes={"x": {0: Dim("a")}, "y": {0: Dim("b")}},
+            resized=[(torch.randn(9), torch.randn(10))],
+        )
+    assert _refinements(program) == {"b": "= a + 1"}
+    assert _input_dims(program) == {"x": ["a"], "y": ["a + 1"]}
+
+
+def test_no_refinement_no_metadata():
+    program = dynexport.export(_ReflectPad(), (torch.randn(2, 3, 8),), dynamic_shapes=({0: Dim("batch")},))
+    assert DIM_REFINEMENTS_KEY not in program.model.metadata_props
+
+
+class _FixedRows(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2).view(3, -1)
+
+
+def test_dim_the_model_makes_static_is_refused_with_the_model_line():
+    with pytest.raises(DimSpecializedError, match=r"batch = 3") as error:
+        dynexport.export(_FixedRows(), (torch.randn(3, 4),), dynamic_shapes=({0: Dim("batch")},))
+    assert error.value.dims == {"batch": 3}
+    assert "view(3, -1)" in error.value.source and "test_dim_refinement.py" in error.value.source
+    assert "Dim.AUTO" in str(error.value)
+
+
+def test_static_dim_opted_in_with_auto():
+    program = assert_exports_equivalent(_FixedRows(), (torch.randn(3, 4),), dynamic_shapes=({0: Dim.AUTO},))
+    assert _input_dims(program)["x"] == ["3", "4"]
+
+
+class _TakeAlongDim(torch.nn.Module):
+    def forward(self, x, indices):
+        return torch.take_along_dim(x, indices, dim=1)
+
+
+def test_take_along_dim():
+    """torch's take_along_dim fixes the rows and the gathered-from length; the number of values
+    taken stays dynamic once the user lets the others be static."""
+    x, indices = torch.randn(3, 5), torch.randint(0, 5, (3, 4))
+    with pytest.raises(DimSpecializedError, match=r"rows = 3, n = 5") as error:
+        dynexport.export(
+            _TakeAlongDim(), (x, indices),
+            dynamic_shapes={"x": {0: Dim("rows"), 1: Dim("n")}, "indices": {0: Dim("rows"), 1: Dim("k")}},
+        )
+    assert "take_along_dim" in error.value.source
+    program = assert_exports_equivalent(
+        _TakeAlongDim(), (x, indices),
+        dynamic_shapes={"x": {0: Dim.AUTO, 1: Dim.AUTO}, "indices": {0: Dim.AUTO, 1: Dim("k")}},
+        resized=[(x, torch.randint(0, 5, (3, 9))), (x, torch.randint(0, 5, (3, 1)))],
+    )
+    assert _input_dims(program)["indices"] == ["3", "k"]
+
+
+# -- transformers ---------------------------------------------------------------------------------
+
+
+def test_bert_sequence_bounded_by_position_embeddings():
+    transformers = pytest.importorskip("transformers")
+    from tests.models.families import VOCAB, text_inputs, tiny
+
+    model = transformers.BertModel(tiny(
+        transformers.BertConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=128,
+    )).eval()
+    batch, seq = Dim("batch"), Dim("seq")
+    with pytest.warns(UserWarning, match=r"seq: max=128 \(from the model\)"):
+        program = assert_exports_equivalent(
+            model, (), text_inputs(2, 7),
+            dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
+            resized=[((), text_inputs(3, 128)), ((), text_inputs(1, 3))],
+        )
+    assert _refinements(program) == {"seq": "max=128"}
+    assert _input_dims(program)["input_ids"] == ["batch", "seq"]
+
+
+def _decoder_call(model, batch: int, past: int, seq: int) -> dict:
+    """New tokens, a mask over past and new positions (the last row left-padded) and the cache
+    the model filled with ``past`` tokens."""
+    from tests.models.families import VOCAB
+
+    generator = torch.Generator().manual_seed(batch * 100 + past * 10 + seq)
+    with torch.no_grad():
+        prompt = torch.randint(1, VOCAB, (batch, past), generator=generator)
+        cache = model(input_ids=prompt, use_cache=True).past_key_values
+    attention_mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    attention_mask[-1, : past // 2] = 0
+    return {
+        "input_ids": torch.randint(1, VOCAB, (batch, seq), generator=generator),
+        "attention_mask": attention_mask,
+        "cache": cache,
+    }
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_decoder_with_a_populated_dynamic_cache(family):
+    transformers = pytest.importorskip("transformers")
+    from tests.models.families import DECODERS
+
+    model = DECODERS[family](True).eval()
+    batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
+    layers = model.config.num_hidden_layers
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: total},
+        "cache": [[{0: batch, 2: past}] * layers] * 2,  # keys, values
+    }
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: total"):
+        program = dynexport.export(model, (), kwargs=_decoder_call(model, 2, 5, 3), dynamic_shapes=dynamic_shapes)
+    assert transformers.DynamicCache not in pytree.SUPPORTED_NODES  # registered for the export only
+    dims = _input_dims(program)
+    assert dims["attention_mask"] == ["batch", "total"] and dims["cache_key_cache_0"][2] == "past"
+    assert str(program.model.graph.outputs[1].shape[2]) == "past + seq"
+    for sizes in [(2, 5, 3), (3, 9, 1), (1, 2, 6)]:
+        with torch.no_grad():
+            expected = model(**_decoder_call(model, *sizes))
+        with caches_flattened():
+            actual = program(**_decoder_call(model, *sizes))
+        assert_close(actual.logits, expected.logits, atol=1e-4, where=f"logits at {sizes}")
+        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers):
+            assert_close((got.keys, got.values), (want.keys, want.values), atol=1e-4, where=f"cache at {sizes}")
