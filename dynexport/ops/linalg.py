@@ -15,17 +15,18 @@ from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
 
-# MatMul has no 8- or 16-bit integer types (nor onnxruntime an Einsum kernel for them).
+# MatMul and Einsum take no bool and no 8- or 16-bit integer types (onnxruntime has no kernels
+# for them either). A bool product computed in int32 and cast back is PyTorch's: any term true.
 _NARROW_INTEGRAL = frozenset(
-    {ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16}
+    {ir.DataType.BOOL, ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16}
 )
 # Einsum's subscripts: one letter per dim.
 _LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
 
 def _compute_dtype(op_type: str, result: ir.DataType) -> ir.DataType:
-    """The dtype MatMul or Einsum computes a ``result`` in: narrow integers in int32 (wrapping
-    back agrees with PyTorch, whose narrow integer products wrap too), bfloat16 Einsum in float32
+    """The dtype MatMul or Einsum computes a ``result`` in: bools and narrow integers in int32
+    (wrapping back agrees with PyTorch, whose narrow integer products wrap too), bfloat16 Einsum in float32
     (Einsum has no bfloat16 in any opset; PyTorch accumulates bfloat16 products in float32)."""
     if result in _NARROW_INTEGRAL:
         return ir.DataType.INT32

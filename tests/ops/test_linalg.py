@@ -224,6 +224,15 @@ def test_einsum_dtypes(dtype):
     )
 
 
+def test_einsum_on_bools():
+    # ONNX's Einsum takes no bool: products run in int32; "ij->i" counts into int64, as PyTorch's.
+    a, b = torch.rand(3, 4) > 0.5, torch.rand(5) > 0.5
+    _batch_dynamic(
+        lambda a, b: (torch.einsum("bi,j->bij", a, b), torch.einsum("bi,bi->bi", a, a), torch.einsum("bi->b", a)),
+        a, b, batched=[True, False], runtime="onnxruntime",
+    )
+
+
 def test_einsum_ellipses_of_different_ranks_broadcast_and_sum():
     a, b = torch.randn(1, 2, 3), torch.randn(3)
     program = assert_exports_equivalent(
