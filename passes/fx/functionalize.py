@@ -9,6 +9,8 @@ instead (the caller's fallback). This module only analyses; it never changes the
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 __all__ = ["functional_variant", "inplace_ops_are_local", "mutated_argument"]
@@ -49,6 +51,13 @@ def inplace_ops_are_local(graph: torch.fx.Graph) -> bool:
     form, and writes a tensor that is neither a view nor viewed: then translating it
     functionally and redirecting later uses is exact."""
     for node in graph.nodes:
+        if node.op == "get_attr":
+            # A cond or while_loop body: torch.export leaves its in-place ops as written.
+            owner = graph.owning_module
+            attribute = operator.attrgetter(node.target)(owner) if owner is not None else None
+            if isinstance(attribute, torch.fx.GraphModule) and not inplace_ops_are_local(attribute.graph):
+                return False
+            continue
         base = mutated_argument(node)
         if base is None:
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
