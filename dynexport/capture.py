@@ -81,6 +81,7 @@ def _draft(module, args, kwargs, dynamic_shapes):
     with warnings.catch_warnings(), _draft_logs_silenced():
         warnings.simplefilter("ignore")
         program = torch.export.draft_export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
+    # draft_export returns its graph whatever it had to assume; only the report it attaches says.
     if program._report.failures:
         raise UnsoundCapture(program._report)
     return program
@@ -194,7 +195,7 @@ class UnsoundCapture(Exception):
             "\n".join(
                 [f"the graph holds {len(self.problems)} value(s) of the example inputs, refused:"]
                 + [f"- {problem}" for problem in shown]
-                + ([f"- ... and {more} more: .reasons['torch.export.draft_export'].problems lists all"] if more else [])
+                + ([f"- ... and {more} more: this reason's .problems lists them all"] if more else [])
             )
         )
 
@@ -226,7 +227,7 @@ def _problem(failure: Any, filenames: dict[int, str]) -> str:
             "example; fix: register one with torch.library.register_fake"
         )
     return (
-        f"torch.ops.{data['op']}'s fake kernel disagrees with the real one ({data['reason']}). "
+        f"torch.ops.{data['op']}'s fake kernel disagrees with the real one ({data['reason']}); "
         "fix: correct its torch.library.register_fake kernel"
     )
 

@@ -120,6 +120,22 @@ def test_draft_graph_with_values_of_the_example_is_refused(model, args, line):
     assert "torch._check" in message and "torch.cond" in message and "dynamo=False" in message
 
 
+def test_every_problem_of_a_draft_graph_is_listed():
+    class FiveBranches(torch.nn.Module):
+        def forward(self, x):
+            x = x + 1 if x[0] > 0 else x
+            x = x + 2 if x[1] > 0 else x
+            x = x + 3 if x[2] > 0 else x
+            x = x + 4 if x[3] > 0 else x
+            return x + 5 if x[4] > 0 else x
+
+    with pytest.raises(CaptureError) as caught:
+        dynexport.export(FiveBranches(), (torch.ones(5),))
+    problems = caught.value.reasons["torch.export.draft_export"].problems
+    assert [f"x[{i}] > 0" in problem for i, problem in enumerate(problems)] == [True] * 5
+    assert "and 2 more" in str(caught.value)
+
+
 def test_draft_graph_of_an_operator_without_fake_kernel_is_refused():
     class Model(torch.nn.Module):
         def forward(self, x):
