@@ -86,7 +86,10 @@ def export(
         dynamic_axes: torch.onnx's legacy form, ``{input_or_output_name: {axis: dim_name}}``
             or ``{name: [axes]}``; converted to ``dynamic_shapes``.
         keep_initializers_as_inputs: also list initializers as graph inputs.
-        dynamic_shapes: as for ``torch.export.export``; ``Dim("name")`` names the ONNX dim.
+        dynamic_shapes: as for ``torch.export.export``; ``Dim("name")`` names the ONNX dim. A
+            bound, multiple or equality the model puts on a declared dim is applied with a
+            warning (docs/program.md); a dim the model makes static raises
+            ``DimSpecializedError`` unless declared ``None``, ``Dim.STATIC`` or ``Dim.AUTO``.
         do_constant_folding: fold constant subgraphs.
         optimize: run the ONNX optimization passes at all.
         custom_translation_table: ``{op_overload: rule}``; these rules take precedence.
