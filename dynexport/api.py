@@ -80,11 +80,14 @@ def export(
         kwargs: example keyword arguments.
         export_params: store parameters as initializers; when False they become graph inputs.
         verbose: print the ONNX graph after export.
-        input_names: names of the ONNX graph's tensor inputs, in flattened order.
+        input_names: names of the ONNX graph's tensor inputs, in flattened order; when there are
+            more names than tensor inputs, of every argument in order (a name for one left None
+            is warned about and unused).
         output_names: names of the ONNX graph's outputs, in flattened order.
         opset_version: ONNX opset, 18 to 23 (default 20).
         dynamic_axes: torch.onnx's legacy form, ``{input_or_output_name: {axis: dim_name}}``
-            or ``{name: [axes]}``; converted to ``dynamic_shapes``.
+            or ``{name: [axes]}``; converted to ``dynamic_shapes``. Output dims take the names
+            given (model metadata ``pkg.dynexport.output_dims`` holds the sizes they stand for).
         keep_initializers_as_inputs: also list initializers as graph inputs.
         dynamic_shapes: as for ``torch.export.export``; ``Dim("name")`` names the ONNX dim. A
             bound, multiple or equality the model puts on a declared dim is applied with a
@@ -146,6 +149,9 @@ def export(
         raise ValueError("pass either dynamic_shapes or dynamic_axes, not both")
     _check_names("input_names", input_names)
     _check_names("output_names", output_names)
+    shared_names = sorted(set(input_names or ()) & set(output_names or ()))
+    if shared_names:
+        raise ValueError(f"input_names and output_names share {shared_names}; ONNX needs every input and output named apart")
     _check_destination(f)
     _check_custom_opsets(custom_opsets)
     module_functions = _module_selection(export_modules_as_functions)
@@ -200,12 +206,10 @@ def export(
                 module = capture_stage.as_module(model, args)
             signature.check_argument_types(args, kwargs)
             bound = signature.bind_arguments(module.forward, args, kwargs)
-            tensor_leaves = sum(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves((args, kwargs)))
-            if input_names is not None:
-                _check_input_count(input_names, tensor_leaves)
+            slots = signature.argument_slots(module.forward, args, kwargs)
             if dynamic_axes is not None:
                 dynamic_shapes, requested_dims = signature.dynamic_shapes_from_axes(
-                    dynamic_axes, bound, input_names, output_names
+                    dynamic_axes, bound, slots, input_names, output_names
                 )
             elif auto_dims:
                 dynamic_shapes, requested_dims = signature.dynamic_shapes_from_examples(
@@ -213,6 +217,7 @@ def export(
                 )
             else:
                 requested_dims = signature.named_dims(dynamic_shapes, bound)
+            input_names = signature.graph_input_names(input_names, slots)
             with _phase(timings, "capture"), exporting(), select_model_mode_for_export(module, training):
                 capture = torchscript.capture if from_torchscript else capture_stage.capture
                 program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
@@ -229,7 +234,7 @@ def export(
             program = _functionalized(program, explicit_buffer_updates=updates_buffers)
             simplifications = simplify_program(program, fold_constants=do_constant_folding) if optimize else None
         record.exported_program = program
-        io_names = signature.graph_io(program, input_names, output_names, requested_dims)
+        io_names = signature.graph_io(program, input_names, output_names, requested_dims, dynamic_axes)
         io_names.dim_names.update(derived_dim_roots(program, requested_dims))
         onnx_model = translate_program(
             program,

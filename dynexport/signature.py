@@ -11,7 +11,8 @@ Python int/float/bool arguments are baked into the graph as constants.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,15 +31,20 @@ from dynexport.passes.onnx.naming import unique_name
 from dynexport.translate import GraphIO
 
 __all__ = [
+    "argument_slots",
     "bind_arguments",
     "check_argument_types",
     "dynamic_shapes_from_axes",
     "dynamic_shapes_from_examples",
+    "graph_input_names",
     "graph_io",
     "split_legacy_args",
 ]
 
 _LEAF_TYPES = (torch.Tensor, int, float, bool, type(None))
+
+# An argument left at its default.
+_NOT_PASSED = object()
 
 
 def split_legacy_args(args: Any, kwargs: Mapping[str, Any] | None) -> tuple[tuple, dict]:
@@ -92,6 +98,11 @@ def _describe_path(path: Sequence[Any]) -> str:
 
 def bind_arguments(forward: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Map the forward signature's parameter names to the values given (defaults omitted)."""
+    return {name: value for name, value in _bind(forward, args, kwargs).items() if value is not _NOT_PASSED}
+
+
+def _bind(forward: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """:func:`bind_arguments`, with every other parameter too, in signature order, as _NOT_PASSED."""
     try:
         signature = inspect.signature(forward)
     except (TypeError, ValueError):
@@ -101,60 +112,134 @@ def bind_arguments(forward: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     except TypeError as error:
         raise TypeError(f"the example arguments do not match the model's signature: {error}") from None
     result: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
-            result.update({f"{name}_{i}": v for i, v in enumerate(value)})
-        elif kind is inspect.Parameter.VAR_KEYWORD:
-            result.update(value)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            result.update({f"{name}_{i}": v for i, v in enumerate(bound.arguments.get(name, ()))})
+        elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            result.update(bound.arguments.get(name, {}))
         else:
-            result[name] = value
+            result[name] = bound.arguments.get(name, _NOT_PASSED)
     return result
+
+
+def argument_slots(forward: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """Every place an input of ``forward`` could take, in torch.export's order, as (name, value):
+    each leaf of each argument given, named like torch.export's placeholder for it
+    (``past_key_values_0_1``), and each parameter left at its default."""
+    return [
+        (_leaf_name(param, path), leaf)
+        for param, value in _bind(forward, args, kwargs).items()
+        for path, leaf in pytree.tree_flatten_with_path(value)[0]
+    ]
+
+
+def _leaf_name(param: str, path: Sequence[Any]) -> str:
+    return param + "".join(f"_{getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))}" for k in path)
+
+
+def _no_graph_value(value: Any) -> str:
+    """Why an argument slot holding ``value`` is no graph input."""
+    if value is _NOT_PASSED:
+        return "is left at its default"
+    if value is None:
+        return "is None"
+    return f"is the {type(value).__name__} {value!r:.40}, baked in as a constant"
+
+
+def _input_name_slots(input_names: Sequence[str] | None, slots: list[tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
+    """The slot each of ``input_names`` stands for. The names go to the tensor inputs in order;
+    when they outnumber the tensor inputs, to every slot in order (as the legacy exporter's users
+    name an argument they leave None)."""
+    names = list(input_names or ())
+    tensors = [slot for slot in slots if isinstance(slot[1], torch.Tensor)]
+    if len(names) > len(slots):
+        raise ValueError(
+            f"input_names has {len(names)} names but the model takes {len(tensors)} tensor inputs "
+            f"(arguments: {[name for name, _ in slots]})"
+        )
+    return dict(zip(names, tensors if len(names) <= len(tensors) else slots))
+
+
+def graph_input_names(input_names: Sequence[str] | None, slots: list[tuple[str, Any]]) -> list[str] | None:
+    """The names ``input_names`` gives the graph's tensor inputs, in order (see
+    :func:`argument_slots`); a name for an argument that is no tensor (left None, a number) is
+    warned about and dropped."""
+    if input_names is None:
+        return None
+    named = _input_name_slots(input_names, slots)
+    for name, (slot, value) in named.items():
+        if not isinstance(value, torch.Tensor):
+            argument = f" (the argument {slot!r})" if slot != name else ""
+            warnings.warn(
+                f"input_names names {name!r}{argument}, which {_no_graph_value(value)}: it is no "
+                "graph input, and the name goes unused",
+                stacklevel=3,
+            )
+    name_of_slot = {slot: name for name, (slot, _) in named.items()}
+    return [name_of_slot[slot] for slot, value in slots if isinstance(value, torch.Tensor) and slot in name_of_slot]
 
 
 def dynamic_shapes_from_axes(
     dynamic_axes: Mapping[str, Any],
     bound: dict[str, Any],
+    slots: list[tuple[str, Any]],
     input_names: Sequence[str] | None,
     output_names: Sequence[str] | None,
 ) -> tuple[dict[str, Any], dict[tuple[str, int], str]]:
     """Convert torch.onnx's ``dynamic_axes`` into ``dynamic_shapes`` keyed by parameter name.
 
-    Returns the dynamic_shapes and the dim names asked for, keyed by (parameter, axis).
+    A key is a name in ``input_names`` or ``output_names`` (whose axes :func:`graph_io` names),
+    or an argument's own name (a slot of :func:`argument_slots`). Returns the dynamic_shapes and
+    the input dim names asked for, keyed by (slot, axis).
     """
-    tensor_params = [name for name, value in bound.items() if isinstance(value, torch.Tensor)]
-    names = list(input_names) if input_names else tensor_params
-    param_of = dict(zip(names, tensor_params))
-    known_outputs = set(output_names or ())
-    shapes: dict[str, Any] = {name: None for name in bound}
+    named = _input_name_slots(input_names, slots)
+    slot_values = dict(slots)
+    outputs = list(output_names or ())
+    dynamic: dict[str, dict[int, Any]] = {}
     requested: dict[tuple[str, int], str] = {}
     for key, axes in dynamic_axes.items():
-        if key in known_outputs:
+        if key in named:
+            slot, value = named[key]
+        elif key in outputs:
             _axis_names(key, axes)
             continue
-        if key not in param_of:
+        elif key in slot_values:
+            slot, value = key, slot_values[key]
+        else:
             raise ValueError(
                 f"dynamic_axes names {key!r}, which is neither an input nor an output. Inputs: "
-                f"{names}; outputs: {list(output_names or [])} (name outputs with output_names)."
+                f"{list(dict.fromkeys([*named, *slot_values]))}; outputs: "
+                + (f"{outputs}" if outputs else "none named (name outputs with output_names)")
             )
-        param = param_of[key]
-        rank = bound[param].dim()
-        spec = {}
-        for axis, dim_name in _axis_names(key, axes).items():
+        axis_names = _axis_names(key, axes)
+        if not isinstance(value, torch.Tensor):
+            if key not in named:  # graph_input_names warned about a name in input_names
+                warnings.warn(
+                    f"dynamic_axes names the argument {key!r}, which {_no_graph_value(value)}: it is "
+                    "no graph input, and its axes are ignored",
+                    stacklevel=3,
+                )
+            continue
+        rank = value.dim()
+        for axis, dim_name in axis_names.items():
             if not -rank <= axis < rank:
                 raise ValueError(f"dynamic_axes[{key!r}] names axis {axis}, but the input has rank {rank}")
             axis %= rank
-            spec[axis] = Dim.DYNAMIC
-            requested[(param, axis)] = dim_name
-        shapes[param] = spec
+            dynamic.setdefault(slot, {})[axis] = Dim.DYNAMIC
+            requested[(slot, axis)] = dim_name or f"{key}_dim_{axis}"
+    shapes: dict[str, Any] = {}
+    for param, value in bound.items():
+        leaves, spec = pytree.tree_flatten_with_path(value)
+        leaf_specs = [dynamic.get(_leaf_name(param, path)) for path, _ in leaves]
+        shapes[param] = pytree.tree_unflatten(leaf_specs, spec) if any(leaf_specs) else None
     return shapes, requested
 
 
-def _axis_names(key: str, axes: Any) -> dict[int, str]:
+def _axis_names(key: str, axes: Any) -> dict[int, str | None]:
     if isinstance(axes, Mapping):
         return {int(axis): str(name) for axis, name in axes.items()}
     if isinstance(axes, (list, tuple)):
-        return {int(axis): f"{key}_dim_{int(axis)}" for axis in axes}
+        return {int(axis): None for axis in axes}
     raise TypeError(f"dynamic_axes[{key!r}] must be a dict {{axis: name}} or a list of axes, got {axes!r}")
 
 
@@ -200,8 +285,15 @@ def graph_io(
     input_names: Sequence[str] | None,
     output_names: Sequence[str] | None,
     requested_dims: dict[tuple[str, int], str],
+    dynamic_axes: Mapping[str, Any] | None = None,
 ) -> GraphIO:
-    """Name the ONNX inputs, outputs and symbolic dims of ``program``."""
+    """Name the ONNX inputs, outputs and symbolic dims of ``program``.
+
+    ``input_names`` name the tensor inputs in order (see :func:`graph_input_names`); the entries
+    of ``dynamic_axes`` for names in ``output_names`` name output dims.
+    ONNX needs every input, output and initializer named differently: a default name that is
+    taken gets a suffix, a name the user gave that is taken is a ``ValueError``.
+    """
     specs = [s for s in program.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     graph_inputs = [
@@ -213,7 +305,14 @@ def graph_io(
             f"tensor inputs ({[s.arg.name for s in graph_inputs]})"
         )
     custom = dict(zip((s.arg.name for s in graph_inputs), input_names or ()))
-    names = [custom.get(s.arg.name, s.arg.name) for s in specs]
+    initializers = {s.target for s in program.graph_signature.input_specs if s.kind is not InputKind.USER_INPUT}
+    _check_names_free("input_names", custom.values(), initializers, "a parameter, buffer or constant of the model")
+    taken = initializers | set(custom.values())
+    input_name = {}
+    for spec in specs:
+        input_name[spec.arg.name] = custom.get(spec.arg.name) or unique_name(spec.arg.name, taken)
+        taken.add(input_name[spec.arg.name])
+    names = [input_name[s.arg.name] for s in specs]
 
     dim_names: dict[str, str] = {}
     for spec in graph_inputs:
@@ -221,7 +320,6 @@ def graph_io(
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
             continue
-        input_name = custom.get(spec.arg.name, spec.arg.name)
         for axis, size in enumerate(val.shape):
             if not isinstance(size, torch.SymInt) or not size.node.expr.is_symbol:
                 continue
@@ -231,16 +329,100 @@ def graph_io(
                 # Dims torch did not unify must not share a name: ONNX would read them as equal.
                 dim_names[symbol] = unique_name(wanted, set(dim_names.values()))
             else:
-                dim_names.setdefault(symbol, f"{input_name}_dim_{axis}")
+                dim_names.setdefault(symbol, f"{input_name[spec.arg.name]}_dim_{axis}")
 
-    user_outputs = [s for s in program.graph_signature.output_specs if s.kind is OutputKind.USER_OUTPUT]
-    default_names = _output_paths(program, len(user_outputs))
+    user_outputs = _user_outputs(program)
     if output_names is not None and len(output_names) > len(user_outputs):
         raise ValueError(
             f"output_names has {len(output_names)} names but the model returns {len(user_outputs)} outputs"
         )
-    outputs = list(output_names or ()) + default_names[len(output_names or ()):]
-    return GraphIO(names, outputs, dim_names)
+    given = list(output_names or ())
+    _check_names_free("output_names", given, taken, "an input or a parameter, buffer or constant of the model")
+    taken |= set(given)
+    outputs = list(given)
+    for default in _output_paths(program, len(user_outputs))[len(given):]:
+        outputs.append(unique_name(default, taken))
+        taken.add(outputs[-1])
+    for name, value in zip(given, user_outputs):
+        if value is None:
+            warnings.warn(
+                f"output_names names {name!r} an output the model returns as None: it is no graph "
+                "output, and the name goes unused",
+                stacklevel=3,
+            )
+    output_axes = {key: _axis_names(key, axes) for key, axes in (dynamic_axes or {}).items() if key in given}
+    output_dims = _output_dim_names(dict(zip(outputs, user_outputs)), output_axes, dim_names)
+    return GraphIO(names, outputs, dim_names, output_dims)
+
+
+def _check_names_free(argument: str, names: Iterable[str], taken: set[str], owner: str) -> None:
+    clash = sorted(set(names) & taken)
+    if clash:
+        raise ValueError(
+            f"{argument} gives {clash}, already the name of {owner}; ONNX needs every input, "
+            "output and initializer named differently: choose another name (input_names renames "
+            "an input)"
+        )
+
+
+def _user_outputs(program: torch.export.ExportedProgram) -> list[Any]:
+    """What each user output of ``program`` is at export: its ``meta["val"]`` (a fake tensor,
+    a SymInt), or the constant returned (a number, None)."""
+    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
+    return [
+        arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        for arg, spec in zip(output_node.args[0], program.graph_signature.output_specs)
+        if spec.kind is OutputKind.USER_OUTPUT
+    ]
+
+
+def _output_dim_names(
+    outputs: dict[str, Any], output_axes: Mapping[str, Mapping[int, str | None]], dim_names: dict[str, str]
+) -> dict[str, dict[int, str]]:
+    """The names dynamic_axes gives output dims, by output and axis. A static dim keeps its size
+    (warned); an unnamed (list form) dim keeps its input dim's name when it is one, else is named
+    ``<output>_dim_<axis>``; a name already standing for another size is kept and warned about."""
+    meaning = {name: symbol for symbol, name in dim_names.items()}
+    result: dict[str, dict[int, str]] = {}
+    for output, axes in output_axes.items():
+        val = outputs[output]
+        if val is None:  # graph_io warned that the output is None
+            continue
+        if not isinstance(val, torch.Tensor):
+            warnings.warn(
+                f"dynamic_axes names axes of the output {output!r}, which the model returns as the "
+                f"constant {val!r:.40}: it has no axes to name",
+                stacklevel=4,
+            )
+            continue
+        rank = val.dim()
+        for axis, dim_name in axes.items():
+            if not -rank <= axis < rank:
+                raise ValueError(f"dynamic_axes[{output!r}] names axis {axis}, but the output has rank {rank}")
+            axis %= rank
+            size = val.shape[axis]
+            if not isinstance(size, torch.SymInt) or size.node.expr.is_number:
+                warnings.warn(
+                    f"dynamic_axes makes dim {axis} of the output {output!r} dynamic"
+                    + (f" ({dim_name!r})" if dim_name else "")
+                    + f", but the model always gives it size {int(size)}: the ONNX output keeps that size",
+                    stacklevel=4,
+                )
+                continue
+            expression = str(size.node.expr)
+            if dim_name is None:
+                if size.node.expr.is_symbol:
+                    continue
+                dim_name = f"{output}_dim_{axis}"
+            if meaning.setdefault(dim_name, expression) != expression:
+                warnings.warn(
+                    f"dynamic_axes names dim {axis} of the output {output!r} {dim_name!r}, a name that "
+                    "already stands for a size torch does not prove equal: tools reading the ONNX "
+                    "model will take the two sizes as equal",
+                    stacklevel=4,
+                )
+            result.setdefault(output, {})[axis] = dim_name
+    return result
 
 
 def _output_paths(program: torch.export.ExportedProgram, count: int) -> list[str]:
@@ -312,7 +494,7 @@ def dynamic_shapes_from_examples(
             if not isinstance(leaf, torch.Tensor):
                 leaf_specs.append(None)
                 continue
-            name = param + "".join(f"_{getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))}" for k in path)
+            name = _leaf_name(param, path)
             others = [leaves_[j] for leaves_ in per_call]
             for i, other in enumerate(others):
                 if not isinstance(other, torch.Tensor) or other.dim() != leaf.dim():

@@ -46,12 +46,15 @@ from dynexport.errors import (
 from dynexport.module_functions import extract_module_functions
 from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
 from dynexport.passes.fx.simplify import Simplifications
+from dynexport.passes.onnx.naming import make_names_unique
 from dynexport.registry import Promote, Rule, RuleForm, TranslationTable, target_name
 
-__all__ = ["BUFFER_UPDATES_KEY", "GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
+__all__ = ["BUFFER_UPDATES_KEY", "OUTPUT_DIMS_KEY", "GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
 
 # Model metadata: JSON ``{buffer: output}`` for the buffers a training-mode model updates.
 BUFFER_UPDATES_KEY = "pkg.dynexport.buffer_updates"
+# {output: {axis: size}}: the size each output dim named by the user stands for, in input dim names.
+OUTPUT_DIMS_KEY = "pkg.dynexport.output_dims"
 
 # Keyword arguments that place or lay out a tensor; they never change an ONNX computation.
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
@@ -63,12 +66,14 @@ class GraphIO:
 
     ``input_names`` has one entry per user-input placeholder of the program, in order (entries
     for non-tensor inputs are ignored); ``output_names`` one per user output; ``dim_names`` maps
-    torch's shape symbols (``s0``) to the names users gave the dims (``batch``).
+    torch's shape symbols (``s0``) to the names users gave the dims (``batch``); ``output_dims``
+    the names users gave output dims, by output name and axis (``{"output0": {2: "anchors"}}``).
     """
 
     input_names: list[str]
     output_names: list[str]
     dim_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    output_dims: dict[str, dict[int, str]] = dataclasses.field(default_factory=dict)
 
 
 class TranslationContext:
@@ -708,7 +713,7 @@ def translate_program(
         env[node] = value
 
     translator.translate_graph(program.graph, env)
-    _add_outputs(translator, program, env, io.output_names)
+    output_dims = _add_outputs(translator, program, env, io.output_names, io.output_dims)
     updated = _add_buffer_updates(translator, program, env) if buffer_updates else {}
     model = ir.Model(
         graph,
@@ -719,6 +724,8 @@ def translate_program(
     )
     if updated:
         model.metadata_props[BUFFER_UPDATES_KEY] = json.dumps(updated)
+    if output_dims:
+        model.metadata_props[OUTPUT_DIMS_KEY] = json.dumps(output_dims)
     # Before functions are extracted: they import the domains at the graph's versions.
     _import_custom_domains(graph, custom_opsets or {}, translator.builder.domain_versions)
     if module_functions is not None:
@@ -751,11 +758,19 @@ def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int], writt
         graph.opset_imports.setdefault(domain, version)
 
 
-def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any], names: list[str]) -> None:
+def _add_outputs(
+    translator: _Translator,
+    program,
+    env: dict[torch.fx.Node, Any],
+    names: list[str],
+    dim_names: dict[str, dict[int, str]],
+) -> dict[str, dict[int, str]]:
     """Make the program's user outputs the graph's outputs, named ``names``; None outputs are
-    left out, Python numbers become constants."""
+    left out, Python numbers become constants. An output dim in ``dim_names`` takes the user's
+    name; returns the size each such dim stands for, by output and axis."""
     graph = translator.graph
     used: set[int] = set()
+    sizes: dict[str, dict[int, str]] = {}
     for (arg, _), name in zip(_outputs_of_kind(program, OutputKind.USER_OUTPUT), names):
         value = env[arg] if isinstance(arg, torch.fx.Node) else arg
         if value is None:
@@ -770,7 +785,14 @@ def _add_outputs(translator: _Translator, program, env: dict[torch.fx.Node, Any]
             value = identity
         used.add(id(value))
         value.name = name
+        if name in dim_names:
+            dims = list(value.shape)
+            sizes[name] = {axis: str(dims[axis]) for axis in dim_names[name]}
+            value.shape = ir.Shape([dim_names[name].get(axis, dim) for axis, dim in enumerate(dims)])
         graph.outputs.append(value)
+    # A value inside the graph may hold a name the user gave an output.
+    make_names_unique(graph)
+    return sizes
 
 
 def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Node, Any]) -> dict[str, str]:

@@ -66,7 +66,9 @@ def replace_value(old: ir.Value, new: ir.Value) -> bool:
             # A subgraph's output must come from one of its own nodes (see translate's
             # _subgraph_output), not from an enclosing graph.
             return False
-        new.name = old.name
+        # An output's name and shape are the model's interface: its dims carry the names users
+        # gave them (dynamic_axes), where ``new``'s carry the sizes they stand for.
+        new.name, new.shape = old.name, old.shape
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         return True
     old.replace_all_uses_with(new)

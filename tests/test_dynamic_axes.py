@@ -1,0 +1,244 @@
+"""torch.onnx's legacy dynamic_axes, input_names and output_names: output dims take the user's
+names, names without a graph value warn, and every output gets a name of its own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dynexport
+from dynexport.translate import OUTPUT_DIMS_KEY
+from tests.equivalence import assert_exports_equivalent
+
+
+def dims(value) -> list:
+    return [d if isinstance(d, int) else str(d) for d in value.shape]
+
+
+class Detector(torch.nn.Module):
+    """A YOLO-like head: per-level predictions at strides 8, 16 and 32, concatenated along the
+    anchors (every cell of every level)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, stride=8, padding=1)
+        self.down16 = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.down32 = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.head = torch.nn.Conv2d(8, 6, 1)
+
+    def forward(self, images):
+        p8 = self.stem(images)
+        p16 = self.down16(p8)
+        p32 = self.down32(p16)
+        return torch.cat([self.head(p).flatten(2) for p in (p8, p16, p32)], 2)
+
+
+def test_output_dims_take_the_names_dynamic_axes_gives():
+    program = assert_exports_equivalent(
+        Detector().eval(),
+        (torch.randn(1, 3, 64, 96),),
+        input_names=["images"],
+        output_names=["output0"],
+        dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 2: "anchors"}},
+        resized=[(torch.randn(2, 3, 128, 64),), (torch.randn(1, 3, 32, 32),)],
+    )
+    assert dims(program.model.graph.inputs[0]) == ["batch", 3, "height", "width"]
+    assert dims(program.model.graph.outputs[0]) == ["batch", 6, "anchors"]
+    sizes = json.loads(program.model.metadata_props[OUTPUT_DIMS_KEY])["output0"]
+    assert sizes["0"] == "batch"
+    assert "height" in sizes["2"] and "width" in sizes["2"] and "anchors" not in sizes["2"]
+    anchors = program.model_proto.graph.output[0].type.tensor_type.shape.dim[2]
+    assert anchors.dim_param == "anchors"
+
+
+def test_an_output_dim_name_survives_the_optimizer_removing_the_last_node():
+    program = assert_exports_equivalent(
+        lambda x: (x[1:] * 2).unsqueeze(0).squeeze(0),
+        (torch.randn(5, 3),),
+        output_names=["y"],
+        dynamic_axes={"x": {0: "n"}, "y": {0: "m"}},
+        resized=[(torch.randn(9, 3),)],
+    )
+    assert dims(program.model.graph.outputs[0]) == ["m", 3]
+    assert json.loads(program.model.metadata_props[OUTPUT_DIMS_KEY]) == {"y": {"0": "n - 1"}}
+
+
+def test_list_form_names_output_dims_after_input_dims_or_the_output():
+    program = assert_exports_equivalent(
+        lambda x: (x.t(), x.flatten()),
+        (torch.randn(4, 3),),
+        output_names=["transposed", "flat"],
+        dynamic_axes={"x": [0, 1], "transposed": [0, 1], "flat": [0]},
+        resized=[(torch.randn(2, 7),)],
+    )
+    assert dims(program.model.graph.inputs[0]) == ["x_dim_0", "x_dim_1"]
+    assert [dims(v) for v in program.model.graph.outputs] == [["x_dim_1", "x_dim_0"], ["flat_dim_0"]]
+    assert json.loads(program.model.metadata_props[OUTPUT_DIMS_KEY]) == {"flat": {"0": "x_dim_0*x_dim_1"}}
+
+
+def test_an_output_dim_named_like_an_input_dim_of_another_size_warns():
+    with pytest.warns(UserWarning, match="'batch', a name that already stands for a size"):
+        program = assert_exports_equivalent(
+            lambda x: torch.cat([x, x]),
+            (torch.randn(2, 3),),
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+            resized=[(torch.randn(5, 3),)],
+        )
+    assert dims(program.model.graph.outputs[0]) == ["batch", 3]
+    assert json.loads(program.model.metadata_props[OUTPUT_DIMS_KEY]) == {"y": {"0": "2*batch"}}
+
+
+def test_a_static_output_dim_keeps_its_size_with_a_warning():
+    with pytest.warns(UserWarning, match="dim 1 of the output 'y' dynamic \\('classes'\\), but the model always gives it size 3"):
+        program = assert_exports_equivalent(
+            lambda x: x * 2,
+            (torch.randn(2, 3),),
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch", 1: "classes"}},
+            resized=[(torch.randn(5, 3),)],
+        )
+    assert dims(program.model.graph.outputs[0]) == ["batch", 3]
+
+
+class Masked(torch.nn.Module):
+    def forward(self, x, mask=None):
+        return x * 2 if mask is None else x * mask
+
+
+@pytest.mark.parametrize("args", [(torch.randn(2, 3),), (torch.randn(2, 3), None)], ids=["omitted", "None"])
+def test_an_input_name_for_an_argument_left_none_warns(args):
+    with pytest.warns(UserWarning, match="input_names names 'mask', which is (None|left at its default)"):
+        program = assert_exports_equivalent(
+            Masked(),
+            args,
+            input_names=["x", "mask"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}, "mask": {0: "batch"}, "y": {0: "batch"}},
+            resized=[(torch.randn(5, 3), *args[1:])],
+        )
+    assert [v.name for v in program.model.graph.inputs] == ["x"]
+    assert dims(program.model.graph.outputs[0]) == ["batch", 3]
+
+
+def test_dynamic_axes_of_an_argument_left_none_warn():
+    with pytest.warns(UserWarning, match="dynamic_axes names the argument 'mask', which is left at its default"):
+        assert_exports_equivalent(
+            Masked(), (torch.randn(2, 3),), dynamic_axes={"x": {0: "batch"}, "mask": {0: "batch"}},
+            resized=[(torch.randn(5, 3),)],
+        )
+
+
+def test_output_names_for_none_and_constant_outputs_warn():
+    with pytest.warns(UserWarning) as record:
+        program = assert_exports_equivalent(
+            lambda x: (x * 2, None, torch.ones(3), 4.0),
+            (torch.randn(2, 3),),
+            output_names=["y", "aux", "ones", "four"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}, "aux": {0: "a"}, "ones": {0: "n"}, "four": {0: "f"}},
+            resized=[(torch.randn(5, 3),)],
+        )
+    messages = [str(w.message) for w in record]
+    assert any("'aux' an output the model returns as None" in m for m in messages)
+    assert any("output 'ones' dynamic ('n'), but the model always gives it size 3" in m for m in messages)
+    assert any("output 'four', which the model returns as the constant 4.0" in m for m in messages)
+    assert [(v.name, dims(v)) for v in program.model.graph.outputs] == [("y", ["batch", 3]), ("ones", [3]), ("four", [])]
+
+
+@pytest.mark.parametrize(
+    ("names", "listed"),
+    [
+        ({}, "Inputs: ['x', 'mask']; outputs: none named"),
+        ({"input_names": ["x", "mask"], "output_names": ["y"]}, "Inputs: ['x', 'mask']; outputs: ['y']"),
+        ({"input_names": ["features"]}, "Inputs: ['features', 'x', 'mask']"),
+    ],
+)
+def test_a_dynamic_axes_name_that_is_nowhere_is_an_error_listing_the_names(names, listed):
+    with pytest.raises(ValueError, match="'nope', which is neither an input nor an output") as error:
+        dynexport.export(Masked(), (torch.randn(2, 3),), dynamic_axes={"nope": {0: "batch"}}, **names)
+    assert listed in str(error.value)
+
+
+def test_more_input_names_than_arguments_is_an_error():
+    with pytest.raises(ValueError, match="input_names has 3 names but the model takes 1 tensor inputs"):
+        dynexport.export(Masked(), (torch.randn(2, 3),), input_names=["x", "mask", "extra"])
+
+
+def test_dynamic_axes_name_a_nested_input_by_its_flattened_name():
+    program = assert_exports_equivalent(
+        lambda x, pair: x + pair[0] * pair[1],
+        (torch.randn(2, 3), [torch.randn(2, 3), torch.randn(1, 3)]),
+        dynamic_axes={"x": {0: "batch"}, "pair_0": {0: "batch"}},
+        resized=[(torch.randn(5, 3), [torch.randn(5, 3), torch.randn(1, 3)])],
+    )
+    assert [(v.name, dims(v)) for v in program.model.graph.inputs] == [
+        ("x", ["batch", 3]), ("pair_0", ["batch", 3]), ("pair_1", [1, 3])
+    ]
+
+
+class Returns(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3))
+        self.register_buffer("offset", torch.randn(3))
+
+    def forward(self, x):
+        part = x[:, 1:]
+        return part, part, x[:, 1:], x, x.view(-1), self.weight, self.offset, self.offset, 2, torch.zeros(2)
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_every_output_gets_a_name_of_its_own(optimize):
+    program = assert_exports_equivalent(
+        Returns().eval(),
+        (torch.randn(2, 3),),
+        dynamic_axes={"x": {0: "batch"}},
+        resized=[(torch.randn(5, 3),)],
+        optimize=optimize,
+    )
+    names = [v.name for v in program.model.graph.outputs]
+    assert len(set(names)) == len(names) == 10
+
+
+def test_output_names_may_take_the_name_of_an_inner_value():
+    def doubled_plus_one(x):
+        doubled = x * 2
+        return doubled + 1
+
+    for optimize in (True, False):
+        program = assert_exports_equivalent(
+            doubled_plus_one, (torch.randn(2, 3),), output_names=["mul"], optimize=optimize
+        )
+        assert [v.name for v in program.model.graph.outputs] == ["mul"]
+
+
+class NamedLikeItsWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, weight):
+        return weight * self.weight
+
+
+def test_default_names_step_aside_for_taken_ones():
+    program = assert_exports_equivalent(NamedLikeItsWeight(), (torch.randn(2, 3),), resized=[(torch.randn(2, 3),)])
+    assert [v.name for v in program.model.graph.inputs] == ["weight_1"]
+    program = assert_exports_equivalent(lambda output: output * 2, (torch.randn(2, 3),))
+    assert [v.name for v in program.model.graph.inputs] == ["output"]
+    assert [v.name for v in program.model.graph.outputs] == ["output_1"]
+
+
+@pytest.mark.parametrize(
+    ("model", "names", "match"),
+    [
+        (NamedLikeItsWeight(), {"input_names": ["weight"]}, "input_names gives \\['weight'\\], already the name of a parameter"),
+        (Masked(), {"output_names": ["x"]}, "output_names gives \\['x'\\], already the name of an input"),
+        (Masked(), {"input_names": ["y"], "output_names": ["y"]}, "input_names and output_names share \\['y'\\]"),
+    ],
+)
+def test_a_name_the_user_gives_twice_is_an_error(model, names, match):
+    with pytest.raises(ValueError, match=match):
+        dynexport.export(model, (torch.randn(2, 3),), **names)
