@@ -151,7 +151,9 @@ def export(
     _check_names("output_names", output_names)
     shared_names = sorted(set(input_names or ()) & set(output_names or ()))
     if shared_names:
-        raise ValueError(f"input_names and output_names share {shared_names}; ONNX needs every input and output named apart")
+        raise ValueError(
+            f"input_names and output_names share {shared_names}; ONNX needs every input and output named apart"
+        )
     _check_destination(f)
     _check_custom_opsets(custom_opsets)
     module_functions = _module_selection(export_modules_as_functions)

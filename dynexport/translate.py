@@ -49,7 +49,14 @@ from dynexport.passes.fx.simplify import Simplifications
 from dynexport.passes.onnx.naming import make_names_unique
 from dynexport.registry import Promote, Rule, RuleForm, TranslationTable, target_name
 
-__all__ = ["BUFFER_UPDATES_KEY", "OUTPUT_DIMS_KEY", "GraphIO", "TranslationContext", "TranslationSummary", "translate_program"]
+__all__ = [
+    "BUFFER_UPDATES_KEY",
+    "OUTPUT_DIMS_KEY",
+    "GraphIO",
+    "TranslationContext",
+    "TranslationSummary",
+    "translate_program",
+]
 
 # Model metadata: JSON ``{buffer: output}`` for the buffers a training-mode model updates.
 BUFFER_UPDATES_KEY = "pkg.dynexport.buffer_updates"
