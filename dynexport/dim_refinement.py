@@ -29,7 +29,8 @@ from typing import Any
 
 import sympy
 import torch
-from torch.export.dynamic_shapes import _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
+import torch.utils._pytree as pytree
+from torch.export.dynamic_shapes import _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
 
 from dynexport.errors import CaptureError, DimSpecializedError
 
@@ -96,7 +97,7 @@ def capture_refining_dims(
                 line = _specializing_line(set(static.values()), capture, module, args, kwargs, dynamic_shapes)
                 raise DimSpecializedError(static, line, error.reasons) from error
             try:
-                dynamic_shapes = refine_dynamic_shapes_from_suggested_fixes(message, dynamic_shapes)
+                dynamic_shapes = _refined(message, dynamic_shapes)
             except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
                 raise error from None
             round_refinements = [_describe(name, fix) for name, fix in fixes.items()]
@@ -147,6 +148,21 @@ def _suggested_fixes_message(error: CaptureError) -> str | None:
         ):
             return reason.msg
     return None
+
+
+def _refined(message: str, dynamic_shapes: Any) -> Any:
+    """``dynamic_shapes`` with torch's suggested fixes applied. torch's helper reads every dim as
+    a ``Dim`` or an int: hints (``Dim.AUTO``, ``Dim.DYNAMIC``) stand in as negative ints meanwhile."""
+    hints: list[_DimHint] = []
+
+    def hide(dim: Any) -> Any:
+        if isinstance(dim, _DimHint):
+            hints.append(dim)
+            return -len(hints)
+        return dim
+
+    refined = refine_dynamic_shapes_from_suggested_fixes(message, pytree.tree_map(hide, dynamic_shapes))
+    return pytree.tree_map(lambda dim: hints[-dim - 1] if isinstance(dim, int) and dim < 0 else dim, refined)
 
 
 def _suggested_fixes(message: str) -> dict[str, str]:

@@ -65,6 +65,21 @@ def test_table_length_bounds_the_sequence():
     assert _input_dims(program)["x"] == ["batch", "seq"]
 
 
+class _PositionsAndScale(_PositionEmbedding):
+    def forward(self, x, y):
+        return super().forward(x), y * 2
+
+
+def test_refined_dim_beside_dynamic_and_auto_hints():
+    with pytest.warns(UserWarning, match=r"seq: max=16"):
+        program = assert_exports_equivalent(
+            _PositionsAndScale(), (torch.randn(2, 5), torch.randn(3)),
+            dynamic_shapes={"x": {0: Dim.DYNAMIC, 1: Dim("seq")}, "y": {0: Dim.AUTO}},
+            resized=[(torch.randn(4, 16), torch.randn(7))],
+        )
+    assert _input_dims(program) == {"x": ["x_dim_0", "seq"], "y": ["y_dim_0"]}
+
+
 class _DownUp(torch.nn.Module):
     """A ResNet-style skip around a stride-2 conv and a 2x upsample: the sizes must be even."""
 
