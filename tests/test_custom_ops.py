@@ -342,3 +342,17 @@ def test_default_domain_ops_must_mean_the_same_at_the_model_opset():
     with pytest.raises(TranslationError, match="GridSample means something else at opset 20"):
         dynexport.export(Sample(), args, custom_translation_table=table)
     assert_exports_equivalent(Sample(), args, custom_translation_table=table, opset_version=18)
+
+
+class RoundsInABranch(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda t: add_and_round_op(t), lambda t: add_and_round_op(-t) * 2, (x,))
+
+
+def test_torch_onnx_plain_function_inside_a_cond_branch():
+    program = assert_exports_equivalent(
+        RoundsInABranch(), (torch.ones(3),), resized=[(-torch.ones(5),), (torch.randn(4) * 3,)],
+        custom_translation_table={torch.ops.dynexport_custom.add_and_round_op.default: onnx_add_and_round},
+        dynamic_shapes=({0: BATCH},),
+    )
+    assert op_histogram(program)["If"] == 1
