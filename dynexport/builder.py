@@ -184,9 +184,12 @@ def _bind_op_arguments(
 
 
 def _output_count(op: onnxscript.values.Op, attributes: Mapping[str, Any]) -> int:
+    """How many outputs an onnxscript op call returns: all its schema's outputs, as torch.onnx."""
     schema = op.op_schema
     if schema is None:
         return 1
+    if op.domain == "" and op.name == "BatchNormalization" and not attributes.get("training_mode"):
+        return 1  # the running statistics are outputs in training mode only
     variadic = schema.outputs and schema.outputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
     if not variadic:
         return len(schema.outputs)

@@ -356,3 +356,18 @@ def test_torch_onnx_plain_function_inside_a_cond_branch():
         dynamic_shapes=({0: BATCH},),
     )
     assert op_histogram(program)["If"] == 1
+
+
+def test_batch_normalization_called_in_inference_mode_has_one_output():
+    def batch_norm(input, weight, bias, running_mean, running_var, momentum, eps):
+        normalized = opset18.BatchNormalization(input, weight, bias, running_mean, running_var, epsilon=eps)
+        return normalized, None, None
+
+    model = torch.nn.BatchNorm1d(3).eval()
+    model.running_mean.uniform_(-1, 1)
+    model.running_var.uniform_(0.5, 2)
+    program = assert_exports_equivalent(
+        model, (torch.randn(4, 3),), resized=[(torch.randn(9, 3),)], dynamic_shapes=({0: BATCH},),
+        custom_translation_table={torch.ops.aten._native_batch_norm_legit_no_training.default: batch_norm},
+    )
+    assert [len(n.outputs) for n in program.model.graph if n.op_type == "BatchNormalization"] == [1]
