@@ -5,7 +5,8 @@ decide when the values are known: a trip count or condition known at export unro
 branch; otherwise the loop becomes ``torch.while_loop`` and the branch ``torch.cond``, called as
 operators with every value their bodies read from outside passed in. Lists the bodies append to
 become ONNX sequences (:mod:`dynexport.sequences`) whose handles the loop carries or the branch
-returns.
+returns; tensors they write to in place (``x[i] = v``) are carried or returned the same way,
+the new value replacing the old after the loop or branch.
 """
 
 from __future__ import annotations
@@ -30,27 +31,27 @@ def run_loop(
     trip_count: int | torch.SymInt | torch.Tensor,
     condition: bool | torch.Tensor | None,
     carried_count: int,
-    appended: tuple[int, ...],
+    updated: tuple[int, ...],
     source: str,
     *values: Any,
 ) -> list[Any]:
     """TorchScript's ``prim::Loop`` while torch.export traces it: ``body(*captured, i, *carried)``
-    returns ``(condition, *carried, *appended lists)``, ``appended`` being the positions among
-    the captured values of the lists the body appends to; the loop runs while ``i < trip_count``
-    and the condition (None: a counted loop) holds. Returns the carried values, then those
-    lists."""
+    returns ``(condition, *carried, *updated values)``, ``updated`` being the positions among
+    the captured values of the lists the body appends to and the tensors it writes to; the
+    loop runs while ``i < trip_count`` and the condition (None: a counted loop) holds. Returns
+    the carried values, then the updated ones."""
     carried, captured = list(values[:carried_count]), list(values[carried_count:])
     if isinstance(trip_count, int) and (condition is None or isinstance(condition, (bool, int))):
-        return _unrolled(body, trip_count, condition is None or bool(condition), carried, captured, appended, source)
-    return _while_loop(body, trip_count, condition, carried, captured, appended, source)
+        return _unrolled(body, trip_count, condition is None or bool(condition), carried, captured, updated, source)
+    return _while_loop(body, trip_count, condition, carried, captured, updated, source)
 
 
-def _unrolled(body, trip_count, condition, carried, captured, appended, source) -> list[Any]:
+def _unrolled(body, trip_count, condition, carried, captured, updated, source) -> list[Any]:
     iteration = 0
     while iteration < trip_count and condition:
         outputs = _as_list(body(*captured, iteration, *carried))
         condition, carried = outputs[0], outputs[1 : 1 + len(carried)]
-        for position, value in zip(appended, outputs[1 + len(carried) :]):
+        for position, value in zip(updated, outputs[1 + len(carried) :]):
             captured[position] = value
         if isinstance(condition, torch.Tensor):
             raise TorchScriptConversionError(
@@ -61,10 +62,10 @@ def _unrolled(body, trip_count, condition, carried, captured, appended, source) 
                 "compute the condition from Python ints, or give the loop a tensor trip count",
             )
         iteration += 1
-    return [*carried, *(captured[position] for position in appended)]
+    return [*carried, *(captured[position] for position in updated)]
 
 
-def _while_loop(body, trip_count, condition, carried, captured, appended, source) -> list[Any]:
+def _while_loop(body, trip_count, condition, carried, captured, updated, source) -> list[Any]:
     unsupported = [
         _kind(value)
         for value in carried
@@ -83,13 +84,15 @@ def _while_loop(body, trip_count, condition, carried, captured, appended, source
     else:
         bound = torch.scalar_tensor(trip_count, dtype=torch.int64)
     counted = condition is None
-    # Lists the body appends to are carried as ONNX sequences: the loop's state is its own
-    # carried values, then those lists.
+    # The loop's state is its own carried values, then the values the body updates: the lists
+    # it appends to, carried as ONNX sequences, and the tensors it writes to.
     state = [_as_sequence(value, source) for value in carried] + [
-        _as_sequence(captured[position], source) for position in appended
+        _as_sequence(captured[position], source) for position in updated
     ]
     loop_state = _LoopState(state)
-    invariant, rebuild_invariant = _lifted([captured, loop_state.entry_elements])
+    # What the loop updates, it carries; while_loop's inputs may not alias its carried values.
+    outside = [None if position in updated else value for position, value in enumerate(captured)]
+    invariant, rebuild_invariant = _lifted([outside, loop_state.entry_elements])
     first = 1 if counted else 2  # the iteration, then the condition of a `while`
 
     # while_loop's functions see only their arguments: what they read from outside comes last.
@@ -102,7 +105,7 @@ def _while_loop(body, trip_count, condition, carried, captured, appended, source
         carried_values = [value.clone() for value in values[first - 1 : first - 1 + len(state)]]
         inputs, entry_elements = rebuild_invariant(values[first - 1 + len(state) : -1])
         current = loop_state.entering(carried_values, entry_elements)
-        for position, value in zip(appended, current[len(carried) :]):
+        for position, value in zip(updated, current[len(carried) :]):
             inputs[position] = value
         outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
         next_state = loop_state.leaving(outputs[1:], source)
@@ -167,22 +170,23 @@ def run_if(
     predicate: bool | torch.SymBool | torch.Tensor,
     true_branch: Callable[..., Any],
     false_branch: Callable[..., Any],
-    appended: tuple[int, ...],
+    updated: tuple[int, ...],
     scalar_outputs: tuple[torch.dtype | None, ...],
     source: str,
     *arguments: Any,
 ) -> list[Any]:
     """TorchScript's ``prim::If`` while torch.export traces it: each branch returns the If's
-    outputs, then the lists it appended to (``appended``: their positions among
-    ``arguments``). A predicate known at export picks its branch. Otherwise the If becomes
-    ``torch.cond``: the lists become ONNX sequences (their lengths now depend on data) and cond
-    carries their handles, and outputs that TorchScript types as bool/int/float
+    outputs, then the lists it appended to and the tensors it wrote to (``updated``: their
+    positions among ``arguments``). A predicate known at export picks its branch. Otherwise the
+    If becomes ``torch.cond``: the lists become ONNX sequences (their lengths now depend on
+    data) and cond carries their handles, each branch writes to its own copy of the tensors
+    (cond's operands must stay intact) and returns it, and outputs that TorchScript types as bool/int/float
     (``scalar_outputs``: their dtypes) cross it as 0-d tensors: a branch may compute one from
     a tensor and the other give a constant (``while i < n and bool(t[i])``)."""
     if isinstance(predicate, (bool, int)):
         return _as_list((true_branch if predicate else false_branch)(*arguments))
     arguments = list(arguments)
-    for position in appended:
+    for position in updated:
         arguments[position] = _as_sequence(arguments[position], source)
     operands, rebuild = _lifted(arguments)
     elements: dict[int, list[Element | None]] = {}
@@ -199,7 +203,11 @@ def run_if(
 
     def run(branch: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
         def run_branch(*values):
-            return tuple(as_operand(index, value) for index, value in enumerate(_as_list(branch(*rebuild(values)))))
+            inputs = rebuild(values)
+            for position in updated:
+                if isinstance(inputs[position], torch.Tensor):
+                    inputs[position] = inputs[position].clone()
+            return tuple(as_operand(index, value) for index, value in enumerate(_as_list(branch(*inputs))))
 
         return run_branch
 

@@ -21,7 +21,7 @@ import itertools
 import linecache
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -44,7 +44,9 @@ def is_torchscript(model: Any) -> bool:
 def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphModule, tuple]:
     """``model``'s TorchScript graph as an FX GraphModule whose ``forward`` takes the model's
     arguments (same names), with the call's arguments bound to them: TorchScript passes every
-    argument positionally, defaults included. A model that is not TorchScript is traced first.
+    argument positionally, defaults included. An argument that is None (an ``Optional[Tensor]``
+    left at its default) is a constant of the graph, not an argument. A model that is not
+    TorchScript is traced first.
 
     Raises:
         CaptureError: ``torch.jit.trace`` failed on the model.
@@ -57,8 +59,9 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
         arguments = arguments[1:]  # self
     positional = _bind(arguments, args, kwargs)
     module = _ScriptConverter(model, positional).graph_module()
+    given = [(argument, value) for argument, value in zip(arguments, positional) if value is not None]
     placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
-    for node, argument in zip(placeholders, arguments):
+    for node, (argument, _) in zip(placeholders, given):
         node.name = node.target = argument.name
     output = next(node for node in reversed(module.graph.nodes) if node.op == "output")
     with module.graph.inserting_before(output):
@@ -67,7 +70,7 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
             output.args, lambda value: module.graph.call_function(sequences.as_output, (value,))
         )
     module.recompile()
-    return module, positional
+    return module, tuple(value for _, value in given)
 
 
 def capture(
@@ -137,8 +140,25 @@ def _bind(arguments: Sequence[torch.Argument], args: tuple, kwargs: dict) -> tup
     return tuple(values)
 
 
+_NO_TENSOR = torch.empty(0)
+
+
 class _ScriptConverter(ts_converter.TS2EPConverter):
-    """torch's converter with our graph converter; the capture is :func:`capture`'s."""
+    """torch's converter with our graph converter; the capture is :func:`capture`'s. Arguments
+    that are None are bound to the graph as constants."""
+
+    def __init__(self, model: torch.jit.ScriptModule | torch.jit.ScriptFunction, positional: tuple):
+        # torch's converter gives every argument's example to TorchScript's shape propagation,
+        # which takes tensors only; a None argument's input is bound to None below instead.
+        super().__init__(model, tuple(_NO_TENSOR if value is None else value for value in positional))
+        inputs = [
+            value
+            for value in self.ts_graph.inputs()
+            if not isinstance(value.type(), torch.ClassType)
+            and value.debugName() not in self.name_to_param
+            and value.debugName() not in self.name_to_buffer
+        ]
+        self.none_inputs = frozenset(value.debugName() for value, given in zip(inputs, positional) if given is None)
 
     def graph_module(self) -> torch.fx.GraphModule:
         lifted_attributes, attribute_names = ts_converter.get_block_to_lifted_attrs(self.ts_graph)
@@ -151,6 +171,7 @@ class _ScriptConverter(ts_converter.TS2EPConverter):
             self.name_to_constant,
             attribute_names,
         )
+        converter.none_inputs = self.none_inputs
         return converter.convert()
 
 
@@ -158,6 +179,14 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
     """Converts one TorchScript graph or block; ``prim::Loop`` and ``prim::If`` become
     :func:`run_loop` and :func:`run_if` calls, and every FX node records its TorchScript source
     line as its stack trace."""
+
+    none_inputs: frozenset[str] = frozenset()
+
+    def convert_graph_inputs(self) -> None:
+        super().convert_graph_inputs()
+        for name in self.none_inputs:
+            self.fx_graph.erase_node(self.name_to_node.pop(name))
+            self.name_to_constant[name] = None
 
     def convert_node(self, node: torch._C.Node) -> None:
         before = len(self.fx_graph.nodes)
@@ -187,6 +216,34 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         inputs = [self.get_fx_value_by_ir_value(value) for value in node.inputs()]
         self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(python_operator, tuple(inputs))
 
+    def convert_aten_Int(self, node: torch._C.Node) -> None:
+        # torch's version reads a tensor through int32 and calls tensor methods on numbers
+        # (`int(t.item())`).
+        self._call(node, _number, self.get_fx_value_by_ir_value(node.input()), torch.int64)
+
+    def convert_aten_Float(self, node: torch._C.Node) -> None:
+        # torch's version reads a tensor through float32 and calls tensor methods on numbers
+        # (`float(flag)`).
+        self._call(node, _number, self.get_fx_value_by_ir_value(node.input()), torch.float64)
+
+    def convert_aten_tensor(self, node: torch._C.Node) -> None:
+        # torch's version calls a function local to it, which the code FX writes for a block's
+        # graph looks up as torch._export.converter.target (`x[mask] = 0.0` in a branch).
+        args, kwargs = self.get_args_kwargs(node, torch.ops.aten.tensor.default._schema)
+        self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(_tensor, args, kwargs)
+
+    def convert_prim_device(self, node: torch._C.Node) -> None:
+        # torch's version reads the device from the TorchScript type, unknown (None) for a
+        # computed tensor: `(x + 1).device == y.device` would be False.
+        self._call(node, _device, self.get_fx_value_by_ir_value(node.input()))
+
+    def convert_prim_Constant(self, node: torch._C.Node) -> None:
+        if node.output().type().kind() == "DeviceObjType":
+            # torch's version keeps the device's name, a str no device equals.
+            self.name_to_constant[node.output().debugName()] = torch.device(node.s("value"))
+        else:
+            super().convert_prim_Constant(node)
+
     def convert_prim_unchecked_cast(self, node: torch._C.Node) -> None:
         # `Optional[Tensor]` to `Tensor` after an `is not None` test: nothing to compute.
         self._convert_as_noop(node)
@@ -205,9 +262,9 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         self, node: torch._C.Node, arguments: list[str], updated: Sequence[str] = ()
     ) -> list[torch.fx.Node]:
         # torch's version converts blocks with its own converter class, not this one. Each
-        # block returns its outputs, then ``updated``, the lists appended to in the node's blocks
-        # (torch's converter collects them as it goes, in a set: branches would disagree on
-        # which and in what order).
+        # block returns its outputs, then ``updated``, the lists appended to and the tensors
+        # written to in the node's blocks (torch's converter collects the lists as it goes, in a
+        # set: branches would disagree on which and in what order, and it loses the tensors).
         graphs = []
         for block in node.blocks():
             converter = _GraphConverter(
@@ -227,7 +284,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
 
     def convert_aten_append(self, node: torch._C.Node) -> None:
         # torch's version, without its warning that appending mutates: run_loop and run_if
-        # return the lists their blocks append to (_lists_appended_within).
+        # return the lists their blocks append to (_updated_within).
         container, element = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
         appended = self.fx_graph.call_function(sequences.append, (container, element, script_source(node)))
         self.name_to_node[node.output().debugName()] = self.name_to_node[node.inputsAt(0).debugName()] = appended
@@ -274,14 +331,14 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         return sorted(arguments)
 
     def _bind_outputs(self, node: torch._C.Node, call: torch.fx.Node, updated: list[str]) -> None:
-        """``node``'s outputs, then the lists ``updated`` it appended to, as ``call``'s results."""
+        """``node``'s outputs, then the values ``updated`` it updated, as ``call``'s results."""
         names = [output.debugName() for output in node.outputs()] + updated
         for index, name in enumerate(names):
             self.name_to_node[name] = self.fx_graph.call_function(operator.getitem, (call, index))
 
     def convert_prim_If(self, node: torch._C.Node) -> None:
         self._check_set_attr_in_if_block(node)
-        updated = _lists_appended_within(node)
+        updated = _updated_within(node)
         arguments = self._block_arguments(node)
         branches = self._convert_block_to_subgraph(node, arguments, updated)
         branch = self.fx_graph.call_function(
@@ -300,7 +357,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
     def convert_prim_Loop(self, node: torch._C.Node) -> None:
         trip_count, condition, *carried = node.inputs()
         body = next(node.blocks())
-        updated = _lists_appended_within(node)
+        updated = _updated_within(node)
         captured = self._block_arguments(node)
         (body_graph,) = self._convert_block_to_subgraph(node, captured, updated)
 
@@ -355,22 +412,169 @@ _HINT = (
 )
 
 
+def _device(tensor: torch.Tensor) -> torch.device:
+    return tensor.device
+
+
+def _tensor(data: Any, dtype: int | None = None, device: Any = None, requires_grad: Any = False) -> torch.Tensor:
+    """TorchScript's ``aten::tensor`` (``dtype``: a ScalarType number); ``torch._refs.tensor``
+    takes symbolic numbers."""
+    make = torch.tensor if isinstance(data, int) else torch._refs.tensor
+    dtype = None if dtype is None else ts_converter._TORCH_ENUM_TO_DTYPE[dtype]
+    return make(data, dtype=dtype, device=device, requires_grad=bool(requires_grad))
+
+
+def _number(value: Any, dtype: torch.dtype) -> Any:
+    """``int(value)`` or ``float(value)`` (``dtype``: int64 or float64) of a tensor or of a
+    number that may be symbolic; ``bool(t)`` of a tensor stays a tensor in the converted graph."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype).item()
+    return torch.sym_int(value) if dtype == torch.int64 else torch.sym_float(value)
+
+
 _SCALAR_TYPES = {"BoolType": torch.bool, "IntType": torch.int64, "FloatType": torch.float64}
 
 
-def _lists_appended_within(node: torch._C.Node) -> list[str]:
-    """The lists defined outside ``node``'s blocks that they append to, by name."""
-    defined, appended = set(), []
+def _updated_within(node: torch._C.Node) -> list[str]:
+    """The values defined outside ``node``'s blocks that they update, by name: the lists they
+    append to and the tensors they write to in place (``x[i] = v``, ``x.index_add_(...)``)."""
+    inside = _defined_within(node)
+    updated = set()
+    for inner in _nodes_within(node):
+        if inner.kind() == "aten::append":
+            updated.add(inner.inputsAt(0).debugName())
+            continue
+        for value in _written_inputs(inner):
+            written = _outer_alias(value, inside, inner)
+            if written is not None:
+                _check_no_other_alias_is_read(written, node, inside, inner)
+                updated.add(written.debugName())
+    return sorted(updated - inside)
+
+
+def _nodes_within(node: torch._C.Node) -> Iterator[torch._C.Node]:
+    pending = list(node.blocks())
+    while pending:
+        block = pending.pop()
+        for inner in block.nodes():
+            yield inner
+            pending += inner.blocks()
+
+
+def _defined_within(node: torch._C.Node) -> set[str]:
+    """The names of the values ``node``'s blocks define, their parameters included."""
+    defined = set()
     pending = list(node.blocks())
     while pending:
         block = pending.pop()
         defined.update(value.debugName() for value in block.inputs())
         for inner in block.nodes():
             defined.update(value.debugName() for value in inner.outputs())
-            if inner.kind() == "aten::append":
-                appended.append(inner.inputsAt(0).debugName())
             pending += inner.blocks()
-    return sorted(set(appended) - defined)
+    return defined
+
+
+def _op_schema(node: torch._C.Node) -> torch.FunctionSchema | None:
+    schema = node.schema()
+    return None if schema == "(no schema)" else torch._C.parse_schema(schema)
+
+
+def _written_inputs(node: torch._C.Node) -> list[torch._C.Value]:
+    """The tensors ``node`` writes to, by its schema (``Tensor(a!) self``)."""
+    schema = _op_schema(node)
+    if schema is None:
+        return []
+    return [
+        value
+        for argument, value in zip(schema.arguments, node.inputs())
+        if argument.alias_info is not None and argument.alias_info.is_write
+    ]
+
+
+def _aliased_input(value: torch._C.Value) -> torch._C.Value | None:
+    """The input ``value`` is a view of or is, if any: ``select``'s or ``reshape``'s input,
+    ``add_``'s (its result is its input), the list an element is taken from."""
+    node = value.node()
+    if node.kind() in ("prim::unchecked_cast", "prim::ListUnpack", "prim::TupleUnpack"):
+        return node.inputsAt(0)
+    schema = _op_schema(node)
+    if schema is None or len(schema.returns) != node.outputsSize():
+        return None
+    if schema.returns[value.offset()].alias_info is None:
+        return None
+    return next(
+        (value for argument, value in zip(schema.arguments, node.inputs()) if argument.alias_info is not None), None
+    )
+
+
+def _outer_alias(value: torch._C.Value, inside: set[str], writer: torch._C.Node) -> torch._C.Value | None:
+    """The value defined outside the blocks (names ``inside``) that writing to ``value``
+    writes to, or None if the write stays within them."""
+    while value.debugName() in inside:
+        source = _aliased_input(value)
+        if source is None:
+            if value.node().kind() in _UNTRACKED_ALIASES:
+                raise TorchScriptConversionError(
+                    writer.kind(),
+                    script_source(writer),
+                    f"the branch or loop writes in place to a tensor taken from {value.node().kind()}, "
+                    "whose writes cannot be followed out of it",
+                    "write to a tensor made within the branch or loop, or return the new value instead",
+                )
+            return None
+        value = source
+    if not value.type().isSubtypeOf(torch._C.TensorType.get()):
+        raise TorchScriptConversionError(
+            writer.kind(),
+            script_source(writer),
+            f"the branch or loop writes in place to an element of a {value.type()} made before it",
+            "write to a tensor, or build the list within the branch or loop",
+        )
+    return value
+
+
+# Values whose writes reach tensors they do not say: a module attribute, a container's elements.
+_UNTRACKED_ALIASES = {"prim::GetAttr", "prim::ListConstruct", "prim::TupleConstruct", "prim::DictConstruct"}
+
+
+def _check_no_other_alias_is_read(
+    written: torch._C.Value, node: torch._C.Node, inside: set[str], writer: torch._C.Node
+) -> None:
+    """A branch or loop that writes to ``written`` returns its new value, which replaces it
+    after ``node``; another view of the same memory made before ``node`` (``y = x[0]``, or
+    ``written`` itself being a view) would keep the old values where eager sees the write."""
+    base = written
+    while (source := _aliased_input(base)) is not None:
+        base = source
+    family, pending = [], [base]
+    while pending:
+        value = pending.pop()
+        family.append(value)
+        pending += [output for use in value.uses() for output in use.user.outputs() if _aliased_input(output) is value]
+    for alias in family:
+        if alias is written or alias.debugName() in inside or _is_after(alias.node(), node):
+            continue
+        if any(use.user is node or use.user.isAfter(node) or _is_within(use.user, node) for use in alias.uses()):
+            raise TorchScriptConversionError(
+                writer.kind(),
+                script_source(writer),
+                f"the branch or loop writes in place to %{written.debugName()}, and %{alias.debugName()}, "
+                "another view of the same memory made before it, is read within or after it",
+                "clone the tensor before the branch or loop (x = x.clone()), or take the view after it",
+            )
+
+
+def _is_within(inner: torch._C.Node, node: torch._C.Node) -> bool:
+    block = inner.owningBlock()
+    while block is not None and block.owningNode() is not None:
+        if block.owningNode() is node:
+            return True
+        block = block.owningNode().owningBlock()
+    return False
+
+
+def _is_after(defining: torch._C.Node, node: torch._C.Node) -> bool:
+    return defining.kind() != "prim::Param" and defining.isAfter(node)
 
 
 def _is_true(value: torch._C.Value) -> bool:

@@ -3,8 +3,11 @@ control-flow construct run in onnxruntime on inputs that take another branch or 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 import torch
+from torch import Tensor
 from torch.export import Dim
 
 import dynexport
@@ -275,6 +278,257 @@ def test_keyword_and_default_arguments_are_bound_positionally():
     assert args[1:] == (2.0, 2)
     program = dynexport.export(model, (torch.ones(2),), kwargs={"times": 2})
     assert_close(program(*args), model(torch.ones(2), times=2))
+
+
+# --- In-place writes within a branch or loop: the new value replaces the old after it. ---------
+
+
+@torch.jit.script
+def check_init(input_data, hidden_size: int, prev_state):
+    # PyTorch's test_index_put_if_2: `state[:] = ...` in a branch on the previous state's size.
+    batch_size = input_data.size(0)
+    spatial_size_0 = input_data.size(2)
+    spatial_size_1 = input_data.size(3)
+    state_size = (2, batch_size, hidden_size, spatial_size_0, spatial_size_1)
+    state = torch.zeros(state_size, device=input_data.device)
+    if prev_state.size(0) < 4:
+        state = state * 3
+        if prev_state.size(0) < 3:
+            state[:] = torch.ones(batch_size, hidden_size, spatial_size_0, spatial_size_1) * 3
+        else:
+            state = state + 2
+    return state
+
+
+class InitState(torch.nn.Module):
+    def __init__(self, hidden_size):
+        super().__init__()
+        self.hidden_size = hidden_size
+
+    def forward(self, input_data, prev_state):
+        prev_state = check_init(input_data, self.hidden_size, prev_state)
+        return prev_state[0], prev_state[1]
+
+
+def test_index_put_in_a_branch_on_a_dynamic_size():
+    random_data, prev_state = torch.rand(2, 5, 6, 6), torch.zeros(2, 1, 1, 1, 1)
+    program = assert_exports_equivalent(
+        InitState(4),
+        (random_data, prev_state),
+        dynamo=False,
+        input_names=["random_data", "prev_state"],
+        dynamic_axes={"random_data": [0, 1, 2, 3], "prev_state": [0]},
+        resized=[(torch.rand(3, 2, 4, 5), torch.zeros(n, 1, 1, 1, 1)) for n in (3, 4, 7)],
+    )
+    assert op_histogram(program)["If"] == 1
+
+
+class InplaceOps(torch.nn.Module):
+    # PyTorch's test_index_put_inplace_ops: `state[1] += ...` in a branch and a loop over a size.
+    def forward(self, input_data):
+        batch_size = input_data.size(0)
+        spatial_size_0 = input_data.size(2)
+        spatial_size_1 = input_data.size(3)
+        state = torch.zeros((2, batch_size, 3, spatial_size_0, spatial_size_1), device=input_data.device)
+        if input_data.size(0) == 2:
+            state[1] += torch.ones(batch_size, 3, spatial_size_0, spatial_size_1) * 2
+            state[1] /= torch.ones(batch_size, 3, spatial_size_0, spatial_size_1) * 3
+        for i in range(input_data.size(0)):
+            state[1] += torch.ones(batch_size, 3, spatial_size_0, spatial_size_1)
+            state[1] /= torch.ones(batch_size, 3, spatial_size_0, spatial_size_1) * (i + 1)
+        return state
+
+
+def test_index_put_inplace_ops_in_a_branch_and_a_dynamic_loop():
+    program = assert_exports_equivalent(
+        torch.jit.script(InplaceOps()),
+        (torch.rand(2, 5, 4, 4),),
+        input_names=["random_data"],
+        dynamic_axes={"random_data": [0, 1, 2, 3]},
+        resized=[(torch.rand(3, 2, 5, 4),), (torch.rand(5, 1, 2, 3),)],
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
+class MaskedWrite(torch.nn.Module):
+    def forward(self, x, v):
+        y = x.clone()
+        if bool(x.sum() > 0):
+            y[x > 0.5] = v
+        else:
+            y[x < -0.5] = 0.0  # aten::tensor(0.0) within the branch
+        return y * 2
+
+
+class IndexAddInBranch(torch.nn.Module):
+    def forward(self, x, index, source):
+        y = x.clone()
+        if bool(x.sum() > 0):
+            y.index_add_(0, index, source)
+        else:
+            y[0] = source[0]
+        return y
+
+
+@pytest.mark.parametrize(
+    "model, args, resized",
+    [
+        (
+            MaskedWrite(),
+            (torch.rand(3, 4), torch.tensor(9.0)),
+            [(torch.rand(5, 4) - 1, torch.tensor(9.0)), (torch.rand(2, 4), torch.tensor(-7.0))],
+        ),
+        (
+            IndexAddInBranch(),
+            (torch.rand(5, 3), torch.tensor([0, 2, 2]), torch.ones(3, 3)),
+            [
+                (torch.rand(7, 3) - 1, torch.tensor([1, 1, 6]), torch.randn(3, 3)),
+                (torch.rand(4, 3), torch.tensor([3, 0, 3]), torch.randn(3, 3)),
+            ],
+        ),
+    ],
+    ids=["index_put_mask", "index_add_"],
+)
+def test_in_place_write_in_a_branch_on_data(model, args, resized):
+    program = assert_exports_equivalent(
+        torch.jit.script(model),
+        args,
+        input_names=["x", *(f"arg{i}" for i in range(1, len(args)))],
+        dynamic_axes={"x": [0]},
+        resized=resized,
+    )
+    assert op_histogram(program)["If"] == 1
+
+
+class WriteRow(torch.nn.Module):
+    def forward(self, x, v, i: int):
+        if bool(x.sum() > 0):
+            x[i] = v
+        else:
+            x[i + 1] = -v
+        return x
+
+
+def test_write_to_an_input_in_a_branch():
+    model = torch.jit.script(WriteRow())
+    program = dynexport.export(model, (torch.rand(3, 4), torch.ones(4), 1), dynamic_axes={"x": [0]})
+    assert op_histogram(program)["If"] == 1
+    for x, v in [(torch.rand(3, 4), torch.ones(4)), (-torch.rand(5, 4), torch.randn(4))]:
+        # Eager writes to x: each side gets its own copy.
+        assert_close(program(x.clone(), v, 1), model(x.clone(), v, 1))
+
+
+@torch.jit.script
+def accumulate(x, steps):
+    totals = torch.zeros(3)
+    for i in range(int(steps)):
+        totals[i % 3] += x[i]
+    return totals
+
+
+def test_write_to_a_tensor_of_the_enclosing_graph_in_a_dynamic_loop():
+    program = assert_exports_equivalent(
+        accumulate,
+        (torch.arange(8.0), torch.tensor(5)),
+        resized=[(torch.arange(8.0), torch.tensor(0)), (torch.randn(8), torch.tensor(8))],
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
+class ViewReadAfterWrite(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        row = y[0]
+        if bool(x.sum() > 0):
+            y[0] = 1.0
+        return row
+
+
+def test_a_view_taken_before_a_write_in_a_branch_is_refused():
+    with pytest.raises(TorchScriptConversionError, match="another view of the same memory") as error:
+        dynexport.export(torch.jit.script(ViewReadAfterWrite()), (torch.rand(2, 3),))
+    assert "y[0] = 1.0" in error.value.source
+
+
+# --- Numbers, devices and optional arguments. -------------------------------------------------
+
+
+class ItemIndex(torch.nn.Module):
+    # PyTorch's test_item.
+    def forward(self, x, y, i: int):
+        return int(x[y[i]].item())
+
+
+def test_item_of_an_indexed_element_as_an_int():
+    model = torch.jit.script(ItemIndex())
+    x, y = torch.arange(6, dtype=torch.float), torch.tensor([0, 1, 2, 3, 4], dtype=torch.long)
+    assert_exports_equivalent(
+        model, (x, y, 3), resized=[(x * 2.5 - 7, y, 3), (x, torch.tensor([5, 4, 3, 2, 1]), 3)]
+    )
+
+
+@torch.jit.script
+def scale_by_item(x, scale):
+    return x * float(scale.item()) + float(bool(scale.sum() > 1))
+
+
+def test_float_of_item_and_of_a_bool():
+    assert_exports_equivalent(
+        scale_by_item,
+        (torch.rand(3), torch.tensor(2.5)),
+        dynamic_shapes={"x": {0: Dim("n")}, "scale": None},
+        resized=[(torch.rand(5), torch.tensor(-1.5)), (torch.rand(2), torch.tensor(0.5))],
+    )
+
+
+class DeviceCheck(torch.nn.Module):
+    # PyTorch's test_device_eq: Tensor.device (prim::device) against a torch.device constant.
+    def forward(self, a):
+        if a.device != torch.device("cpu"):
+            return a
+        return torch.zeros_like(a)
+
+
+@torch.jit.script
+def add_if_same_device(a, b):
+    if (a + 1).device == b.device:
+        return a + b
+    return a - b
+
+
+def test_device_comparisons():
+    assert_exports_equivalent(
+        torch.jit.script(DeviceCheck()),
+        (torch.ones(3, 3),),
+        input_names=["a"],
+        dynamic_axes={"a": {0: "a_0"}},
+        resized=[(torch.ones(5, 3),)],
+    )
+    assert_exports_equivalent(
+        add_if_same_device, (torch.ones(3), torch.rand(3)), resized=[(torch.rand(3), torch.rand(3))]
+    )
+
+
+class OptionalInputs(torch.nn.Module):
+    def forward(self, x, y: Optional[Tensor] = None, z: Optional[Tensor] = None):
+        if y is not None:
+            x = x + y
+        if z is None:
+            x = x * 2
+        return x
+
+
+def test_optional_inputs_left_at_none_are_not_graph_inputs():
+    model = torch.jit.script(OptionalInputs())
+    program = assert_exports_equivalent(
+        model, (torch.rand(3),), input_names=["x"], dynamic_axes={"x": [0]}, resized=[(torch.rand(5),)]
+    )
+    assert [value.name for value in program.model.graph.inputs] == ["x"]
+
+    program = dynexport.export(model, (torch.rand(3),), kwargs={"z": torch.rand(3)}, dynamic_axes={"x": [0], "z": [0]})
+    assert [value.name for value in program.model.graph.inputs] == ["x", "z"]
+    x, z = torch.rand(4), torch.rand(4)
+    assert_close(program(x, z), model(x, z=z))
 
 
 # --- Errors. -----------------------------------------------------------------------------------
