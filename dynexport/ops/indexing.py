@@ -77,6 +77,12 @@ def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, includ
     rows = ctx.op.Gather(weight, indices, axis=0)
     if per_sample_weights is not None:
         rows = ctx.op.Mul(rows, ctx.op.Unsqueeze(per_sample_weights, ints(ctx, [1])))
+    if include_last_offset and padding is None and reduce != "max" and weight.dtype != ir.DataType.DOUBLE:
+        # PyTorch's fast kernel (sums of float, half and bfloat16 rows without padding_idx) ends
+        # the last bag at the last offset: indices past it add nothing (mean still counts them).
+        last_offset = cast(ctx, ctx.op.Gather(offsets, ctx.constant(-1, _INT64)), _INT64)
+        summed = ctx.op.Unsqueeze(ctx.op.Less(positions, last_offset), ints(ctx, [1]))
+        rows = ctx.op.Where(summed, rows, ctx.constant(0.0, weight.dtype))
     kept = None
     if padding is not None:
         padding_row = ctx.constant(padding, indices.dtype)

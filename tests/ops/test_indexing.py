@@ -496,6 +496,47 @@ def test_embedding_bag_last_offset_and_per_sample_weights():
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_indices_past_the_last_offset(mode, padding_idx, dtype):
+    # PyTorch's own ONNX test: 7 indices, include_last_offset=True and a last offset of 6. Its
+    # float kernel ends the last bag there for sums without padding_idx (mean still counts the
+    # 7th index); float64, max and padding_idx take the 7th index into the last bag.
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(10, 5, mode=mode, include_last_offset=True, padding_idx=padding_idx).to(dtype)
+    assert_exports_equivalent(
+        bag, (torch.tensor([2, 1, 2, 3, 2, 4, 5]), torch.tensor([0, 2, 5, 6])),
+        input_names=["input", "offsets"], dynamic_axes={"input": [0], "offsets": [0]},
+        resized=[(torch.tensor([3, 4, 5, 6]), torch.tensor([0, 3])), (torch.tensor([7, 8, 9]), torch.tensor([0, 3]))],
+        runtime="onnxruntime",
+    )
+
+
+class _SummedBags(torch.nn.Module):
+    def forward(self, embedding_matrix, input, weights, offsets=None):
+        return F.embedding_bag(input, embedding_matrix, offsets=offsets, mode="sum", per_sample_weights=weights)
+
+
+def test_embedding_bag_per_sample_weights_in_the_old_tests_form():
+    # test_embedding_bag_dynamic_input: every dim dynamic, the table's too.
+    torch.manual_seed(0)
+    assert_exports_equivalent(
+        _SummedBags(), (torch.rand(10, 15), torch.randint(7, (6,)), torch.randn(6), torch.tensor([0, 2, 5])),
+        input_names=["embedding_matrix", "x", "w", "offsets"],
+        dynamic_axes={"embedding_matrix": [0, 1], "x": [0], "w": [0], "offsets": [0]},
+        resized=[(torch.rand(12, 25), torch.randint(7, (2,)), torch.randn(2), torch.tensor([0]))],
+        runtime="onnxruntime",
+    )
+    assert_exports_equivalent(
+        _SummedBags(), (torch.rand(10, 15), torch.randint(7, (2, 3)), torch.randn(2, 3)),
+        input_names=["embedding_matrix", "x", "w"],
+        dynamic_axes={"embedding_matrix": [0, 1], "x": [0, 1], "w": [0, 1]},
+        resized=[(torch.rand(12, 25), torch.randint(7, (3, 5)), torch.randn(3, 5))],
+        runtime="onnxruntime",
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
 @pytest.mark.parametrize("offset", [0, 2, -1])
 @pytest.mark.parametrize("dims", [(1, 2), (2, 1), (0, -1)])
