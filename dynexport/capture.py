@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.fx.experimental._config as fx_config
+from torch._dynamo.exc import UserError, UserErrorType
 from torch.export._draft_export import FailureType
 
 from dynexport import torchscript
@@ -119,8 +120,11 @@ def capture(
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
             if _is_user_error(error):
-                raise _capture_error(reasons, oblivious) from error
-    if _calls_torchscript(module):
+                break
+    # A scripted function run by torch.export fixes the sizes it reads (`range(x.size(0))`): a
+    # violated constraint that the TorchScript front end, which keeps the size symbolic, avoids.
+    last = list(reasons.values())[-1]
+    if not _is_user_error(last, UserErrorType.INVALID_INPUT) and _calls_torchscript(module):
         try:
             program, strategy = _scripted(module, args, kwargs, dynamic_shapes)
         except Exception as error:
@@ -131,7 +135,7 @@ def capture(
                 f"{type(module).__name__} was captured through {strategy}: torch.export could "
                 f"not capture it soundly ({first}: {_first_line(reason)}), and its code calls "
                 "TorchScript, whose loops and branches become ONNX Loop and If",
-                stacklevel=3,
+                stacklevel=4,  # capture <- dynamic-shape refinement <- export <- the user's call
             )
             return program, strategy
     raise _capture_error(reasons, oblivious) from next(iter(reasons.values()))
@@ -326,15 +330,12 @@ def _first_line(error: BaseException) -> str:
 _SPLIT_INTO_UNKNOWN_COUNT = re.compile(r"Caused by: \(.* in (split|unbind|chunk|tensor_split|split_with_sizes)\)")
 
 
-def _is_user_error(error: Exception) -> bool:
+def _is_user_error(error: BaseException, *kinds: UserErrorType) -> bool:
     """Errors in the arguments themselves (a dynamic_shapes spec that does not match the inputs,
-    a dim declared dynamic that the model fixes): every strategy would fail the same way."""
-    from torch._dynamo.exc import UserError, UserErrorType
-
-    return isinstance(error, UserError) and error.error_type in (
-        UserErrorType.INVALID_INPUT,
-        UserErrorType.CONSTRAINT_VIOLATION,
-    )
+    a dim declared dynamic that the model fixes): every torch.export strategy would fail the same
+    way. ``kinds`` narrows which."""
+    kinds = kinds or (UserErrorType.INVALID_INPUT, UserErrorType.CONSTRAINT_VIOLATION)
+    return isinstance(error, UserError) and error.error_type in kinds
 
 
 @contextlib.contextmanager

@@ -32,6 +32,19 @@ class LoopModel2(torch.nn.Module):
         return loop(x, y)
 
 
+@torch.jit.script
+def weighted_row_sum(x):
+    total = torch.zeros_like(x[0])
+    for i in range(x.size(0)):
+        total = total + x[i] * i
+    return total
+
+
+class RowSum(torch.nn.Module):
+    def forward(self, x):
+        return weighted_row_sum(x) + 1
+
+
 def tripled_loop(x, y):
     return loop(x, y) * 3
 
@@ -168,6 +181,18 @@ def test_scripted_submodule_captured_through_torchscript_with_a_dynamic_batch():
             (x, torch.tensor(3)),
             dynamic_shapes=({0: BATCH}, None),
             resized=[(torch.randn(5, 3), torch.tensor(0)), (torch.randn(1, 3), torch.tensor(7))],
+        )
+    assert op_histogram(program)["Loop"] == 1
+
+
+def test_scripted_loop_over_a_dynamic_dim_is_captured_through_torchscript():
+    # torch.export runs the scripted function with the example's size: a dim fixed to 4.
+    with pytest.warns(UserWarning, match="Constraints violated"):
+        program = assert_exports_equivalent(
+            RowSum(),
+            (torch.randn(4, 3),),
+            dynamic_shapes=({0: torch.export.Dim("rows")},),
+            resized=[(torch.randn(1, 3),), (torch.randn(7, 3),)],
         )
     assert op_histogram(program)["Loop"] == 1
 
