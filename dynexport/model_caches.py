@@ -58,7 +58,8 @@ def _dynamic_cache_type() -> type | None:
 
 def _flatten(cache: Any) -> tuple[list[list[Any]], None]:
     layers = cache.layers
-    if any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+    layer_type = sys.modules[type(cache).__module__].DynamicLayer
+    if any(type(layer) is not layer_type for layer in layers):
         raise TypeError(
             "dynexport flattens a DynamicCache of full-attention layers only (DynamicLayer); this one "
             f"holds {sorted({type(layer).__name__ for layer in layers})}"
