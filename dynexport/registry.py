@@ -105,8 +105,8 @@ def rule_form(fn: Callable[..., Any]) -> RuleForm:
 
 
 def _is_builtin(fn: Callable[..., Any]) -> bool:
-    # The built-in table is dynexport.ops; it loads lazily, so the order of registration cannot
-    # tell a user's rule from ours.
+    # Built-in rules live in dynexport's own modules; they load lazily, so the order of
+    # registration cannot tell a user's rule from ours.
     return (getattr(fn, "__module__", None) or "").startswith("dynexport.")
 
 

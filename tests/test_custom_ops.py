@@ -152,6 +152,16 @@ def test_torch_onnx_plain_function_translates_without_a_context(model):
     assert op_histogram(program)["Mul"] == (1 if isinstance(model, AddWithAlpha) else 0)
 
 
+@pytest.mark.parametrize("opset", [18, 23])
+def test_opset18_ops_written_into_models_of_other_opsets(opset):
+    # CastLike was redefined at 19, 21 and 23 (new types only): the node means the same.
+    program = assert_exports_equivalent(
+        AddWithAlpha(), (torch.randn(3), torch.randn(3)), opset_version=opset,
+        custom_translation_table={torch.ops.aten.add.Tensor: custom_aten_add},
+    )
+    assert program.model.opset_imports[""] == opset
+
+
 microsoft_op = onnxscript.values.Opset(domain="com.microsoft", version=1)
 
 
