@@ -183,6 +183,10 @@ def _bind_op_arguments(
     return inputs, attributes
 
 
+def _holds_values(argument: Any) -> bool:
+    return isinstance(argument, (list, tuple)) and any(isinstance(a, ir.Value) for a in argument)
+
+
 def _output_count(op: onnxscript.values.Op, attributes: Mapping[str, Any]) -> int:
     """How many outputs an onnxscript op call returns: all its schema's outputs, as torch.onnx."""
     schema = op.op_schema
@@ -277,10 +281,21 @@ class ModelBuilder(GraphBuilder):
         kwargs = dict(kwargs)
         outputs = kwargs.pop("_outputs", None)
         inputs, attributes = _bind_op_arguments(op, args, kwargs)
+        inputs = [self._sequence_as_tensor(i) if _holds_values(i) else i for i in inputs]
         version = self._node_version(op.name, op.domain, op.opset.version)
         if outputs is None:
             outputs = _output_count(op, attributes)
         return self.call_op(op.name, inputs, attributes, domain=op.domain, version=version, outputs=outputs)
+
+    def _sequence_as_tensor(self, items: Sequence[Any]) -> ir.Value:
+        """A list of ints and int64 scalar values (a shape with symbolic sizes) as one 1-d
+        int64 tensor, as torch.onnx passes such a list to an op's input."""
+        parts = [
+            self.op.Reshape(item, self.op.Constant(value_ints=[1])) if isinstance(item, ir.Value)
+            else self.op.Constant(value_ints=[int(item)])
+            for item in items
+        ]
+        return self.op.Concat(*parts, axis=0)
 
     def inline_function(self, function: onnxscript.OnnxFunction, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         """Write the body of the onnxscript function into this graph, its inputs and attributes

@@ -381,3 +381,18 @@ def test_batch_normalization_called_in_inference_mode_has_one_output():
         custom_translation_table={torch.ops.aten._native_batch_norm_legit_no_training.default: batch_norm},
     )
     assert [len(n.outputs) for n in program.model.graph if n.op_type == "BatchNormalization"] == [1]
+
+
+def test_a_shape_with_symbolic_sizes_reaches_an_onnxscript_op_as_one_tensor():
+    def view(self, size):
+        return opset18.Reshape(self, size)
+
+    class Regroup(torch.nn.Module):
+        def forward(self, x):
+            return x.view(x.shape[0] * 2, x.shape[1] // 2)
+
+    program = assert_exports_equivalent(
+        Regroup(), (torch.randn(3, 4),), resized=[(torch.randn(5, 4),)], dynamic_shapes=({0: BATCH},),
+        custom_translation_table={torch.ops.aten.view.default: view},
+    )
+    assert op_histogram(program)["Concat"] == 1
