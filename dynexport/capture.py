@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.fx.experimental._config as fx_config
 from torch._dynamo.exc import UserError, UserErrorType
+from torch._logging.structured import INTERN_TABLE
 from torch.export._draft_export import FailureType
 
 from dynexport import torchscript
@@ -190,7 +191,9 @@ class UnsoundCapture(Exception):
 
     def __init__(self, report: Any):
         self.report = report
-        filenames = {number: name for name, number in torch._logging.structured.INTERN_TABLE.items()}
+        # The report names only the files first seen during its own export: torch interns each
+        # file name once per process.
+        filenames = {number: name for name, number in INTERN_TABLE.items()}
         filenames.update(report.str_to_filename)
         self.problems = [_problem(failure, filenames) for failure in report.failures]
         shown = self.problems if len(self.problems) <= _SHOWN_PROBLEMS else self.problems[: _SHOWN_PROBLEMS - 1]
