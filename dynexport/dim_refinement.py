@@ -186,22 +186,24 @@ def _describe(name: str, fix: str) -> DimRefinement:
 # -- where the model fixes a dim ------------------------------------------------------------------
 
 _SHAPE_LOG = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-_REPLACEMENT = re.compile(r"set_replacement (\S+) = (-?\d+) ")
+# A symbol becomes a constant by a replacement (``view(3, -1)`` solving for it) or by a guard that
+# holds only at the example (``if x.shape[0] == 1``).
+_FIXED_TO_CONSTANT = re.compile(r"(?:set_replacement (\S+) = (-?\d+) |eval Eq\((\S+), (-?\d+)\) \[guard added\])")
 
 
 class _SpecializationLines(logging.Handler):
-    """Records the model line that is running when torch's shape environment replaces a symbol by
-    a constant (the Python stack at the time of its log call)."""
+    """Records the model line that is running when torch's shape environment fixes a symbol to a
+    constant (the Python stack at the time of its log call)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.lines: list[tuple[int, str]] = []  # (constant, model line)
 
     def emit(self, record: logging.LogRecord) -> None:
-        replacement = _REPLACEMENT.match(record.getMessage()) if str(record.msg).startswith("set_replacement") else None
-        line = _model_line(traceback.extract_stack()) if replacement else None
+        fixed = _FIXED_TO_CONSTANT.match(record.getMessage())
+        line = _model_line(traceback.extract_stack()) if fixed else None
         if line is not None:
-            self.lines.append((int(replacement.group(2)), line))
+            self.lines.append((int(fixed.group(2) or fixed.group(4)), line))
 
 
 def _model_line(stack: traceback.StackSummary) -> str | None:

@@ -61,14 +61,20 @@ class DimSpecializedError(CaptureError):
         self.dims = dims
         self.source = source
         fixed = ", ".join(f"{name} = {size}" for name, size in dims.items())
-        ExportError.__init__(self, _located(
-            f"The model fixes dims declared dynamic to the example's sizes: {fixed}",
-            source,
+        hint = (
             "the ONNX model would accept only these sizes, so dynexport does not apply torch.export's "
             "suggested fix. Keep the dim dynamic in the model (a size read from the input rather than "
             "a constant), or opt in to a static dim: give it as None, Dim.STATIC or Dim.AUTO in "
-            "dynamic_shapes.",
-        ))
+            "dynamic_shapes."
+        )
+        if any(size in (0, 1) for size in dims.values()):
+            hint += (
+                " An example size of 0 or 1 lets model code that tests the size (`if batch == 1`) fix "
+                "it: export with an example size of 2 or more."
+            )
+        ExportError.__init__(
+            self, _located(f"The model fixes dims declared dynamic to the example's sizes: {fixed}", source, hint)
+        )
 
 
 def _model_call(message: list[str]) -> str | None:

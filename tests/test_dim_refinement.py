@@ -135,6 +135,19 @@ def test_dim_the_model_makes_static_is_refused_with_the_model_line():
     assert "Dim.AUTO" in str(error.value)
 
 
+class _SingleRowBranch(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[0] == 1:
+            return x * 2
+        return x * 3
+
+
+def test_dim_a_size_test_fixes_at_an_example_of_one_is_refused():
+    with pytest.raises(DimSpecializedError, match=r"batch = 1[\s\S]*example size of 2 or more") as error:
+        dynexport.export(_SingleRowBranch(), (torch.randn(1, 4),), dynamic_shapes=({0: Dim("batch")},))
+    assert "x.shape[0] == 1" in error.value.source
+
+
 def test_static_dim_opted_in_with_auto():
     program = assert_exports_equivalent(_FixedRows(), (torch.randn(3, 4),), dynamic_shapes=({0: Dim.AUTO},))
     assert _input_dims(program)["x"] == ["3", "4"]
