@@ -80,6 +80,16 @@ def positives(x: torch.Tensor) -> torch.Tensor:
     return x[x > 0]
 
 
+class BoxesAboveThreshold(torch.nn.Module):
+    """torchvision's NMS pattern: a branch on whether any box is left."""
+
+    def forward(self, boxes, scores):
+        kept = boxes[scores > 0.5]
+        if kept.numel() == 0:
+            return kept.new_zeros((0, 4))
+        return kept * 2
+
+
 class PythonLoop(torch.nn.Module):
     def forward(self, x, n):
         for _ in range(int(n)):
@@ -115,6 +125,7 @@ def test_strict_capture_when_only_dynamo_traces_the_model():
     [
         (DataDependentBranch(), (torch.ones(3),), "if x.sum() > 0:"),
         (PythonLoop(), (torch.ones(3), torch.tensor(4)), "for _ in range(int(n)):"),
+        (BoxesAboveThreshold(), (torch.rand(6, 4), torch.zeros(6)), "if kept.numel() == 0:"),
     ],
 )
 def test_draft_graph_with_values_of_the_example_is_refused(model, args, line):
