@@ -33,6 +33,7 @@ __all__ = [
     "run_batched",
     "scalar",
     "scalar_like",
+    "select",
     "shape_tensor",
     "size_of",
     "size_of_dims",
@@ -80,6 +81,25 @@ def cast(ctx, x: ir.Value, dtype: ir.DataType) -> ir.Value:
     result = ctx.op.Cast(x, to=dtype)
     result.shape = x.shape
     return result
+
+
+# Element types onnxruntime has no Where kernel for, and the type each converts to and back from
+# exactly (uint64 to int64 and back keeps every bit).
+_WHERE_STAND_INS = {
+    ir.DataType.BOOL: ir.DataType.UINT8,
+    ir.DataType.INT16: ir.DataType.INT32,
+    ir.DataType.UINT16: ir.DataType.INT32,
+    ir.DataType.UINT64: ir.DataType.INT64,
+    ir.DataType.BFLOAT16: ir.DataType.FLOAT,
+}
+
+
+def select(ctx, condition: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """ONNX ``Where(condition, a, b)`` for ``a`` and ``b`` of one dtype, any dtype."""
+    stand_in = _WHERE_STAND_INS.get(a.dtype)
+    if stand_in is None:
+        return ctx.op.Where(condition, a, b)
+    return cast(ctx, ctx.op.Where(condition, cast(ctx, a, stand_in), cast(ctx, b, stand_in)), a.dtype)
 
 
 def bfloat16_as_float(rule):

@@ -30,6 +30,11 @@ _NON_NEGATIVE = frozenset({ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UI
 def relu(ctx, self):
     if self.dtype in _NON_NEGATIVE:
         return self
+    # onnxruntime has no int16 or int64 Relu.
+    if self.dtype == ir.DataType.INT16:
+        return cast(ctx, ctx.op.Relu(cast(ctx, self, ir.DataType.INT32)), self.dtype)
+    if self.dtype == ir.DataType.INT64:
+        return ctx.op.Max(self, scalar_like(ctx, 0, self))
     return ctx.op.Relu(self)
 
 
@@ -98,7 +103,8 @@ def hardsigmoid(ctx, self):
 @translates(aten.elu.default)
 @bfloat16_as_float
 def elu(ctx, self, alpha=1, scale=1, input_scale=1):
-    if input_scale == 1:
+    # onnxruntime has no float64 Elu.
+    if input_scale == 1 and self.dtype != ir.DataType.DOUBLE:
         result = ctx.op.Elu(self, alpha=float(alpha))
     else:
         exp = ctx.op.Exp(ctx.op.Mul(self, scalar_like(ctx, input_scale, self)))

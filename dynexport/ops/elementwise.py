@@ -13,6 +13,7 @@ from dynexport.ops._helpers import (
     is_floating,
     scalar,
     scalar_like,
+    select,
 )
 from dynexport.registry import Promote, translates
 
@@ -203,13 +204,24 @@ def sign(ctx, self):
     return ctx.op.Sign(self)
 
 
+# Max and Min have no bool kernels: for bools they are Or and And. onnxruntime has none for 16-bit
+# integers either: those compare in int32.
+_EXTREMA_IN_INT32 = frozenset({ir.DataType.INT16, ir.DataType.UINT16})
+
+
+def _extremum(ctx, onnx_op: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    if a.dtype in _EXTREMA_IN_INT32:
+        wide = getattr(ctx.op, onnx_op)(cast(ctx, a, ir.DataType.INT32), cast(ctx, b, ir.DataType.INT32))
+        return cast(ctx, wide, a.dtype)
+    return getattr(ctx.op, onnx_op)(a, b)
+
+
 def _larger(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
-    # Max and Min have no bool kernels: for bools they are Or and And.
-    return ctx.op.Or(a, b) if a.dtype == ir.DataType.BOOL else ctx.op.Max(a, b)
+    return ctx.op.Or(a, b) if a.dtype == ir.DataType.BOOL else _extremum(ctx, "Max", a, b)
 
 
 def _smaller(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
-    return ctx.op.And(a, b) if a.dtype == ir.DataType.BOOL else ctx.op.Min(a, b)
+    return ctx.op.And(a, b) if a.dtype == ir.DataType.BOOL else _extremum(ctx, "Min", a, b)
 
 
 @translates(aten.maximum.default, aten.max.other, promote=Promote.RESULT)
@@ -502,7 +514,7 @@ def isnan(ctx, self):
 
 @translates(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, promote=Promote.RESULT)
 def where(ctx, condition, self, other):
-    return ctx.op.Where(_as_bool(ctx, condition), self, other)
+    return select(ctx, _as_bool(ctx, condition), self, other)
 
 
 def _shiftable(node) -> bool:

@@ -17,6 +17,7 @@ from dynexport.ops._helpers import (
     only_first_output_used,
     rank,
     scalar,
+    select,
     shape_tensor,
     size_of,
 )
@@ -260,13 +261,13 @@ def _index_dims_first(ctx, values, position: int, index_rank: int, trailing: int
 
 @translates(aten.masked_fill.Scalar, aten.masked_fill.Tensor, promote=Promote.RESULT, promoted=("value",))
 def masked_fill(ctx, self, mask, value):
-    return ctx.op.Where(mask, value, self)
+    return select(ctx, mask, value, self)
 
 
 @translates(aten.masked_select.default)
 def masked_select(ctx, self, mask):
     if mask.shape != self.shape:
-        shape = ctx.op.Shape(ctx.op.Where(mask, self, self))
+        shape = ctx.op.Shape(select(ctx, mask, self, self))
         self, mask = ctx.op.Expand(self, shape), ctx.op.Expand(mask, shape)
     coordinates = ctx.op.Transpose(ctx.op.NonZero(mask), perm=[1, 0])
     return ctx.op.GatherND(self, coordinates)
@@ -281,7 +282,7 @@ def masked_scatter(ctx, self, mask, source):
     # in bounds.
     flat_source = ctx.op.Concat(ctx.op.Reshape(source, ints(ctx, [-1])), ctx.constant([0], source.dtype), axis=0)
     taken = ctx.op.Gather(flat_source, ctx.op.Max(ordinals, ctx.constant(0, _INT64)), axis=0)
-    flat = ctx.op.Where(flat_mask, taken, ctx.op.Reshape(self, ints(ctx, [-1])))
+    flat = select(ctx, flat_mask, taken, ctx.op.Reshape(self, ints(ctx, [-1])))
     return ctx.op.Reshape(flat, ctx.op.Shape(self), allowzero=1)
 
 
@@ -382,7 +383,7 @@ def scatter_reduce(ctx, self, dim, index, src, reduce, *, include_self=True):
     if not include_self:
         # Written positions start from the reduction's identity, so self does not take part.
         shape = self.shape
-        self = ctx.op.Where(written, _identity(ctx, reduce, self.dtype), self)
+        self = select(ctx, written, _identity(ctx, reduce, self.dtype), self)
         self.shape = shape
     result = _scatter(ctx, self, dim, index, src, _REDUCTIONS[reduce])
     if reduce != "mean":

@@ -170,6 +170,21 @@ def test_isnan():
     assert_batch_dynamic_equivalent(lambda a: (torch.isnan(a), torch.isnan(a.long())), torch.tensor([[1.0, float("nan"), 0.0]]))
 
 
+@pytest.mark.parametrize("dtype", [torch.int16, torch.bool, torch.uint8, torch.int64])
+def test_where_and_extrema_in_onnxruntime(dtype):
+    # onnxruntime has no bool or int16 Where and no int16 Max or Min: they compute in a wider type.
+    a, b = (torch.randn(2, 5) * 50).to(dtype), (torch.randn(2, 5) * 50).to(dtype)
+    mask = torch.randn(2, 5) > 0
+    bounded = dtype is not torch.bool
+    assert_batch_dynamic_equivalent(
+        lambda a, b, m: (
+            torch.where(m, a, b), torch.maximum(a, b), torch.minimum(a, b), a.clamp(3, 20) if bounded else a,
+            a.clamp(min=b) if bounded else a,
+        ),
+        a, b, mask, runtime="onnxruntime",
+    )
+
+
 def test_bool_arithmetic():
     a = torch.tensor([[True, False, True]])
     b = torch.tensor([[False, False, True]])

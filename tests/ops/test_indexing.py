@@ -206,16 +206,18 @@ def test_index_put_with_boolean_masks(indices, values_shape, dtype):
     _batch_dynamic(fn, (x, mask, columns, values), (True, True, False, False))
 
 
-@pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int16, torch.bool])
 def test_masked_fill(dtype):
+    # In onnxruntime itself: it has no bool or int16 Where kernel.
     x = _data(dtype, 3, 4) if dtype is not torch.bool else torch.randn(3, 4) > 0
     mask = torch.randn(3, 4) > 0
     row_mask = torch.tensor([True, False, False, True])
     _batch_dynamic(
         lambda x, m, r: (
-            x.masked_fill(m, 1), x.masked_fill(r, 0), x.masked_fill(m, x[0, 0]), x.masked_fill(~m, torch.tensor(2.0))
+            x.masked_fill(m, 1), x.masked_fill(r, 0), x.masked_fill(m, x[0, 0]), x.masked_fill(~m, torch.tensor(2.0)),
+            x.masked_select(r),
         ),
-        (x, mask, row_mask), (True, True, False),
+        (x, mask, row_mask), (True, True, False), runtime="onnxruntime",
     )
 
 
