@@ -80,6 +80,7 @@ def capture_refining_dims(
         CaptureError: capture failed for another reason, or the fixes did not converge.
     """
     refinements: list[DimRefinement] = []
+    previous_fixes = None
     for _ in range(MAX_ROUNDS):
         try:
             program, strategy = capture(module, args, kwargs, dynamic_shapes)
@@ -92,6 +93,9 @@ def capture_refining_dims(
             # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
             declared = _get_dim_name_mapping(dynamic_shapes)
             fixes = {name: fix for name, fix in _suggested_fixes(message).items() if name in declared}
+            if fixes == previous_fixes:  # applied, and asked for again: torch cannot honour them
+                raise
+            previous_fixes = fixes
             static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
             if static:
                 line = _specializing_line(set(static.values()), capture, module, args, kwargs, dynamic_shapes)

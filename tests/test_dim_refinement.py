@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 
 import dynexport
-from dynexport.dim_refinement import DIM_REFINEMENTS_KEY
-from dynexport.errors import DimSpecializedError
+from dynexport.dim_refinement import DIM_REFINEMENTS_KEY, capture_refining_dims
+from dynexport.errors import CaptureError, DimSpecializedError
 from dynexport.model_caches import caches_flattened
 from tests.equivalence import assert_close, assert_exports_equivalent
 
@@ -115,6 +116,23 @@ def test_equality_between_two_dims():
         )
     assert _refinements(program) == {"b": "= a + 1"}
     assert _input_dims(program) == {"x": ["a"], "y": ["a + 1"]}
+
+
+def test_fixes_asked_for_again_stop_the_retries():
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    captured_with = []
+
+    def capture(module, args, kwargs, dynamic_shapes):
+        captured_with.append(dynamic_shapes)
+        violation = UserError(
+            UserErrorType.CONSTRAINT_VIOLATION, "Constraints violated (seq)!\nSuggested fixes:\n  seq = Dim('seq', max=8)"
+        )
+        raise CaptureError({"torch.export(strict=False)": violation})
+
+    with pytest.raises(CaptureError), pytest.warns(UserWarning, match="seq: max=8"):
+        capture_refining_dims(capture, None, (), {}, {"x": {0: Dim("seq")}})
+    assert [shapes["x"][0].max for shapes in captured_with] == [int_oo, 8]
 
 
 def test_no_refinement_no_metadata():
