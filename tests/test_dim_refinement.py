@@ -125,9 +125,8 @@ def test_fixes_asked_for_again_stop_the_retries():
 
     def capture(module, args, kwargs, dynamic_shapes):
         captured_with.append(dynamic_shapes)
-        violation = UserError(
-            UserErrorType.CONSTRAINT_VIOLATION, "Constraints violated (seq)!\nSuggested fixes:\n  seq = Dim('seq', max=8)"
-        )
+        message = "Constraints violated (seq)!\nSuggested fixes:\n  seq = Dim('seq', max=8)"
+        violation = UserError(UserErrorType.CONSTRAINT_VIOLATION, message)
         raise CaptureError({"torch.export(strict=False)": violation})
 
     with pytest.raises(CaptureError), pytest.warns(UserWarning, match="seq: max=8"):
