@@ -226,6 +226,13 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         # (`float(flag)`).
         self._call(node, _number, self.get_fx_value_by_ir_value(node.input()), torch.float64)
 
+    def convert_aten_slice(self, node: torch._C.Node) -> None:
+        if not isinstance(node.inputsAt(0).type(), torch.ListType):
+            super().convert_call_function_op(node)
+            return
+        # `x.shape[:2]`: aten::slice.t of a list, which no ATen kernel takes.
+        self._call(node, _list_slice, *(self.get_fx_value_by_ir_value(value) for value in node.inputs()))
+
     def convert_aten_tensor(self, node: torch._C.Node) -> None:
         # torch's version calls a function local to it, which the code FX writes for a block's
         # graph looks up as torch._export.converter.target (`x[mask] = 0.0` in a branch).
@@ -422,6 +429,10 @@ def _tensor(data: Any, dtype: int | None = None, device: Any = None, requires_gr
     make = torch.tensor if isinstance(data, int) else torch._refs.tensor
     dtype = None if dtype is None else ts_converter._TORCH_ENUM_TO_DTYPE[dtype]
     return make(data, dtype=dtype, device=device, requires_grad=bool(requires_grad))
+
+
+def _list_slice(values: Any, start: int | None, end: int | None, step: int) -> Any:
+    return values[start:end:step]
 
 
 def _number(value: Any, dtype: torch.dtype) -> Any:

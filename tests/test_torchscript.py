@@ -435,6 +435,67 @@ def test_write_to_a_tensor_of_the_enclosing_graph_in_a_dynamic_loop():
     assert op_histogram(program)["Loop"] == 1
 
 
+@torch.jit.script
+def rewrite_state(input_data, prev_state):
+    # PyTorch's test_index_put_if_5: `state_ref` keeps the tensor the branch first writes to.
+    state = torch.zeros((2, input_data.size(0), 3), device=input_data.device)
+    state_ref = state
+    if prev_state.size(0) < 3:
+        state[:] = torch.ones(input_data.size(0), 3) * 3
+        state = state + 3
+        state[:] = torch.ones(input_data.size(0), 3) * 4
+    else:
+        state = state + 2
+    return state, state_ref
+
+
+def test_a_name_kept_for_the_tensor_a_branch_writes_to():
+    assert_exports_equivalent(
+        rewrite_state,
+        (torch.rand(4, 2), torch.zeros(2)),
+        dynamic_axes={"input_data": [0], "prev_state": [0]},
+        resized=[(torch.rand(6, 2), torch.zeros(5)), (torch.rand(2, 2), torch.zeros(2))],
+    )
+
+
+@torch.jit.script
+def ngram_attention_bias(sequence_length: int, ngram: int, device: torch.device, dtype: torch.dtype):
+    bias = torch.ones((ngram, sequence_length), device=device, dtype=dtype) * float("-inf")
+    for stream_idx in range(ngram):
+        for i in range(sequence_length):
+            bias = bias * 2
+            bias[stream_idx, i] = 5
+            bias = bias * 5
+            bias[0, 0] = 5
+    for stream_idx in range(ngram):
+        for i in range(sequence_length):
+            bias[stream_idx, i] = 5
+            bias[0, i] = 5
+    return bias
+
+
+class NgramMask(torch.nn.Module):
+    # PyTorch's test_index_put_loop (8 target positions instead of 512): writes in static loops,
+    # a device and a dtype passed to a scripted function, `shape[:2]` of a list.
+    def forward(self, hidden_states):
+        seq_length, batch_size = hidden_states.shape[:2]
+        mask = ngram_attention_bias(8, 2, hidden_states.device, hidden_states.dtype)
+        return mask[:, :seq_length]
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["traced", "scripted"])
+def test_index_put_in_static_loops(script):
+    model = torch.jit.script(NgramMask()) if script else NgramMask()
+    assert_exports_equivalent(
+        model,
+        (torch.randn(6, 2),),
+        dynamo=False,
+        input_names=["x"],
+        dynamic_axes={"x": {0: "seq_length", 1: "batch_size"}},
+        resized=[(torch.randn(4, 3),)],
+    )
+
+
 class ViewReadAfterWrite(torch.nn.Module):
     def forward(self, x):
         y = x.clone()
