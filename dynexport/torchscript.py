@@ -21,7 +21,8 @@ import itertools
 import linecache
 import operator
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -45,8 +46,8 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
     """``model``'s TorchScript graph as an FX GraphModule whose ``forward`` takes the model's
     arguments (same names), with the call's arguments bound to them: TorchScript passes every
     argument positionally, defaults included. An argument that is None (an ``Optional[Tensor]``
-    left at its default) is a constant of the graph, not an argument. A model that is not
-    TorchScript is traced first.
+    left at its default) or left at a default tensor is a constant of the graph, not an
+    argument: the caller never gives it. A model that is not TorchScript is traced first.
 
     Raises:
         CaptureError: ``torch.jit.trace`` failed on the model.
@@ -57,9 +58,14 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
     arguments = _schema(model).arguments
     if isinstance(model, torch.jit.ScriptModule):
         arguments = arguments[1:]  # self
-    positional = _bind(arguments, args, kwargs)
-    module = _ScriptConverter(model, positional).graph_module()
-    given = [(argument, value) for argument, value in zip(arguments, positional) if value is not None]
+    positional, defaulted = _bind(arguments, args, kwargs)
+    constants = {
+        i: value
+        for i, value in enumerate(positional)
+        if value is None or (i in defaulted and isinstance(value, torch.Tensor))
+    }
+    module = _ScriptConverter(model, positional, constants).graph_module()
+    given = [(argument, value) for i, (argument, value) in enumerate(zip(arguments, positional)) if i not in constants]
     placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
     for node, (argument, _) in zip(placeholders, given):
         node.name = node.target = argument.name
@@ -120,34 +126,43 @@ def _schema(model: Any) -> torch.FunctionSchema:
     return forward.schema
 
 
-def _bind(arguments: Sequence[torch.Argument], args: tuple, kwargs: dict) -> tuple:
-    """All of a TorchScript call's arguments, in order: TorchScript graphs take every argument
-    positionally, defaults included."""
+def _bind(arguments: Sequence[torch.Argument], args: tuple, kwargs: dict) -> tuple[tuple, set[int]]:
+    """All of a TorchScript call's arguments, in order (TorchScript graphs take every argument
+    positionally, defaults included), and the positions of those left at their defaults."""
     if len(args) > len(arguments):
         raise TypeError(f"the model takes {len(arguments)} arguments, got {len(args)} positional ones")
     known = {argument.name for argument in arguments}
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise TypeError(f"the model has no argument(s) {unknown}; its arguments are {sorted(known)}")
-    values = list(args)
+    values, defaulted = list(args), set()
     for argument in arguments[len(args):]:
         if argument.name in kwargs:
             values.append(kwargs[argument.name])
         elif argument.has_default_value():
+            defaulted.add(len(values))
             values.append(argument.default_value)
         else:
             raise TypeError(f"missing the model's argument {argument.name!r}")
-    return tuple(values)
+    for argument, value in zip(arguments, values):
+        if isinstance(value, (tuple, list)) and any(leaf is None for leaf in torch.utils._pytree.tree_leaves(value)):
+            raise TypeError(
+                f"argument {argument.name!r} holds None inside a {type(value).__name__}; TorchScript "
+                "models are exported with None only as a whole Optional argument"
+            )
+    return tuple(values), defaulted
 
 
 _NO_TENSOR = torch.empty(0)
 
 
 class _ScriptConverter(ts_converter.TS2EPConverter):
-    """torch's converter with our graph converter; the capture is :func:`capture`'s. Arguments
-    that are None are bound to the graph as constants."""
+    """torch's converter with our graph converter; the capture is :func:`capture`'s. The
+    arguments at the positions of ``constants`` are bound to the graph as constants."""
 
-    def __init__(self, model: torch.jit.ScriptModule | torch.jit.ScriptFunction, positional: tuple):
+    def __init__(
+        self, model: torch.jit.ScriptModule | torch.jit.ScriptFunction, positional: tuple, constants: dict[int, Any]
+    ):
         # torch's converter gives every argument's example to TorchScript's shape propagation,
         # which takes tensors only; a None argument's input is bound to None below instead.
         super().__init__(model, tuple(_NO_TENSOR if value is None else value for value in positional))
@@ -158,7 +173,7 @@ class _ScriptConverter(ts_converter.TS2EPConverter):
             and value.debugName() not in self.name_to_param
             and value.debugName() not in self.name_to_buffer
         ]
-        self.none_inputs = frozenset(value.debugName() for value, given in zip(inputs, positional) if given is None)
+        self.constant_inputs = {inputs[i].debugName(): value for i, value in constants.items()}
 
     def graph_module(self) -> torch.fx.GraphModule:
         lifted_attributes, attribute_names = ts_converter.get_block_to_lifted_attrs(self.ts_graph)
@@ -171,7 +186,7 @@ class _ScriptConverter(ts_converter.TS2EPConverter):
             self.name_to_constant,
             attribute_names,
         )
-        converter.none_inputs = self.none_inputs
+        converter.constant_inputs = self.constant_inputs
         return converter.convert()
 
 
@@ -180,13 +195,18 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
     :func:`run_loop` and :func:`run_if` calls, and every FX node records its TorchScript source
     line as its stack trace."""
 
-    none_inputs: frozenset[str] = frozenset()
+    constant_inputs: Mapping[str, Any] = MappingProxyType({})
 
     def convert_graph_inputs(self) -> None:
         super().convert_graph_inputs()
-        for name in self.none_inputs:
+        for name, value in self.constant_inputs.items():
             self.fx_graph.erase_node(self.name_to_node.pop(name))
-            self.name_to_constant[name] = None
+            if value is None:
+                self.name_to_constant[name] = None
+            else:
+                attribute = f"default_{ts_converter.normalize_name(name)}"
+                self.name_to_constant[attribute] = value
+                self.name_to_node[name] = self.fx_graph.get_attr(attribute)
 
     def convert_node(self, node: torch._C.Node) -> None:
         before = len(self.fx_graph.nodes)

@@ -3,7 +3,7 @@ control-flow construct run in onnxruntime on inputs that take another branch or 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import pytest
 import torch
@@ -592,6 +592,33 @@ def test_optional_inputs_left_at_none_are_not_graph_inputs():
     assert_close(program(x, z), model(x, z=z))
 
 
+class DefaultTensors(torch.nn.Module):
+    # PyTorch's test_mixed_optional_default_tensor.
+    def forward(self, x, y: Optional[Tensor] = torch.ones(2, 3), z: Optional[Tensor] = torch.zeros(2, 3)):
+        if y is not None:
+            return x + y
+        if z is not None:
+            return x + z
+        return x
+
+
+@pytest.mark.parametrize(
+    "args, inputs",
+    [
+        ((torch.randn(2, 3),), ["x"]),
+        ((torch.randn(2, 3), None), ["x"]),
+        ((torch.randn(2, 3), None, torch.randn(2, 3)), ["x", "z"]),
+    ],
+    ids=["defaults", "y_none", "z_given"],
+)
+def test_arguments_left_at_a_default_tensor_are_constants(args, inputs):
+    model = torch.jit.script(DefaultTensors())
+    program = dynexport.export(model, args)
+    assert [value.name for value in program.model.graph.inputs] == inputs
+    for call in (args, tuple(None if value is None else torch.randn(2, 3) for value in args)):
+        assert_close(program(*(value for value in call if value is not None)), model(*call))
+
+
 # --- Errors. -----------------------------------------------------------------------------------
 
 
@@ -615,3 +642,18 @@ def test_unconvertible_construct_names_the_construct_and_line():
 def test_dynamo_false_traces_tensors_only():
     with pytest.raises(TypeError, match="argument 'scale' is float"):
         dynexport.export(Repeat(), (torch.ones(2), 2.0), dynamo=False)
+
+
+class TupleOfOptionals(torch.nn.Module):
+    def forward(self, x, y: Tuple[Optional[Tensor], Optional[Tensor]]):
+        a, b = y
+        if a is not None:
+            return x + a
+        if b is not None:
+            return x + b
+        return x
+
+
+def test_none_inside_a_tuple_argument_is_refused():
+    with pytest.raises(TypeError, match="argument 'y' holds None inside a tuple"):
+        dynexport.export(torch.jit.script(TupleOfOptionals()), (torch.randn(2, 3), (None, torch.randn(2, 3))))
