@@ -7,6 +7,7 @@ import math
 import onnx_ir as ir
 import torch
 
+from dynexport.ops import _float64 as float64
 from dynexport.ops._helpers import (
     bfloat16_as_float,
     cast,
@@ -24,6 +25,9 @@ aten = torch.ops.aten
 _NON_NEGATIVE = frozenset({ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64, ir.DataType.BOOL})
 
 # ONNX Elu, Selu, HardSigmoid, HardSwish, Mish and Softplus take bfloat16 only from opset 22.
+# onnxruntime has no float64 kernel for them, nor for LeakyRelu, PRelu, Celu and Gelu: at
+# float64 those are written out in ops it has.
+_DOUBLE = ir.DataType.DOUBLE
 
 
 @translates(aten.relu.default)
@@ -56,6 +60,8 @@ def silu(ctx, self):
 
 @translates(aten.gelu.default, min_opset=20)
 def gelu(ctx, self, *, approximate="none"):
+    if self.dtype == _DOUBLE:
+        return gelu_composed(ctx, self, approximate=approximate)
     return ctx.op.Gelu(self, approximate=approximate)
 
 
@@ -67,16 +73,26 @@ def gelu_composed(ctx, self, *, approximate="none"):
         inner = ctx.op.Mul(inner, scalar_like(ctx, math.sqrt(2 / math.pi), self))
         gate = ctx.op.Tanh(inner)
     else:
-        gate = ctx.op.Erf(ctx.op.Mul(self, scalar_like(ctx, math.sqrt(0.5), self)))
+        scaled = ctx.op.Mul(self, scalar_like(ctx, math.sqrt(0.5), self))
+        gate = float64.erf(ctx, scaled) if self.dtype == _DOUBLE else ctx.op.Erf(scaled)
     half_x = ctx.op.Mul(self, scalar_like(ctx, 0.5, self))
     return ctx.op.Mul(half_x, ctx.op.Add(gate, scalar_like(ctx, 1.0, self)))
+
+
+def _softplus(ctx, x: ir.Value) -> ir.Value:
+    if x.dtype != _DOUBLE:
+        return ctx.op.Softplus(x)
+    # log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)): exp never overflows.
+    zero = scalar_like(ctx, 0, x)
+    tail = ctx.op.Log(ctx.op.Add(scalar_like(ctx, 1, x), ctx.op.Exp(ctx.op.Neg(ctx.op.Abs(x)))))
+    return ctx.op.Add(ctx.op.Max(x, zero), tail)
 
 
 @translates(aten.softplus.default)
 @bfloat16_as_float
 def softplus(ctx, self, beta=1, threshold=20):
     scaled = self if beta == 1 else ctx.op.Mul(self, scalar_like(ctx, beta, self))
-    smooth = ctx.op.Softplus(scaled)
+    smooth = _softplus(ctx, scaled)
     if beta != 1:
         smooth = ctx.op.Div(smooth, scalar_like(ctx, beta, self))
     # ONNX Softplus has no threshold: PyTorch returns the input itself where beta * x > threshold.
@@ -85,26 +101,32 @@ def softplus(ctx, self, beta=1, threshold=20):
 
 @translates(aten.leaky_relu.default)
 def leaky_relu(ctx, self, negative_slope=0.01):
+    if self.dtype == _DOUBLE:
+        return _prelu_kernel(ctx, self, scalar_like(ctx, negative_slope, self))
     return ctx.op.LeakyRelu(self, alpha=float(negative_slope))
 
 
 @translates(aten.hardswish.default)
 @bfloat16_as_float
 def hardswish(ctx, self):
+    if self.dtype == _DOUBLE:
+        return ctx.op.Mul(self, hardsigmoid(ctx, self))
     return ctx.op.HardSwish(self)
 
 
 @translates(aten.hardsigmoid.default)
 @bfloat16_as_float
 def hardsigmoid(ctx, self):
+    if self.dtype == _DOUBLE:
+        line = ctx.op.Add(ctx.op.Mul(self, scalar_like(ctx, 1 / 6, self)), scalar_like(ctx, 0.5, self))
+        return ctx.op.Min(ctx.op.Max(line, scalar_like(ctx, 0, self)), scalar_like(ctx, 1, self))
     return ctx.op.HardSigmoid(self, alpha=1 / 6, beta=0.5)
 
 
 @translates(aten.elu.default)
 @bfloat16_as_float
 def elu(ctx, self, alpha=1, scale=1, input_scale=1):
-    # onnxruntime has no float64 Elu.
-    if input_scale == 1 and self.dtype != ir.DataType.DOUBLE:
+    if input_scale == 1 and self.dtype != _DOUBLE:
         result = ctx.op.Elu(self, alpha=float(alpha))
     else:
         exp = ctx.op.Exp(ctx.op.Mul(self, scalar_like(ctx, input_scale, self)))
@@ -118,8 +140,14 @@ def elu(ctx, self, alpha=1, scale=1, input_scale=1):
 @translates(aten.selu.default)
 @bfloat16_as_float
 def selu(ctx, self):
+    if self.dtype == _DOUBLE:
+        return elu(ctx, self, _SELU_ALPHA, _SELU_SCALE)
     # ONNX Selu's default alpha and gamma are PyTorch's constants.
     return ctx.op.Selu(self)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
 
 
 @translates(aten.celu.default)
@@ -133,6 +161,8 @@ def celu(ctx, self, alpha=1.0):
 @translates(aten.mish.default)
 @bfloat16_as_float
 def mish(ctx, self):
+    if self.dtype == _DOUBLE:
+        return ctx.op.Mul(self, ctx.op.Tanh(_softplus(ctx, self)))
     return ctx.op.Mish(self)
 
 
@@ -140,7 +170,7 @@ def mish(ctx, self):
 @bfloat16_as_float
 def log_sigmoid(ctx, self):
     # Softplus is evaluated stably by onnxruntime, so -softplus(-x) keeps large |x| finite.
-    return ctx.op.Neg(ctx.op.Softplus(ctx.op.Neg(self)))
+    return ctx.op.Neg(_softplus(ctx, ctx.op.Neg(self)))
 
 
 @translates(aten.log_sigmoid_forward.default, checker=only_first_output_used)
@@ -162,6 +192,8 @@ def prelu(ctx, self, weight):
 
 @translates(aten._prelu_kernel.default)
 def _prelu_kernel(ctx, self, weight):
+    if self.dtype == _DOUBLE:
+        return ctx.op.Where(ctx.op.Greater(self, scalar_like(ctx, 0, self)), self, ctx.op.Mul(self, weight))
     return ctx.op.PRelu(self, weight)
 
 

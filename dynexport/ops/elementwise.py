@@ -7,6 +7,7 @@ import math
 import onnx_ir as ir
 import torch
 
+from dynexport.ops import _float64 as float64
 from dynexport.ops._helpers import (
     bfloat16_as_float,
     cast,
@@ -264,6 +265,8 @@ _BFLOAT16_FROM_22 = frozenset({"Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sin
 
 def _unary(onnx_op: str):
     def rule(ctx, self):
+        if self.dtype == ir.DataType.DOUBLE and onnx_op in float64.FORMS:
+            return float64.FORMS[onnx_op](ctx, self)
         return getattr(ctx.op, onnx_op)(self)
 
     rule.__name__ = rule.__qualname__ = onnx_op.lower()
@@ -326,7 +329,8 @@ def round_decimals(ctx, self, *, decimals=0):
 
 @translates(aten.erfc.default, prims.erfc.default, promote=Promote.RESULT)
 def erfc(ctx, self):
-    return ctx.op.Sub(scalar_like(ctx, 1.0, self), ctx.op.Erf(self))
+    erf = float64.erf(ctx, self) if self.dtype == ir.DataType.DOUBLE else ctx.op.Erf(self)
+    return ctx.op.Sub(scalar_like(ctx, 1.0, self), erf)
 
 
 @translates(aten.fmax.default, aten.fmin.default, prims.fmax.default, prims.fmin.default, promote=Promote.RESULT)
@@ -377,7 +381,8 @@ def atan2(ctx, self, other):
     # sign bits (signed zeros included). 0/0 and inf/inf, NaN for Atan, give 0 and pi/4.
     y, x = ctx.op.Abs(self), ctx.op.Abs(other)
     zero, pi = scalar_like(ctx, 0.0, y), scalar_like(ctx, math.pi, y)
-    angle = ctx.op.Atan(ctx.op.Div(y, x))
+    ratio = ctx.op.Div(y, x)
+    angle = float64.atan(ctx, ratio) if ratio.dtype == ir.DataType.DOUBLE else ctx.op.Atan(ratio)
     both_zero = ctx.op.And(ctx.op.Equal(y, zero), ctx.op.Equal(x, zero))
     angle = ctx.op.Where(both_zero, zero, angle)
     both_infinite = ctx.op.And(ctx.op.IsInf(y), ctx.op.IsInf(x))

@@ -65,6 +65,9 @@ ACTIVATIONS = {
 }
 
 
+_FLOAT64_KERNELS = {"Relu", "Min", "Sigmoid", "Split", "Where", "Softmax", "LogSoftmax", "Exp"}
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_activation_modules(name, dtype):
@@ -73,8 +76,11 @@ def test_activation_modules(name, dtype):
     if name == "celu" and dtype == torch.float32:
         onnx_op = "Celu"
     x = (torch.randn(2, 4, 6) * 4).to(dtype)
+    # In onnxruntime itself, which has no float64 kernel for most activation ops: at float64
+    # they are written out in ops it has.
     program = assert_batch_dynamic_equivalent(module, x, runtime="onnxruntime")
-    assert op_histogram(program)[onnx_op] >= 1
+    if dtype != torch.float64 or onnx_op in _FLOAT64_KERNELS:
+        assert op_histogram(program)[onnx_op] >= 1
 
 
 @pytest.mark.parametrize("opset", [18, 23])
@@ -87,10 +93,11 @@ def test_activation_modules_at_opset_bounds(name, opset):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_gelu_composed_below_opset_20(approximate, dtype):
     x = (torch.randn(3, 5) * 4).to(dtype)
-    program = assert_batch_dynamic_equivalent(nn.GELU(approximate=approximate), x, opset_version=18)
+    program = assert_batch_dynamic_equivalent(nn.GELU(approximate=approximate), x, opset_version=18, runtime="onnxruntime")
     ops = op_histogram(program)
     assert "Gelu" not in ops
-    assert ops["Erf" if approximate == "none" else "Tanh"] == 1
+    # onnxruntime has no float64 Erf: a series instead.
+    assert ops["Erf" if approximate == "none" else "Tanh"] == (approximate == "tanh" or dtype != torch.float64)
 
 
 @pytest.mark.parametrize("opset", [18, 20, 23])
@@ -143,9 +150,9 @@ def test_prelu_kernel_and_prelu_ranks(dtype):
         lambda a, b: (
             torch.prelu(a, weight), torch.prelu(b, weight), aten._prelu_kernel(b, weight.view(3, 1))
         ),
-        two_d, three_d,
+        two_d, three_d, runtime="onnxruntime",
     )
-    assert op_histogram(program)["PRelu"] == 3
+    assert op_histogram(program)["PRelu"] == (3 if dtype != torch.float64 else 0)
 
 
 def test_prelu_on_0d_and_1d_inputs():
