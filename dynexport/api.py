@@ -20,6 +20,7 @@ from dynexport.dim_refinement import (
     DIM_REFINEMENTS_KEY,
     capture_refining_dims,
     derived_dim_roots,
+    dims_tied_by_the_model,
     refinements_metadata,
 )
 from dynexport.model_caches import caches_flattened
@@ -225,8 +226,9 @@ def export(
                 program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
                     capture, module, args, kwargs, dynamic_shapes
                 )
-            if record.dim_refinements:
+            if not auto_dims and dynamic_axes is None:
                 requested_dims = signature.named_dims(dynamic_shapes, bound)
+                record.dim_refinements += dims_tied_by_the_model(program, requested_dims)
             if auto_dims:
                 _warn_fixed_dims(program, requested_dims)
         record.strategy, record.exported_program = strategy, program

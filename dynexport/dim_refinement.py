@@ -39,6 +39,7 @@ __all__ = [
     "DimRefinement",
     "capture_refining_dims",
     "derived_dim_roots",
+    "dims_tied_by_the_model",
     "refinements_metadata",
 ]
 
@@ -116,16 +117,47 @@ def refinements_metadata(refinements: list[DimRefinement]) -> str:
     return json.dumps({r.dim: r.change for r in refinements})
 
 
+def dims_tied_by_the_model(
+    program: torch.export.ExportedProgram, requested_dims: dict[tuple[str, int], str]
+) -> list[DimRefinement]:
+    """Declared dims that torch.export expressed through others without a violated constraint
+    (an attention mask's ``total`` is ``past + seq``), each warned about: the ONNX dim is named
+    by that expression, not by the user's name."""
+    sizes = _input_sizes(program)
+    symbols = {
+        size.node.expr: sympy.Symbol(name)
+        for key, name in requested_dims.items()
+        if isinstance(size := sizes.get(key), torch.SymInt) and size.node.expr.is_symbol
+    }
+    tied = {}
+    for key, name in requested_dims.items():
+        size = sizes.get(key)
+        if name.isidentifier() and isinstance(size, torch.SymInt) and not size.node.expr.is_symbol:
+            tied[name] = DimRefinement(name, f"= {size.node.expr.xreplace(symbols)}")
+    for refinement in tied.values():
+        warnings.warn(f"dynamic_shapes refined: {refinement}", stacklevel=3)
+    return list(tied.values())
+
+
+def _input_sizes(program: torch.export.ExportedProgram) -> dict[tuple[str, int], Any]:
+    """``{(input name, axis): size}`` of the program's tensor inputs."""
+    return {
+        (node.name, axis): size
+        for node in program.graph.nodes
+        if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor)
+        for axis, size in enumerate(node.meta["val"].shape)
+    }
+
+
 def derived_dim_roots(
     program: torch.export.ExportedProgram, requested_dims: dict[tuple[str, int], str]
 ) -> dict[str, str]:
     """``{symbol: root name}`` for the inputs' derived dims: an input dim requested as ``2*_h``
     whose size is ``2*s5`` names ``s5`` ``_h``, so that every size of that root reads in its name."""
     roots = {}
-    placeholders = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    sizes = _input_sizes(program)
     for (name, axis), wanted in requested_dims.items():
-        val = placeholders.get(name)
-        size = val.shape[axis] if isinstance(val, torch.Tensor) and axis < val.dim() else None
+        size = sizes.get((name, axis))
         if not isinstance(size, torch.SymInt) or size.node.expr.is_symbol or len(size.node.expr.free_symbols) != 1:
             continue
         try:

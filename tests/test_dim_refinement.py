@@ -233,8 +233,15 @@ def _decoder_call(model, batch: int, past: int, seq: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_decoder_with_a_populated_dynamic_cache(family):
+@pytest.mark.parametrize(
+    ("family", "mask_length", "refinement"),
+    [
+        ("gpt2", "total", "min=4"),
+        ("llama", "total", "min=4"),
+        ("opt", "past + seq", "= past + seq"),  # OPT's positions come from the mask: torch ties it
+    ],
+)
+def test_decoder_with_a_populated_dynamic_cache(family, mask_length, refinement):
     transformers = pytest.importorskip("transformers")
     from tests.models.families import DECODERS
 
@@ -250,8 +257,9 @@ def test_decoder_with_a_populated_dynamic_cache(family):
     with pytest.warns(UserWarning, match=r"dynamic_shapes refined: total"):
         program = dynexport.export(model, (), kwargs=_decoder_call(model, 2, 5, 3), dynamic_shapes=dynamic_shapes)
     assert (transformers.DynamicCache in pytree.SUPPORTED_NODES) == registered  # a pytree node for the export only
+    assert _refinements(program) == {"total": refinement}
     dims = _input_dims(program)
-    assert dims["attention_mask"] == ["batch", "total"] and dims["cache_key_cache_0"][2] == "past"
+    assert dims["attention_mask"] == ["batch", mask_length] and dims["cache_key_cache_0"][2] == "past"
     assert str(program.model.graph.outputs[1].shape[2]) == "past + seq"
     for sizes in [(2, 5, 3), (3, 9, 1), (1, 2, 6)]:
         with torch.no_grad():
