@@ -22,6 +22,7 @@ __all__ = [
     "bfloat16_as_float",
     "bfloat16_to_float",
     "cast",
+    "computed_in",
     "floating_input",
     "ints",
     "is_floating",
@@ -92,6 +93,15 @@ _WHERE_STAND_INS = {
     ir.DataType.UINT64: ir.DataType.INT64,
     ir.DataType.BFLOAT16: ir.DataType.FLOAT,
 }
+
+
+def computed_in(ctx, x: ir.Value, stand_ins: dict[ir.DataType, ir.DataType], compute: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """``compute(x)``, in the dtype ``stand_ins`` maps ``x``'s to (one onnxruntime has a kernel
+    for, that ``x``'s converts to and back from exactly), cast back."""
+    stand_in = stand_ins.get(x.dtype)
+    if stand_in is None:
+        return compute(x)
+    return cast(ctx, compute(cast(ctx, x, stand_in)), x.dtype)
 
 
 def select(ctx, condition: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:

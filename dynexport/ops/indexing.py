@@ -12,6 +12,7 @@ from dynexport.dtypes import to_torch_dtype
 from dynexport.ops._helpers import (
     argument,
     cast,
+    computed_in,
     ints,
     normalize_dim,
     only_first_output_used,
@@ -27,6 +28,7 @@ from dynexport.registry import Promote, translates
 aten = torch.ops.aten
 
 _INT64 = ir.DataType.INT64
+_INT32 = ir.DataType.INT32
 _MASKS = (ir.DataType.BOOL, ir.DataType.UINT8)
 
 
@@ -506,14 +508,18 @@ def put(ctx, self, index, source, accumulate=False):
 # -- moving elements --------------------------------------------------------------------------
 
 
+# onnxruntime's Trilu has no 8- or 16-bit integer kernels.
+_TRILU_STAND_INS = {ir.DataType.INT8: _INT32, ir.DataType.UINT8: _INT32, ir.DataType.INT16: _INT32}
+
+
 @translates(aten.tril.default)
 def tril(ctx, self, diagonal=0):
-    return ctx.op.Trilu(self, scalar(ctx, diagonal, _INT64), upper=0)
+    return computed_in(ctx, self, _TRILU_STAND_INS, lambda x: ctx.op.Trilu(x, scalar(ctx, diagonal, _INT64), upper=0))
 
 
 @translates(aten.triu.default)
 def triu(ctx, self, diagonal=0):
-    return ctx.op.Trilu(self, scalar(ctx, diagonal, _INT64), upper=1)
+    return computed_in(ctx, self, _TRILU_STAND_INS, lambda x: ctx.op.Trilu(x, scalar(ctx, diagonal, _INT64), upper=1))
 
 
 @translates(aten.repeat.default)

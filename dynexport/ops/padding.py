@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import ints, rank, scalar, shape_tensor, size_of
+from dynexport.ops._helpers import computed_in, ints, rank, scalar, shape_tensor, size_of
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -36,7 +36,11 @@ def _fill(ctx, value, dtype: ir.DataType) -> ir.Value:
 def _pad(ctx, self, pad, mode: str, value=None) -> ir.Value:
     if mode == "constant":
         pads, axes = _pads(ctx, pad)
-        return ctx.op.Pad(self, pads, _fill(ctx, value, self.dtype), axes, mode="constant")
+        # onnxruntime's Pad has no int16 kernel.
+        return computed_in(
+            ctx, self, {ir.DataType.INT16: ir.DataType.INT32},
+            lambda x: ctx.op.Pad(x, pads, _fill(ctx, value, x.dtype), axes, mode="constant"),
+        )
     if mode == "replicate" and any(isinstance(p, int) and p < 0 for p in pad) and _static_ints(pad):
         return _replicate_by_gather(ctx, self, pad)
     if any(isinstance(p, int) and p < 0 for p in pad):

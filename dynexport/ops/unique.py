@@ -15,11 +15,26 @@ aten = torch.ops.aten
 _INT64 = ir.DataType.INT64
 
 
+# onnxruntime's Unique takes float, double, int8, int64 and string: other integer types and bools
+# compute in int64, bfloat16 in float (both exact).
+_UNIQUE_STAND_INS = {
+    ir.DataType.BOOL: _INT64,
+    ir.DataType.UINT8: _INT64,
+    ir.DataType.INT16: _INT64,
+    ir.DataType.INT32: _INT64,
+    ir.DataType.BFLOAT16: ir.DataType.FLOAT,
+}
+
+
+def _unique_input(ctx, x: ir.Value) -> ir.Value:
+    return cast(ctx, x, _UNIQUE_STAND_INS.get(x.dtype, x.dtype))
+
+
 @translates(aten._unique2.default)
 def unique(ctx, self, sorted=True, return_inverse=False, return_counts=False):
     # PyTorch's CPU kernel sorts whether or not it is asked to; ONNX's unsorted order would be
-    # first occurrence instead. Unique and Compress take no bfloat16.
-    flat = ctx.op.Reshape(bfloat16_to_float(ctx, self), ints(ctx, [-1]))
+    # first occurrence instead.
+    flat = ctx.op.Reshape(_unique_input(ctx, self), ints(ctx, [-1]))
     values, _, inverse, counts = ctx.op.Unique(flat, sorted=1, _outputs=4)
     inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self), allowzero=1)
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
@@ -27,7 +42,7 @@ def unique(ctx, self, sorted=True, return_inverse=False, return_counts=False):
 
 @translates(aten.unique_dim.default)
 def unique_dim(ctx, self, dim, sorted=True, return_inverse=False, return_counts=False):
-    values, _, inverse, counts = ctx.op.Unique(bfloat16_to_float(ctx, self), axis=dim, sorted=1, _outputs=4)
+    values, _, inverse, counts = ctx.op.Unique(_unique_input(ctx, self), axis=dim, sorted=1, _outputs=4)
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 

@@ -66,6 +66,12 @@ def test_circular_pad_by_opset(pad, opset):
     assert "Pad" not in op_histogram(program)
 
 
+def test_constant_pad_of_int16_in_onnxruntime():
+    # onnxruntime has no int16 Pad: it pads in int32.
+    x = (torch.randn(2, 3, 5) * 100).to(torch.int16)
+    assert_spatial_dynamic_equivalent(lambda x: F.pad(x, (1, 2, -1, 3), value=-7), x, spatial=False, runtime="onnxruntime")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
 def test_pad_dtypes(mode, dtype):
