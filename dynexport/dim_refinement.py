@@ -11,6 +11,10 @@ changed: one warning per dim, the export report, and the ONNX metadata (``DIM_RE
 A fix that makes a declared-dynamic dim static is never applied: the ONNX model would silently
 accept one size only. :class:`~dynexport.errors.DimSpecializedError` names the dim and the model
 line that fixes it instead; the user opts in by declaring that dim static or ``Dim.AUTO``.
+
+A declared dim that torch.export ties to others by itself (an attention mask's ``total`` becomes
+``past + seq``) is told the same way, and the root of a derived dim takes the name the fix gave
+it, so that ONNX dims read ``2*_h`` and ``past + seq``.
 """
 
 from __future__ import annotations
