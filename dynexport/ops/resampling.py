@@ -158,7 +158,17 @@ def grid_sampler_2d(ctx, input, grid, interpolation_mode, padding_mode, align_co
     )
 
 
-@translates(aten.pixel_shuffle.default, checker=lambda node: node.args[0].meta["val"].dim() == 4)
+# onnxruntime's DepthToSpace kernels; other dtypes (and ranks) take torch's decomposition, a
+# reshape and a permute.
+_DEPTH_TO_SPACE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8)
+
+
+def _depth_to_space_fits(node) -> bool:
+    x = node.args[0].meta["val"]
+    return x.dim() == 4 and x.dtype in _DEPTH_TO_SPACE_DTYPES
+
+
+@translates(aten.pixel_shuffle.default, checker=_depth_to_space_fits)
 def pixel_shuffle(ctx, self, upscale_factor):
     # PyTorch orders the input channels (channel, row offset, column offset): DepthToSpace's CRD.
     return ctx.op.DepthToSpace(self, blocksize=upscale_factor, mode="CRD")
