@@ -33,16 +33,22 @@ def run_loop(
     carried_count: int,
     updated: tuple[int, ...],
     source: str,
+    refusal: str,
     *values: Any,
 ) -> list[Any]:
     """TorchScript's ``prim::Loop`` while torch.export traces it: ``body(*captured, i, *carried)``
     returns ``(condition, *carried, *updated values)``, ``updated`` being the positions among
     the captured values of the lists the body appends to and the tensors it writes to; the
     loop runs while ``i < trip_count`` and the condition (None: a counted loop) holds. Returns
-    the carried values, then the updated ones."""
+    the carried values, then the updated ones. ``refusal`` (if not empty) says why the loop
+    cannot become a while_loop, whose body writes to copies of those tensors."""
     carried, captured = list(values[:carried_count]), list(values[carried_count:])
     if isinstance(trip_count, int) and (condition is None or isinstance(condition, (bool, int))):
         return _unrolled(body, trip_count, condition is None or bool(condition), carried, captured, updated, source)
+    if refusal:
+        raise TorchScriptConversionError(
+            "prim::Loop", source or None, f"its trip count is only known at run time: {refusal}", _COPY_HINT
+        )
     return _while_loop(body, trip_count, condition, carried, captured, updated, source)
 
 
@@ -52,7 +58,8 @@ def _unrolled(body, trip_count, condition, carried, captured, updated, source) -
         outputs = _as_list(body(*captured, iteration, *carried))
         condition, carried = outputs[0], outputs[1 : 1 + len(carried)]
         for position, value in zip(updated, outputs[1 + len(carried) :]):
-            captured[position] = value
+            if not isinstance(captured[position], torch.Tensor):  # a tensor, written in place, stays
+                captured[position] = value
         if isinstance(condition, torch.Tensor):
             raise TorchScriptConversionError(
                 "prim::Loop",
@@ -173,18 +180,29 @@ def run_if(
     updated: tuple[int, ...],
     scalar_outputs: tuple[torch.dtype | None, ...],
     source: str,
+    refusal: str,
     *arguments: Any,
 ) -> list[Any]:
     """TorchScript's ``prim::If`` while torch.export traces it: each branch returns the If's
     outputs, then the lists it appended to and the tensors it wrote to (``updated``: their
-    positions among ``arguments``). A predicate known at export picks its branch. Otherwise the
-    If becomes ``torch.cond``: the lists become ONNX sequences (their lengths now depend on
+    positions among ``arguments``). A predicate known at export picks its branch, which writes
+    to the tensors themselves. Otherwise the If becomes ``torch.cond`` (``refusal``, if not
+    empty, says why it cannot): the lists become ONNX sequences (their lengths now depend on
     data) and cond carries their handles, each branch writes to its own copy of the tensors
-    (cond's operands must stay intact) and returns it, and outputs that TorchScript types as bool/int/float
-    (``scalar_outputs``: their dtypes) cross it as 0-d tensors: a branch may compute one from
-    a tensor and the other give a constant (``while i < n and bool(t[i])``)."""
+    (cond's operands must stay intact) and returns it, and outputs that TorchScript types as
+    bool/int/float (``scalar_outputs``: their dtypes) cross it as 0-d tensors: a branch may
+    compute one from a tensor and the other give a constant (``while i < n and bool(t[i])``)."""
     if isinstance(predicate, (bool, int)):
-        return _as_list((true_branch if predicate else false_branch)(*arguments))
+        results = _as_list((true_branch if predicate else false_branch)(*arguments))
+        first = len(results) - len(updated)
+        for index, position in enumerate(updated):
+            if isinstance(arguments[position], torch.Tensor):  # written in place: views still see it
+                results[first + index] = arguments[position]
+        return results
+    if refusal:
+        raise TorchScriptConversionError(
+            "prim::If", source or None, f"its condition depends on tensor values: {refusal}", _COPY_HINT
+        )
     arguments = list(arguments)
     for position in updated:
         arguments[position] = _as_sequence(arguments[position], source)
@@ -218,6 +236,12 @@ def run_if(
     for index, branch_elements in elements.items():
         results[index] = TensorSequence(results[index], _joined(branch_elements, source), source or None)
     return results
+
+
+_COPY_HINT = (
+    "torch.cond and while_loop write to copies: clone the tensor before the branch or loop "
+    "(x = x.clone()) and take views of it after, or return new values instead of writing in place"
+)
 
 
 def _as_sequence(value: Any, source: str) -> Any:

@@ -365,7 +365,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
 
     def convert_prim_If(self, node: torch._C.Node) -> None:
         self._check_set_attr_in_if_block(node)
-        updated = _updated_within(node)
+        updated, refusal = _updated_within(node)
         arguments = self._block_arguments(node)
         branches = self._convert_block_to_subgraph(node, arguments, updated)
         branch = self.fx_graph.call_function(
@@ -376,6 +376,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 tuple(arguments.index(name) for name in updated),
                 tuple(_SCALAR_TYPES.get(output.type().kind()) for output in node.outputs()),
                 script_source(node) or "",
+                refusal,
                 *(self.get_fx_value_by_fqn(name) for name in arguments),
             ),
         )
@@ -384,7 +385,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
     def convert_prim_Loop(self, node: torch._C.Node) -> None:
         trip_count, condition, *carried = node.inputs()
         body = next(node.blocks())
-        updated = _updated_within(node)
+        updated, refusal = _updated_within(node)
         captured = self._block_arguments(node)
         (body_graph,) = self._convert_block_to_subgraph(node, captured, updated)
 
@@ -409,6 +410,7 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 len(carried),
                 tuple(captured.index(name) for name in updated),
                 script_source(node) or "",
+                refusal,
                 *(self.get_fx_value_by_ir_value(value) for value in carried),
                 *(self.get_fx_value_by_fqn(name) for name in captured),
             ),
@@ -466,21 +468,27 @@ def _number(value: Any, dtype: torch.dtype) -> Any:
 _SCALAR_TYPES = {"BoolType": torch.bool, "IntType": torch.int64, "FloatType": torch.float64}
 
 
-def _updated_within(node: torch._C.Node) -> list[str]:
+def _updated_within(node: torch._C.Node) -> tuple[list[str], str]:
     """The values defined outside ``node``'s blocks that they update, by name: the lists they
-    append to and the tensors they write to in place (``x[i] = v``, ``x.index_add_(...)``)."""
+    append to and the tensors they write to in place (``x[i] = v``, ``x.index_add_(...)``).
+    Then why ``node`` cannot become ``torch.cond`` / ``while_loop``, whose bodies write to
+    copies of those tensors ("" if it can): a write the copy would hide from another name for
+    the same memory. Run on the values themselves (a branch picked, a loop unrolled), every
+    write reaches the memory it names."""
     inside = _defined_within(node)
-    updated = set()
+    updated, refusals = set(), []
     for inner in _nodes_within(node):
         if inner.kind() == "aten::append":
             updated.add(inner.inputsAt(0).debugName())
             continue
         for value in _written_inputs(inner):
-            written = _outer_alias(value, inside, inner)
+            written, refusal = _outer_alias(value, inside)
             if written is not None:
-                _check_no_other_alias_is_read(written, node, inside, inner)
+                refusal = _other_alias_read(written, node, inside)
                 updated.add(written.debugName())
-    return sorted(updated - inside)
+            if refusal:
+                refusals.append(f"the write at {script_source(inner) or inner.kind()} {refusal}")
+    return sorted(updated - inside), "; ".join(refusals)
 
 
 def _nodes_within(node: torch._C.Node) -> Iterator[torch._C.Node]:
@@ -494,15 +502,11 @@ def _nodes_within(node: torch._C.Node) -> Iterator[torch._C.Node]:
 
 def _defined_within(node: torch._C.Node) -> set[str]:
     """The names of the values ``node``'s blocks define, their parameters included."""
-    defined = set()
-    pending = list(node.blocks())
-    while pending:
-        block = pending.pop()
-        defined.update(value.debugName() for value in block.inputs())
-        for inner in block.nodes():
-            defined.update(value.debugName() for value in inner.outputs())
-            pending += inner.blocks()
-    return defined
+    inner_nodes = list(_nodes_within(node))
+    blocks = [*node.blocks(), *(block for inner in inner_nodes for block in inner.blocks())]
+    return {value.debugName() for block in blocks for value in block.inputs()} | {
+        value.debugName() for inner in inner_nodes for value in inner.outputs()
+    }
 
 
 def _op_schema(node: torch._C.Node) -> torch.FunctionSchema | None:
@@ -538,42 +542,30 @@ def _aliased_input(value: torch._C.Value) -> torch._C.Value | None:
     )
 
 
-def _outer_alias(value: torch._C.Value, inside: set[str], writer: torch._C.Node) -> torch._C.Value | None:
-    """The value defined outside the blocks (names ``inside``) that writing to ``value``
-    writes to, or None if the write stays within them."""
+def _outer_alias(value: torch._C.Value, inside: set[str]) -> tuple[torch._C.Value | None, str]:
+    """The tensor defined outside the blocks (names ``inside``) that writing to ``value``
+    writes to (None if the write stays within them), or why it cannot be told."""
     while value.debugName() in inside:
         source = _aliased_input(value)
         if source is None:
-            if value.node().kind() in _UNTRACKED_ALIASES:
-                raise TorchScriptConversionError(
-                    writer.kind(),
-                    script_source(writer),
-                    f"the branch or loop writes in place to a tensor taken from {value.node().kind()}, "
-                    "whose writes cannot be followed out of it",
-                    "write to a tensor made within the branch or loop, or return the new value instead",
-                )
-            return None
+            kind = value.node().kind()
+            if kind in _UNTRACKED_ALIASES:
+                return None, f"writes to a tensor taken from {kind}, which a copy cannot follow"
+            return None, ""
         value = source
     if not value.type().isSubtypeOf(torch._C.TensorType.get()):
-        raise TorchScriptConversionError(
-            writer.kind(),
-            script_source(writer),
-            f"the branch or loop writes in place to an element of a {value.type()} made before it",
-            "write to a tensor, or build the list within the branch or loop",
-        )
-    return value
+        return None, f"writes to an element of a {value.type()} made before it, which a copy cannot follow"
+    return value, ""
 
 
 # Values whose writes reach tensors they do not say: a module attribute, a container's elements.
 _UNTRACKED_ALIASES = {"prim::GetAttr", "prim::ListConstruct", "prim::TupleConstruct", "prim::DictConstruct"}
 
 
-def _check_no_other_alias_is_read(
-    written: torch._C.Value, node: torch._C.Node, inside: set[str], writer: torch._C.Node
-) -> None:
-    """A branch or loop that writes to ``written`` returns its new value, which replaces it
-    after ``node``; another view of the same memory made before ``node`` (``y = x[0]``, or
-    ``written`` itself being a view) would keep the old values where eager sees the write."""
+def _other_alias_read(written: torch._C.Value, node: torch._C.Node, inside: set[str]) -> str:
+    """Why a copy of ``written`` would be unsound: another view of the same memory made before
+    ``node`` (``row = y[0]``, or ``written`` itself being a view) read within or after it would
+    keep the old values where eager sees the write ("" if there is none)."""
     base = written
     while (source := _aliased_input(base)) is not None:
         base = source
@@ -586,13 +578,11 @@ def _check_no_other_alias_is_read(
         if alias is written or alias.debugName() in inside or _is_after(alias.node(), node):
             continue
         if any(use.user is node or use.user.isAfter(node) or _is_within(use.user, node) for use in alias.uses()):
-            raise TorchScriptConversionError(
-                writer.kind(),
-                script_source(writer),
-                f"the branch or loop writes in place to %{written.debugName()}, and %{alias.debugName()}, "
-                "another view of the same memory made before it, is read within or after it",
-                "clone the tensor before the branch or loop (x = x.clone()), or take the view after it",
+            return (
+                f"writes to %{written.debugName()}, and %{alias.debugName()}, another view of the same memory "
+                "made before it, is read within or after it"
             )
+    return ""
 
 
 def _is_within(inner: torch._C.Node, node: torch._C.Node) -> bool:
