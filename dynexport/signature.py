@@ -18,17 +18,16 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim
-from torch.export.graph_signature import (
-    InputKind,
-    OutputKind,
-    SymBoolArgument,
-    SymFloatArgument,
-    SymIntArgument,
-    TensorArgument,
-)
 
+from dynexport.call_convention import (
+    GraphIO,
+    graph_input_specs,
+    is_user_input,
+    placeholders,
+    user_input_specs,
+    user_outputs,
+)
 from dynexport.passes.onnx.naming import unique_name
-from dynexport.translate import GraphIO
 
 __all__ = [
     "argument_slots",
@@ -294,18 +293,16 @@ def graph_io(
     ONNX needs every input, output and initializer named differently: a default name that is
     taken gets a suffix, a name the user gave that is taken is a ``ValueError``.
     """
-    specs = [s for s in program.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    graph_inputs = [
-        s for s in specs if isinstance(s.arg, (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument))
-    ]
+    specs = user_input_specs(program)
+    nodes = placeholders(program)
+    graph_inputs = graph_input_specs(program)
     if input_names is not None and len(input_names) > len(graph_inputs):
         raise ValueError(
             f"input_names has {len(input_names)} names but the model has {len(graph_inputs)} "
             f"tensor inputs ({[s.arg.name for s in graph_inputs]})"
         )
     custom = dict(zip((s.arg.name for s in graph_inputs), input_names or ()))
-    initializers = {s.target for s in program.graph_signature.input_specs if s.kind is not InputKind.USER_INPUT}
+    initializers = {s.target for s in program.graph_signature.input_specs if not is_user_input(s)}
     _check_names_free("input_names", custom.values(), initializers, "a parameter, buffer or constant of the model")
     taken = initializers | set(custom.values())
     input_name = {}
@@ -316,7 +313,7 @@ def graph_io(
 
     dim_names: dict[str, str] = {}
     for spec in graph_inputs:
-        node = placeholders[spec.arg.name]
+        node = nodes[spec.arg.name]
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
             continue
@@ -331,19 +328,19 @@ def graph_io(
             else:
                 dim_names.setdefault(symbol, f"{input_name[spec.arg.name]}_dim_{axis}")
 
-    user_outputs = _user_outputs(program)
-    if output_names is not None and len(output_names) > len(user_outputs):
+    output_values = _output_values(program)
+    if output_names is not None and len(output_names) > len(output_values):
         raise ValueError(
-            f"output_names has {len(output_names)} names but the model returns {len(user_outputs)} outputs"
+            f"output_names has {len(output_names)} names but the model returns {len(output_values)} outputs"
         )
     given = list(output_names or ())
     _check_names_free("output_names", given, taken, "an input or a parameter, buffer or constant of the model")
     taken |= set(given)
     outputs = list(given)
-    for default in _output_paths(program, len(user_outputs))[len(given):]:
+    for default in _output_paths(program, len(output_values))[len(given):]:
         outputs.append(unique_name(default, taken))
         taken.add(outputs[-1])
-    for name, value in zip(given, user_outputs):
+    for name, value in zip(given, output_values):
         if value is None:
             warnings.warn(
                 f"output_names names {name!r} an output the model returns as None: it is no graph "
@@ -351,7 +348,7 @@ def graph_io(
                 stacklevel=3,
             )
     output_axes = {key: _axis_names(key, axes) for key, axes in (dynamic_axes or {}).items() if key in given}
-    output_dims = _output_dim_names(dict(zip(outputs, user_outputs)), output_axes, dim_names)
+    output_dims = _output_dim_names(dict(zip(outputs, output_values)), output_axes, dim_names)
     return GraphIO(names, outputs, dim_names, output_dims)
 
 
@@ -365,15 +362,10 @@ def _check_names_free(argument: str, names: Iterable[str], taken: set[str], owne
         )
 
 
-def _user_outputs(program: torch.export.ExportedProgram) -> list[Any]:
+def _output_values(program: torch.export.ExportedProgram) -> list[Any]:
     """What each user output of ``program`` is at export: its ``meta["val"]`` (a fake tensor,
     a SymInt), or the constant returned (a number, None)."""
-    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
-    return [
-        arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
-        for arg, spec in zip(output_node.args[0], program.graph_signature.output_specs)
-        if spec.kind is OutputKind.USER_OUTPUT
-    ]
+    return [arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg for arg, _ in user_outputs(program)]
 
 
 def _output_dim_names(

@@ -27,9 +27,10 @@ import onnx_ir as ir
 import sympy
 import torch
 from onnx_ir.tensor_adapters import TorchTensor
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import OutputKind
 
 from dynexport.builder import ModelBuilder, OnnxScriptError
+from dynexport.call_convention import GraphIO, is_user_input, outputs_of_kind, placeholders, user_outputs
 from dynexport.decompositions import (
     Decomposition,
     decomposition_table,
@@ -52,7 +53,6 @@ from dynexport.registry import Promote, Rule, RuleForm, TranslationTable, target
 __all__ = [
     "BUFFER_UPDATES_KEY",
     "OUTPUT_DIMS_KEY",
-    "GraphIO",
     "TranslationContext",
     "TranslationSummary",
     "translate_program",
@@ -65,22 +65,6 @@ OUTPUT_DIMS_KEY = "pkg.dynexport.output_dims"
 
 # Keyword arguments that place or lay out a tensor; they never change an ONNX computation.
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
-
-
-@dataclasses.dataclass
-class GraphIO:
-    """How the ONNX graph's inputs, outputs and symbolic dims are named.
-
-    ``input_names`` has one entry per user-input placeholder of the program, in order (entries
-    for non-tensor inputs are ignored); ``output_names`` one per user output; ``dim_names`` maps
-    torch's shape symbols (``s0``) to the names users gave the dims (``batch``); ``output_dims``
-    the names users gave output dims, by output name and axis (``{"output0": {2: "anchors"}}``).
-    """
-
-    input_names: list[str]
-    output_names: list[str]
-    dim_names: dict[str, str] = dataclasses.field(default_factory=dict)
-    output_dims: dict[str, dict[int, str]] = dataclasses.field(default_factory=dict)
 
 
 class TranslationContext:
@@ -689,10 +673,10 @@ def translate_program(
     signature = program.graph_signature
     state = {**program.state_dict, **program.constants}
     user_names = iter(io.input_names)
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    nodes = placeholders(program)
     for spec in signature.input_specs:
-        node = placeholders.get(spec.arg.name)
-        if spec.kind is InputKind.USER_INPUT:
+        node = nodes.get(spec.arg.name)
+        if is_user_input(spec):
             name = next(user_names)
             if node is None:  # a None argument has no placeholder
                 continue
@@ -778,7 +762,7 @@ def _add_outputs(
     graph = translator.graph
     used: set[int] = set()
     sizes: dict[str, dict[int, str]] = {}
-    for (arg, _), name in zip(_outputs_of_kind(program, OutputKind.USER_OUTPUT), names):
+    for (arg, _), name in zip(user_outputs(program), names):
         value = env[arg] if isinstance(arg, torch.fx.Node) else arg
         if value is None:
             continue
@@ -808,7 +792,7 @@ def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Nod
     Returns ``{buffer: output name}``."""
     graph = translator.graph
     updated = {}
-    for arg, spec in _outputs_of_kind(program, OutputKind.BUFFER_MUTATION):
+    for arg, spec in outputs_of_kind(program, OutputKind.BUFFER_MUTATION):
         buffer = graph.initializers.get(spec.target) or next(v for v in graph.inputs if v.name == spec.target)
         if not buffer.is_graph_input():
             graph.inputs.append(buffer)
@@ -817,12 +801,6 @@ def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Nod
         value.name = updated[spec.target] = f"{spec.target}.updated"
         graph.outputs.append(value)
     return updated
-
-
-def _outputs_of_kind(program: torch.export.ExportedProgram, kind: OutputKind) -> list[tuple[Any, Any]]:
-    """``(FX output argument, output spec)`` for the program's outputs of ``kind``."""
-    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
-    return [(arg, spec) for arg, spec in zip(output_node.args[0], program.graph_signature.output_specs) if spec.kind is kind]
 
 
 def _unsupported_uses(missing: list[tuple[str, torch.fx.Node]]) -> list[UnsupportedUse]:
