@@ -208,6 +208,13 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                 self.name_to_constant[attribute] = value
                 self.name_to_node[name] = self.fx_graph.get_attr(attribute)
 
+    def convert_graph_outputs(self) -> None:
+        super().convert_graph_outputs()
+        # torch's version copies an input a block returns (`else: i = i`) with torch.clone,
+        # which takes tensors only; a loop's counter is a number.
+        for node in self.fx_graph.find_nodes(op="call_function", target=torch.clone):
+            node.target = _copy
+
     def convert_node(self, node: torch._C.Node) -> None:
         before = len(self.fx_graph.nodes)
         try:
@@ -439,6 +446,11 @@ _HINT = (
     "export the model from its Python source instead (drop dynamo=False, or pass the module "
     "rather than its torch.jit.script), using torch.cond / torch.while_loop for control flow"
 )
+
+
+def _copy(value: Any) -> Any:
+    numbers = (int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
+    return value if isinstance(value, numbers) else torch.clone(value)  # a sequence clones its handle
 
 
 def _device(tensor: torch.Tensor) -> torch.device:

@@ -496,6 +496,28 @@ def test_index_put_in_static_loops(script):
     )
 
 
+@torch.jit.script
+def bin_positives(x, steps):
+    # A branch on data within a dynamic loop writes to a tensor of the enclosing graph; the
+    # branch that does not count returns the counter it was given.
+    bins = torch.zeros(3)
+    count = 0
+    for k in range(int(steps)):
+        if bool(x[k] > 0):
+            bins[count % 3] += x[k]
+            count += 1
+    return bins, count
+
+
+def test_write_in_a_branch_on_data_within_a_dynamic_loop():
+    program = assert_exports_equivalent(
+        bin_positives,
+        (torch.randn(6), torch.tensor(6)),
+        resized=[(torch.randn(6), torch.tensor(3)), (torch.randn(6), torch.tensor(0)), (-torch.rand(6), torch.tensor(6))],
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
 class ViewReadAfterWrite(torch.nn.Module):
     def forward(self, x):
         y = x.clone()
