@@ -14,8 +14,10 @@ from typing import IO, Any
 import torch
 
 from dynexport import capture as capture_stage
+from dynexport import files
 from dynexport import report as report_stage
 from dynexport import signature, torchscript
+from dynexport.call_convention import graph_input_specs
 from dynexport.dim_refinement import (
     DIM_REFINEMENTS_KEY,
     capture_refining_dims,
@@ -197,7 +199,7 @@ def export(
             program, strategy, requested_dims = model, "given ExportedProgram", {}
             args, kwargs = (), {}
             if input_names is not None:
-                _check_input_count(input_names, _count_tensor_inputs(program))
+                _check_input_count(input_names, len(graph_input_specs(program)))
         else:
             args, kwargs = signature.split_legacy_args(args, kwargs)
             from_torchscript = not dynamo or torchscript.is_torchscript(model)
@@ -316,12 +318,10 @@ def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
 def _dataless_weights_hidden(model: Any) -> Iterator[None]:
     """Weights on the meta device or fake have no values to fold: the passes see them as
     initializers of unknown value (their data comes later, by name, through apply_weights)."""
-    from dynexport.program import _has_data
-
     hidden = [
         (value, value.const_value)
         for value in model.graph.initializers.values()
-        if value.const_value is not None and not _has_data(value.const_value)
+        if value.const_value is not None and not files.has_data(value.const_value)
     ]
     for value, _ in hidden:
         value.const_value = None
@@ -430,14 +430,6 @@ def _check_input_count(input_names: Sequence[str], count: int) -> None:
         raise ValueError(
             f"input_names has {len(input_names)} names but the model takes {count} tensor inputs"
         )
-
-
-def _count_tensor_inputs(program: torch.export.ExportedProgram) -> int:
-    return sum(
-        1
-        for spec in program.graph_signature.input_specs
-        if spec.kind.name == "USER_INPUT" and type(spec.arg).__name__ != "ConstantArgument"
-    )
 
 
 def _check_destination(f: Any) -> None:

@@ -28,20 +28,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch.export.graph_signature import (
-    ConstantArgument,
-    OutputKind,
-    SymBoolArgument,
-    SymFloatArgument,
-    SymIntArgument,
-)
 
+from dynexport import runtime
 from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
+from dynexport.call_convention import OutputLayout, is_user_output
 from dynexport.capture import capture
 from dynexport.errors import ExportError
 from dynexport.passes.onnx.naming import unique_name
-from dynexport.program import ONNXProgram, ort_values_to_torch
+from dynexport.program import ONNXProgram
 
 __all__ = ["BackendOptions", "CompiledSubgraph", "OnnxRuntimeBackend", "SubgraphNotExportable", "backend", "compile_graph"]
 
@@ -220,7 +214,7 @@ class CompiledSubgraph:
         # One entry: the dynamic shapes of forward's *fed.
         dynamic_shapes = (tuple(inputs.dynamic_shapes[i] for i in inputs.fed),)
         exported, _ = capture(module, example, {}, dynamic_shapes)
-        written = [s.target for s in exported.graph_signature.output_specs if s.kind is not OutputKind.USER_OUTPUT]
+        written = [s.target for s in exported.graph_signature.output_specs if not is_user_output(s)]
         if written:
             raise SubgraphNotExportable(
                 f"the subgraph updates {', '.join(map(str, written))} in place, which an ONNX model cannot do; "
@@ -420,23 +414,15 @@ class _Session:
         path: str | None,
         options: BackendOptions,
     ):
-        import onnxruntime as ort
-
-        session_options = options.session_options
-        if session_options is None:
-            session_options = ort.SessionOptions()
-            session_options.log_severity_level = 3
         model = path if path is not None else program.model_proto.SerializeToString()
-        self.session = ort.InferenceSession(model, session_options, providers=list(options.providers))
+        self.session = runtime.inference_session(model, options.session_options, options.providers)
         graph = program.model.graph
-        user_inputs = [v for v in graph.inputs if not v.is_initializer()]
-        self.static_axes = [tuple(axis for axis, d in enumerate(v.shape) if isinstance(d, int)) for v in user_inputs]
-        self._feeds = [(v.name, index, int(v.dtype)) for v, index in zip(user_inputs, fed)]
+        fed_inputs = runtime.fed_inputs(graph)
+        self.static_axes = [tuple(axis for axis, d in enumerate(v.shape) if isinstance(d, int)) for v in fed_inputs]
+        self._feeds = [(v.name, index, int(v.dtype)) for v, index in zip(fed_inputs, fed)]
         self._output_names = [v.name for v in graph.outputs]
         self._output_dtypes = [v.dtype for v in graph.outputs]
-        self._outputs, self._out_spec = _output_plan(exported)
-        # What Dynamo's graphs return; unflattening it costs as much as a small model's run.
-        self._flat_tuple = self._out_spec == pytree.tree_structure(tuple(self._outputs))
+        self._outputs = OutputLayout.of(exported)
         providers = self.session.get_providers()
         self._devices = {device for device, provider in _DEVICE_PROVIDERS.items() if provider in providers}
 
@@ -461,33 +447,7 @@ class _Session:
         for name in self._output_names:
             binding.bind_output(name, run_device.type, run_device.index or 0)
         self.session.run_with_iobinding(binding)
-        results = ort_values_to_torch(binding.get_outputs(), self._output_dtypes)
+        results = runtime.ort_values_to_torch(binding.get_outputs(), self._output_dtypes)
         if run_device != device:
             results = [r.to(device) for r in results]
-        leaves = [
-            value if how == "constant" else results[value] if how == "tensor" else _NUMBERS[how](results[value])
-            for how, value in self._outputs
-        ]
-        return tuple(leaves) if self._flat_tuple else pytree.tree_unflatten(leaves, self._out_spec)
-
-
-_NUMBERS = {"int": int, "float": float, "bool": bool}
-_SYMBOLIC_OUTPUTS = {SymIntArgument: "int", SymFloatArgument: "float", SymBoolArgument: "bool"}
-
-
-def _output_plan(exported: torch.export.ExportedProgram) -> tuple[list[tuple[str, Any]], pytree.TreeSpec]:
-    """For each user output: ``("tensor", k)``, or ``("int" | "float" | "bool", k)`` for a
-    symbolic number, read from the k-th ONNX output, or ``("constant", value)``; None outputs
-    have no ONNX output, other constants do."""
-    plan: list[tuple[str, Any]] = []
-    position = 0
-    for spec in exported.graph_signature.output_specs:
-        if spec.kind is not OutputKind.USER_OUTPUT:
-            continue
-        if isinstance(spec.arg, ConstantArgument):
-            plan.append(("constant", spec.arg.value))
-            position += spec.arg.value is not None
-        else:
-            plan.append((_SYMBOLIC_OUTPUTS.get(type(spec.arg), "tensor"), position))
-            position += 1
-    return plan, exported.call_spec.out_spec
+        return self._outputs.unflatten(results, python_values=True)

@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from dynexport.graph_text import type_proto_text, type_text
+
 __all__ = ["main"]
 
 _BAR_MIN_BYTES = 16 * 1024 * 1024
@@ -200,8 +202,8 @@ def _export(options: argparse.Namespace) -> int:
     graph = program.model.graph
     weights = sum(v.const_value.nbytes for v in graph.initializers.values() if v.const_value is not None)
     print(f"wrote {output}: {len(graph)} nodes, {len(graph.initializers)} initializers ({weights / 1e6:.1f} MB)")
-    print("inputs:  " + ", ".join(_value_text(v) for v in graph.inputs))
-    print("outputs: " + ", ".join(_value_text(v) for v in graph.outputs))
+    print("inputs:  " + ", ".join(f"{v.name}: {type_text(v)}" for v in graph.inputs))
+    print("outputs: " + ", ".join(f"{v.name}: {type_text(v)}" for v in graph.outputs))
     if report:
         print(f"report:  {report}")
     if verification is not None:
@@ -216,24 +218,7 @@ def _as_args(args: Any) -> tuple:
     return args if isinstance(args, tuple) else (args,)
 
 
-def _value_text(value) -> str:
-    from dynexport.program import _type_text
-
-    return f"{value.name}: {_type_text(value)}"
-
-
 # -- inspect ------------------------------------------------------------------------------------
-
-
-def _type_proto_text(type_proto) -> str:
-    import onnx
-
-    tensor = type_proto.tensor_type
-    dtype = onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
-    if not tensor.HasField("shape"):
-        return dtype
-    dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in tensor.shape.dim]
-    return f"{dtype}[{', '.join(dims)}]"
 
 
 def _tensor_bytes(tensor) -> int:
@@ -279,10 +264,10 @@ def _inspect(path: str) -> int:
     print("inputs:")
     for value in graph.input:
         if value.name not in initializer_names:
-            print(f"  {value.name}: {_type_proto_text(value.type)}")
+            print(f"  {value.name}: {type_proto_text(value.type)}")
     print("outputs:")
     for value in graph.output:
-        print(f"  {value.name}: {_type_proto_text(value.type)}")
+        print(f"  {value.name}: {type_proto_text(value.type)}")
     total = sum(_tensor_bytes(t) for t in graph.initializer)
     files = sorted({e.value for t in graph.initializer for e in t.external_data if e.key == "location"})
     external = f", external data in {', '.join(files)}" if files else ""

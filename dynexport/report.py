@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from dynexport.files import write_atomically
+from dynexport.graph_text import type_text
 from dynexport.translate import TranslationSummary
 
 __all__ = ["ExportRecord", "render_report", "reporting", "write_report"]
@@ -124,11 +126,9 @@ def render_report(record: ExportRecord) -> str:
         lines += ["## ONNX model", "",
                   f"{sum(onnx_histogram.values())} nodes, {len(graph.initializers)} initializers "
                   f"({weight_bytes / 1e6:.1f} MB), opsets: {opsets}", ""]
-        from dynexport.program import _type_text
-
         lines += _table(["", "name", "type"],
-                        [["input", v.name, _type_text(v)] for v in graph.inputs]
-                        + [["output", v.name, _type_text(v)] for v in graph.outputs])
+                        [["input", v.name, type_text(v)] for v in graph.inputs]
+                        + [["output", v.name, type_text(v)] for v in graph.outputs])
         lines.append("")
         lines += _table(["ONNX op", "count"], [[op, n] for op, n in onnx_histogram.most_common()])
         lines.append("")
@@ -144,8 +144,6 @@ def render_report(record: ExportRecord) -> str:
 
 def write_report(record: ExportRecord, path: str) -> str:
     """Write the report atomically; returns the path."""
-    from dynexport.program import write_atomically
-
     write_atomically(render_report(record).encode(), path)
     return path
 

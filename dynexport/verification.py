@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
+from dynexport import files, runtime
+from dynexport.call_convention import flatten_call, is_user_input, placeholders, user_input_specs, user_outputs
 from dynexport.errors import ExportError, source_line
-from dynexport.signature import as_call
+from dynexport.graph_text import module_label
+from dynexport.signature import as_call, split_legacy_args
 
 if TYPE_CHECKING:
     from dynexport.program import ONNXProgram
@@ -192,16 +195,7 @@ def _compare_outputs(label: str, names: Sequence[str], actual: Any, expected: An
 # -- inputs -------------------------------------------------------------------------------------
 
 
-def _user_leaves(program: ONNXProgram, args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
-    """Every leaf of the user's arguments in torch.export's order, and the tree spec."""
-    in_spec = program.exported_program.call_spec.in_spec
-    order = in_spec.child(1).context if in_spec is not None else list(kwargs)
-    return pytree.tree_flatten((tuple(args), {k: kwargs[k] for k in order if k in kwargs}))
-
-
 def _example_inputs(program: ONNXProgram, args: tuple, kwargs: Mapping[str, Any] | None) -> tuple[tuple, dict]:
-    from dynexport.signature import split_legacy_args
-
     if args or kwargs:
         return split_legacy_args(tuple(args), kwargs)
     example = getattr(program.exported_program, "example_inputs", None) if program.exported_program else None
@@ -220,12 +214,11 @@ def resized_inputs(program: ONNXProgram, args: tuple, kwargs: dict | None = None
 
     kwargs = dict(kwargs or {})
     program_ = program.exported_program
-    leaves, spec = _user_leaves(program, args, kwargs)
-    placeholders = {n.name: n for n in program_.graph.nodes if n.op == "placeholder"}
-    user_specs = [s for s in program_.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    leaves, spec = flatten_call(program_, args, kwargs)
+    nodes = placeholders(program_)
     symbolic, values = [], {}
-    for leaf, input_spec in zip(leaves, user_specs):
-        node = placeholders.get(getattr(input_spec.arg, "name", None))
+    for leaf, input_spec in zip(leaves, user_input_specs(program_)):
+        node = nodes.get(getattr(input_spec.arg, "name", None))
         val = node.meta.get("val") if node is not None else None
         if not isinstance(leaf, torch.Tensor) or not isinstance(val, torch.Tensor):
             symbolic.append(None)
@@ -370,7 +363,6 @@ def verify(
     ``custom_translation_table``, ...). The program is ``report.program``.
     """
     from dynexport.api import export
-    from dynexport.signature import split_legacy_args
 
     args, kwargs = split_legacy_args(args, kwargs)
     program = export(model, args, kwargs=kwargs, **export_options)
@@ -395,14 +387,14 @@ class _Recorder(torch.fx.Interpreter):
 
 def _eager_values(program: ONNXProgram, args: tuple, kwargs: dict) -> dict[str, Any]:
     exported = program.exported_program
-    placeholders = [n.name for n in exported.graph.nodes if n.op == "placeholder"]
-    leaves, _ = _user_leaves(program, args, kwargs)
+    nodes = placeholders(exported)
+    leaves, _ = flatten_call(exported, args, kwargs)
     user = iter(leaves)
     state = {**exported.state_dict, **exported.constants}
     flat = []
     for spec in exported.graph_signature.input_specs:
-        value = next(user) if spec.kind.name == "USER_INPUT" else state[spec.target]
-        if getattr(spec.arg, "name", None) in placeholders:
+        value = next(user) if is_user_input(spec) else state[spec.target]
+        if getattr(spec.arg, "name", None) in nodes:
             flat.append(value)
     recorder = _Recorder(exported.graph_module)
     with torch.no_grad():
@@ -421,12 +413,8 @@ def _onnx_values_of_fx_nodes(program: ONNXProgram, fx_names: set[str]) -> dict[s
         for value in node.outputs:
             if value.name in fx_names and value.name == origin:
                 found[value.name] = value
-    output_node = next(n for n in reversed(program.exported_program.graph.nodes) if n.op == "output")
-    user_outputs = [
-        arg for arg, spec in zip(output_node.args[0], program.exported_program.graph_signature.output_specs)
-        if spec.kind.name == "USER_OUTPUT" and isinstance(arg, torch.fx.Node)
-    ]
-    for arg, value in zip(user_outputs, graph.outputs):
+    output_nodes = [arg for arg, _ in user_outputs(program.exported_program) if isinstance(arg, torch.fx.Node)]
+    for arg, value in zip(output_nodes, graph.outputs):
         found.setdefault(arg.name, value)
     return found
 
@@ -437,8 +425,6 @@ def first_divergence(
     """Run the FX graph eagerly and the ONNX model with every FX node's value as an output;
     return the first node (in execution order) whose values differ, and how many were compared."""
     import onnx_ir as ir
-
-    from dynexport.program import _session, ort_values_to_torch
 
     exported = program.exported_program
     if exported is None:
@@ -454,19 +440,15 @@ def first_divergence(
     for value in extra:
         graph.outputs.append(value)
     try:
-        program._require_weights("compare intermediate values")
+        files.require_weights(program.model, "compare intermediate values")
         proto = ir.serde.serialize_model(program.model)
     finally:
         for _ in extra:
             graph.outputs.pop()
-    session = _session(proto)
-    feeds = program._feeds(args, kwargs)
-    from dynexport.program import _ort_value
-
+    session = runtime.inference_session(proto.SerializeToString())
     names = [o.name for o in session.get_outputs()]
-    results = session.run_with_ort_values(None, {k: _ort_value(v) for k, v in feeds.items()})
-    dtypes = [v.dtype for v in graph.outputs] + [v.dtype for v in extra]
-    actual_by_name = dict(zip(names, ort_values_to_torch(results, dtypes)))
+    results = runtime.run_session(session, program.input_feeds(*args, **kwargs), [*graph.outputs, *extra])
+    actual_by_name = dict(zip(names, results))
     compared = 0
     for node in exported.graph.nodes:
         value = onnx_values.get(node.name)
@@ -477,10 +459,7 @@ def first_divergence(
         row = _compare(actual_by_name[value.name], expected, rtol, atol)
         if not row["passed"]:
             stack = node.meta.get("nn_module_stack")
-            module = None
-            if stack:
-                path, cls = list(stack.values())[-1]
-                module = f"{path or '<root>'} ({(cls if isinstance(cls, str) else cls.__name__).rsplit('.', 1)[-1]})"
+            module = module_label(*list(stack.values())[-1]) if stack else None
             target = getattr(node.target, "name", lambda: str(node.target))()
             return Divergence(node.name, target, value.name, row["max_abs"], row["max_rel"],
                               source_line(node), module, row["reason"]), compared

@@ -76,9 +76,9 @@ def run_reference(program: dynexport.ONNXProgram, *args: Any, **kwargs: Any) -> 
     from onnx.reference import ReferenceEvaluator
 
     evaluator = ReferenceEvaluator(program.model_proto)
-    feeds = program._feeds(args, kwargs)
+    feeds = program.input_feeds(*args, **kwargs)
     results = evaluator.run(None, feeds)
-    return program._structure([_to_torch(np.asarray(r)) for r in results])
+    return program.output_structure([_to_torch(np.asarray(r)) for r in results])
 
 
 def _to_torch(array: np.ndarray) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dynexport
-import dynexport.program as program_module
+import dynexport.files as files_module
 from dynexport.examples import TinyGPT
 from tests.equivalence import assert_close
 
@@ -32,7 +32,7 @@ def small():
 
 @pytest.fixture
 def tiny_threshold(monkeypatch):
-    monkeypatch.setattr(program_module, "EXTERNAL_DATA_THRESHOLD", 1)
+    monkeypatch.setattr(files_module, "EXTERNAL_DATA_THRESHOLD", 1)
 
 
 def test_external_data_above_threshold_is_relative_and_runs(small, tiny_threshold, tmp_path):
@@ -77,7 +77,7 @@ def test_failed_external_write_leaves_no_file(small, tiny_threshold, tmp_path, m
 
 def test_weights_are_streamed_without_a_copy(small, tiny_threshold, tmp_path, monkeypatch):
     """Torch tensors are written from their own memory: tobytes (a copy) is never called."""
-    monkeypatch.setattr(program_module, "EXTERNAL_DATA_MIN_TENSOR_BYTES", 0)
+    monkeypatch.setattr(files_module, "EXTERNAL_DATA_MIN_TENSOR_BYTES", 0)
     model, x = small
     program = dynexport.export(model, (x,))
     from onnx_ir.tensor_adapters import TorchTensor

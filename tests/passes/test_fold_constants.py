@@ -68,9 +68,9 @@ def test_transposed_torch_weight_folds_to_a_view_without_copying(tmp_path):
 
 
 def test_folded_transpose_saved_as_external_data_in_row_blocks(tmp_path, monkeypatch):
-    from dynexport import program as program_module
+    from dynexport import files as files_module
 
-    monkeypatch.setattr(program_module, "_CHUNK_BYTES", 64)
+    monkeypatch.setattr(files_module, "_CHUNK_BYTES", 64)
     linear = torch.nn.Linear(64, 32).eval()
     program = assert_exports_equivalent(linear, (torch.randn(2, 5, 64),))
     path = tmp_path / "linear.onnx"
@@ -83,9 +83,9 @@ def test_folded_transpose_saved_as_external_data_in_row_blocks(tmp_path, monkeyp
 
 
 def test_many_strided_weights_saved_through_the_reused_blocks(tmp_path, monkeypatch):
-    from dynexport import program as program_module
+    from dynexport import files as files_module
 
-    monkeypatch.setattr(program_module, "_CHUNK_BYTES", 256)
+    monkeypatch.setattr(files_module, "_CHUNK_BYTES", 256)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(torch.nn.Linear(40, 40) for _ in range(4))).eval()
     program = assert_exports_equivalent(model, (torch.randn(2, 3, 40),))
