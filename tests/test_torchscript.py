@@ -567,7 +567,11 @@ def test_item_of_an_indexed_element_as_an_int():
     model = torch.jit.script(ItemIndex())
     x, y = torch.arange(6, dtype=torch.float), torch.tensor([0, 1, 2, 3, 4], dtype=torch.long)
     assert_exports_equivalent(
-        model, (x, y, 3), resized=[(x * 2.5 - 7, y, 3), (x, torch.tensor([5, 4, 3, 2, 1]), 3)]
+        model,
+        (x, y, 3),
+        input_names=["x", "y"],
+        dynamic_axes={"x": [0], "y": [0]},
+        resized=[(x * 2.5 - 7, y, 3), (torch.randn(9) * 9, torch.tensor([5, 4, 3, 8, 1, 0]), 3)],
     )
 
 
