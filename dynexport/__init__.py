@@ -9,6 +9,7 @@ from dynexport.api import (
     SUPPORTED_OPSETS,
     export,
     export_to_pretty_string,
+    verify,
 )
 from dynexport.backend import backend
 from dynexport.modes import (
@@ -26,7 +27,7 @@ from dynexport.registry import (
     unregister_translation,
 )
 from dynexport.translate import TranslationContext
-from dynexport.verification import VerificationReport, verify
+from dynexport.verification import VerificationReport
 
 __all__ = [
     "DEFAULT_OPSET",

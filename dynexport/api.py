@@ -34,8 +34,9 @@ from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
 from dynexport.registry import TranslationTable, default_table
 from dynexport.translate import translate_program
+from dynexport.verification import VerificationReport
 
-__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "export", "export_to_pretty_string", "phase_listener"]
+__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "export", "export_to_pretty_string", "phase_listener", "verify"]
 
 DEFAULT_OPSET = 20
 SUPPORTED_OPSETS = range(18, 24)
@@ -453,3 +454,26 @@ def export_to_pretty_string(model: Any, args: Any = (), **export_options: Any) -
     if "f" in export_options:
         raise TypeError("export_to_pretty_string writes no file; drop f")
     return export(model, args, **export_options).to_text()
+
+
+def verify(
+    model: Any,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    resized: Any = None,
+    compare_intermediates: bool = False,
+    rtol: float | None = None,
+    atol: float | None = None,
+    **export_options: Any,
+) -> VerificationReport:
+    """Export ``model`` with :func:`export` and verify it on ``args`` (and ``resized``); see
+    :meth:`ONNXProgram.verify`.
+
+    ``export_options`` go to export (``dynamic_shapes``, ``opset_version``,
+    ``custom_translation_table``, ...). The program is ``report.program``.
+    """
+    args, kwargs = signature.split_legacy_args(args, kwargs)
+    program = export(model, args, kwargs=kwargs, **export_options)
+    return program.verify(*args, model=model, kwargs=kwargs, resized=resized,
+                          compare_intermediates=compare_intermediates, rtol=rtol, atol=atol)

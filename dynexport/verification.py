@@ -33,7 +33,6 @@ __all__ = [
     "VerificationReport",
     "resized_inputs",
     "tolerance",
-    "verify",
     "verify_program",
 ]
 
@@ -344,30 +343,6 @@ def verify_program(
     if compare_intermediates:
         report.divergence, report.intermediates_compared = first_divergence(program, args, kwargs, rtol=rtol, atol=atol)
     return report
-
-
-def verify(
-    model: Any,
-    args: Any = (),
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    resized: Any = None,
-    compare_intermediates: bool = False,
-    rtol: float | None = None,
-    atol: float | None = None,
-    **export_options: Any,
-) -> VerificationReport:
-    """Export ``model`` with :func:`dynexport.export` and verify it on ``args`` (and ``resized``).
-
-    ``export_options`` go to export (``dynamic_shapes``, ``opset_version``,
-    ``custom_translation_table``, ...). The program is ``report.program``.
-    """
-    from dynexport.api import export
-
-    args, kwargs = split_legacy_args(args, kwargs)
-    program = export(model, args, kwargs=kwargs, **export_options)
-    return program.verify(*args, model=model, kwargs=kwargs, resized=resized,
-                          compare_intermediates=compare_intermediates, rtol=rtol, atol=atol)
 
 
 # -- intermediates ------------------------------------------------------------------------------
