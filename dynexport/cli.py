@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from dynexport.graph_text import type_proto_text, type_text
+from dynexport.graph_text import type_proto_text, value_text
 
 __all__ = ["main"]
 
@@ -202,8 +202,8 @@ def _export(options: argparse.Namespace) -> int:
     graph = program.model.graph
     weights = sum(v.const_value.nbytes for v in graph.initializers.values() if v.const_value is not None)
     print(f"wrote {output}: {len(graph)} nodes, {len(graph.initializers)} initializers ({weights / 1e6:.1f} MB)")
-    print("inputs:  " + ", ".join(f"{v.name}: {type_text(v)}" for v in graph.inputs))
-    print("outputs: " + ", ".join(f"{v.name}: {type_text(v)}" for v in graph.outputs))
+    print("inputs:  " + ", ".join(value_text(v) for v in graph.inputs))
+    print("outputs: " + ", ".join(value_text(v) for v in graph.outputs))
     if report:
         print(f"report:  {report}")
     if verification is not None:

@@ -97,11 +97,12 @@ def apply_weights(model: ir.Model, weights: Mapping[str, torch.Tensor] | str | o
     return applied
 
 
-def has_data(tensor: ir.TensorProtocol) -> bool:
+def has_data(tensor: ir.TensorProtocol | torch.Tensor) -> bool:
     """Whether a tensor holds data (not a meta or fake torch tensor)."""
     if isinstance(tensor, TorchTensor):
-        raw = tensor.raw
-        return not (raw.is_meta or isinstance(raw, torch._subclasses.fake_tensor.FakeTensor))
+        tensor = tensor.raw
+    if isinstance(tensor, torch.Tensor):
+        return not (tensor.is_meta or isinstance(tensor, torch._subclasses.fake_tensor.FakeTensor))
     return True
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-__all__ = ["format_graph", "module_label", "type_proto_text", "type_text", "value_summary"]
+__all__ = ["format_graph", "module_label", "type_proto_text", "type_text", "value_text"]
 
 
 def module_label(path: str, class_name: str | type) -> str:
@@ -18,13 +18,6 @@ def module_label(path: str, class_name: str | type) -> str:
     return f"{path or '<root>'} ({short})" if short else path
 
 
-def value_summary(value: ir.Value) -> str:
-    """``name: float[2,3]``, compact, for reprs."""
-    dtype = value.dtype.name.lower() if value.dtype is not None else "?"
-    shape = "[" + ",".join(str(d) for d in value.shape) + "]" if value.shape is not None else "?"
-    return f"{value.name}: {dtype}{shape}"
-
-
 def type_text(value: ir.Value | None) -> str:
     """A value's element type and shape: ``float[batch, 3]``."""
     if value is None:
@@ -33,6 +26,11 @@ def type_text(value: ir.Value | None) -> str:
     if value.shape is None:
         return dtype
     return f"{dtype}[{', '.join(str(d) for d in value.shape)}]"
+
+
+def value_text(value: ir.Value) -> str:
+    """A value's name, element type and shape: ``x: float[batch, 3]``."""
+    return f"{value.name}: {type_text(value)}"
 
 
 def _attribute_text(attr: ir.Attr) -> str:

@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 
 from dynexport import files, runtime
 from dynexport.call_convention import OutputLayout, graph_input_values
-from dynexport.graph_text import format_graph, value_summary
+from dynexport.graph_text import format_graph, value_text
 from dynexport.signature import split_legacy_args
 from dynexport.translate import BUFFER_UPDATES_KEY
 from dynexport.verification import VerificationReport, verify_program
@@ -64,8 +64,8 @@ class ONNXProgram:
 
     def __repr__(self) -> str:
         graph = self.model.graph
-        inputs = ", ".join(value_summary(v) for v in graph.inputs)
-        outputs = ", ".join(value_summary(v) for v in graph.outputs)
+        inputs = ", ".join(value_text(v) for v in graph.inputs)
+        outputs = ", ".join(value_text(v) for v in graph.outputs)
         return (
             f"ONNXProgram(opset={self.model.opset_imports.get('', '?')}, nodes={len(graph)}, "
             f"initializers={len(graph.initializers)}, inputs=[{inputs}], outputs=[{outputs}])"

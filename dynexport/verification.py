@@ -263,10 +263,8 @@ def _random_like(tensor: torch.Tensor, shape: list[int]) -> torch.Tensor:
 
 
 def _has_real_weights(program: torch.export.ExportedProgram) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     tensors = [*program.state_dict.values(), *program.constants.values()]
-    return not any(isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, FakeTensor)) for t in tensors)
+    return all(files.has_data(t) for t in tensors if isinstance(t, torch.Tensor))
 
 
 # -- verifying ----------------------------------------------------------------------------------
