@@ -92,6 +92,29 @@ def test_cond_branch_returning_its_operand_and_a_constant_fold():
         assert subgraph.outputs[0].producer().graph is subgraph
 
 
+def test_cond_branch_writing_through_a_view_of_its_own_tensor():
+    # torch.export keeps a branch's in-place writes as written; x[0] = ... writes through a view.
+    def write_first(x):
+        def first_row_to_last(x):
+            y = x.clone()
+            y[0] = x[-1]
+            return y
+
+        def last_row_doubled(x):
+            y = x * 1.0
+            y[-1] *= 2.0
+            return y
+
+        return torch.cond(x.sum() > 0, first_row_to_last, last_row_doubled, (x,))
+
+    assert_exports_equivalent(
+        write_first,
+        (torch.rand(3, 2),),
+        dynamic_shapes=({0: BATCH},),
+        resized=[(-torch.rand(5, 2),), (torch.rand(4, 2),)],
+    )
+
+
 def test_cond_with_data_dependent_branch_and_unoptimized_export():
     def count_scaled(x):
         return torch.cond(x.sum() > 0, lambda x: (x > 0).nonzero().shape[0] * x, lambda x: x + 1, (x,))
