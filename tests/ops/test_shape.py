@@ -128,6 +128,32 @@ def test_split_along_dynamic_dim_with_symbolic_sizes():
     )
 
 
+class _ViewTwice(torch.nn.Module):
+    def forward(self, input):
+        return input.view(-1, 2).view(1, -1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="capture: torch.export fixes (s // 2) == 1 by a shape guard that is neither a range nor an "
+    "assert in the program (the input must be 2 long), and the second view's metadata repeats the "
+    "first's: the graph is right only at the example",
+)
+def test_view_of_a_dynamic_dim_at_other_sizes_including_zero():
+    # PyTorch's own ONNX test (test_view_dynamic_zero_dim): exported at 2, run at 0 and 6.
+    assert_exports_equivalent(
+        _ViewTwice(), (torch.ones(2),), input_names=["input_1"], dynamic_axes={"input_1": [0]},
+        resized=[(torch.empty(0),), (torch.ones(6),)],
+    )
+
+
+def test_view_of_a_dynamic_dim_exported_at_size_zero():
+    assert_exports_equivalent(
+        _ViewTwice(), (torch.empty(0),), input_names=["input_1"], dynamic_axes={"input_1": [0]},
+        resized=[(torch.ones(2),), (torch.ones(6),)],
+    )
+
+
 class _Chunk(torch.nn.Module):
     def __init__(self, dim):
         super().__init__()
