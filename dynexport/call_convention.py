@@ -127,7 +127,8 @@ def is_user_output(spec: OutputSpec) -> bool:
 def outputs_of_kind(program: torch.export.ExportedProgram, kind: OutputKind) -> list[tuple[Any, OutputSpec]]:
     """``(FX output argument, output spec)`` for the program's outputs of ``kind``."""
     output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
-    return [(arg, spec) for arg, spec in zip(output_node.args[0], program.graph_signature.output_specs) if spec.kind is kind]
+    outputs = zip(output_node.args[0], program.graph_signature.output_specs)
+    return [(arg, spec) for arg, spec in outputs if spec.kind is kind]
 
 
 def user_outputs(program: torch.export.ExportedProgram) -> list[tuple[Any, OutputSpec]]:

@@ -69,7 +69,9 @@ def require_weights(model: ir.Model, action: str) -> None:
         )
 
 
-def apply_weights(model: ir.Model, weights: Mapping[str, torch.Tensor] | str | os.PathLike, *, strict: bool = True) -> list[str]:
+def apply_weights(
+    model: ir.Model, weights: Mapping[str, torch.Tensor] | str | os.PathLike, *, strict: bool = True
+) -> list[str]:
     """Give ``model``'s initializers new data, matched by name; see
     :meth:`dynexport.ONNXProgram.apply_weights`."""
     tensors = _weight_source(weights)

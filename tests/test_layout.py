@@ -67,7 +67,8 @@ def import_graph() -> tuple[dict[str, set[str]], list[str]]:
             else:
                 base = statement.module or ""
                 if statement.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - statement.level + 1] + [base]).strip(".")
+                    parents = package.split(".")[: len(package.split(".")) - statement.level + 1]
+                    base = ".".join([*parents, base]).strip(".")
                 targets = []
                 for alias in statement.names:
                     submodule = f"{base}.{alias.name}"
