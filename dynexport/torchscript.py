@@ -272,9 +272,21 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         self._call(node, _device, self.get_fx_value_by_ir_value(node.input()))
 
     def convert_prim_Constant(self, node: torch._C.Node) -> None:
+        name = node.output().debugName()
         if node.output().type().kind() == "DeviceObjType":
             # torch's version keeps the device's name, a str no device equals.
-            self.name_to_constant[node.output().debugName()] = torch.device(node.s("value"))
+            self.name_to_constant[name] = torch.device(node.s("value"))
+        elif node.hasAttribute("value") and node.kindOf("value") == "ival" and _holds_tensors(node.ival("value")):
+            # A frozen module's list of tensors (`x[self.index] = v`): torch's version puts the
+            # tensors in the FX graph's code, which cannot spell them.
+            elements = []
+            for i, element in enumerate(node.ival("value")):
+                if isinstance(element, torch.Tensor):
+                    attribute = f"lifted_tensor_{ts_converter.normalize_name(name)}_{i}"
+                    self.name_to_constant[attribute] = element
+                    element = self.fx_graph.get_attr(attribute)
+                elements.append(element)
+            self.name_to_node[name] = elements
         else:
             super().convert_prim_Constant(node)
 
@@ -446,6 +458,10 @@ _HINT = (
     "export the model from its Python source instead (drop dynamo=False, or pass the module "
     "rather than its torch.jit.script), using torch.cond / torch.while_loop for control flow"
 )
+
+
+def _holds_tensors(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and any(isinstance(element, torch.Tensor) for element in value)
 
 
 def _copy(value: Any) -> Any:

@@ -400,6 +400,31 @@ def test_in_place_write_in_a_branch_on_data(model, args, resized):
     assert op_histogram(program)["If"] == 1
 
 
+class WriteAttributes(torch.nn.Module):
+    # Scripting freezes the tensor attributes into constants: the index list is a constant too.
+    def __init__(self):
+        super().__init__()
+        self.values = torch.tensor([1.0, 2.0])
+        self.rows = torch.tensor([0, 2])
+
+    def forward(self, x):
+        y = x.clone()
+        if bool(x.sum() > 0):
+            y[0] = self.values
+        else:
+            y[self.rows] = self.values * 3
+        return y
+
+
+def test_write_of_tensor_attributes_in_a_branch_on_data():
+    assert_exports_equivalent(
+        torch.jit.script(WriteAttributes()),
+        (torch.rand(3, 2),),
+        dynamic_axes={"x": [0]},
+        resized=[(-torch.rand(4, 2),), (torch.rand(5, 2),)],
+    )
+
+
 class WriteRow(torch.nn.Module):
     def forward(self, x, v, i: int):
         if bool(x.sum() > 0):
