@@ -51,11 +51,11 @@ def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph() -> tuple[dict[str, set[str]], list[str]]:
-    """The package's modules with the package modules each imports, and every private name
-    one module imports from another (``"dynexport.report imports _type_text from
+def import_graph(modules: dict[str, pathlib.Path] | None = None) -> tuple[dict[str, set[str]], list[str]]:
+    """The modules (by default the package's) with the modules each imports, and every private
+    name one module imports from another (``"dynexport.report imports _type_text from
     dynexport.program"``)."""
-    modules = package_modules()
+    modules = package_modules() if modules is None else modules
     graph: dict[str, set[str]] = {name: set() for name in modules if name != "dynexport"}
     private: list[str] = []
     for name in graph:
@@ -127,9 +127,27 @@ def test_no_private_name_is_imported_across_modules():
     assert private == []
 
 
-def test_the_checks_see_a_circle_and_a_private_import():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert cycles(graph) == [["a", "b", "c"]]
+def test_the_checks_see_a_circle_through_a_function_level_import_and_a_private_import(tmp_path):
+    sources = {
+        "pkg/__init__.py": "",
+        "pkg/front.py": "from pkg.back import run\n",
+        "pkg/back.py": "def run():\n    from pkg import front\n    from .side import _helper\n",
+        "pkg/side.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.front import run\n",
+    }
+    modules = {}
+    for relative, text in sources.items():
+        path = tmp_path / relative
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        name = relative.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        modules[name] = path
+    graph, private = import_graph(modules)
+    assert cycles(graph) == [["pkg.back", "pkg.front"]]
+    assert private == ["pkg.back imports _helper from pkg.side"]
+    assert graph["pkg.side"] == set()  # annotations only
+
+
+def test_the_package_graph_holds_the_stages():
     graph, _ = import_graph()
     assert "dynexport.program" in graph["dynexport.api"]
     assert "dynexport.passes.onnx" in graph["dynexport.api"]
