@@ -1,8 +1,9 @@
 """Evaluate nodes whose inputs are all constants, with onnx's reference implementation.
 
-A folded result becomes an initializer. Folding must never make the file larger: a result is
-kept only when it is small (``small_bytes``) or no larger than the constant inputs that die
-with the node (a transposed weight replaces the weight).
+A folded result becomes an initializer. Folding must never make the file larger: results are
+kept only when they are small (``small_bytes``) or no larger than the constant inputs that die
+with them (a transposed weight replaces the weight; gate slices of a weight, concatenated in
+another order, replace it together).
 """
 
 from __future__ import annotations
@@ -25,9 +26,17 @@ SMALL_BYTES = 1024
 
 
 def fold_constants(graph: ir.Graph, *, small_bytes: int = SMALL_BYTES) -> int:
-    """Fold every foldable node of ``graph`` (in one forward sweep, so chains fold whole);
-    return how many nodes were folded."""
+    """Fold every foldable node of ``graph``; return how many nodes were folded.
+
+    One forward sweep evaluates every node computable from constants, so chains fold whole.
+    The size rule is then applied to each connected region of evaluated nodes: a region folds
+    when its large results (over ``small_bytes``) are paid for by the constants only it reads
+    (an LSTM weight sliced into gates and concatenated back, a weight scaled and reshaped).
+    Otherwise its nodes fold one by one, each paid for by the inputs that die with it alone.
+    """
     opset = graph.opset_imports.get("", 20)
+    results: dict[ir.Value, np.ndarray] = {}
+    evaluated: list[ir.Node] = []
     folded = 0
     for node in list(graph):
         if not _is_foldable(node):
@@ -38,21 +47,87 @@ def fold_constants(graph: ir.Graph, *, small_bytes: int = SMALL_BYTES) -> int:
                 graph.remove(node, safe=True)
                 folded += 1
             continue
-        inputs = [constant_array(v) if v is not None else None for v in node.inputs]
+        inputs = [_known_array(v, results) for v in node.inputs]
         if any(a is None for a, v in zip(inputs, node.inputs) if v is not None):
             continue
-        results = _evaluate(node, inputs, opset)
-        if results is None or sum(r.nbytes for r in results) > max(small_bytes, _freed_bytes(node)):
+        outputs = _evaluate(node, inputs, opset)
+        if outputs is not None:
+            results.update(zip(node.outputs, outputs))
+            evaluated.append(node)
+    for region in _regions(evaluated):
+        if _large_result_bytes(region, results, small_bytes) <= _bytes_only_read_by(region):
+            folded += sum(_replace_by_results(graph, node, results) for node in region)
             continue
-        for output, result in zip(node.outputs, results):
-            replacement = add_initializer(graph, result, output.name or f"{node.op_type}_folded")
-            if not replace_value(output, replacement):
-                del graph.initializers[replacement.name]
-                break
-        else:
-            graph.remove(node, safe=True)
-            folded += 1
+        for node in region:
+            if any(v is not None and constant_array(v) is None for v in node.inputs):
+                continue
+            if sum(results[v].nbytes for v in node.outputs) <= max(small_bytes, _bytes_only_read_by([node])):
+                folded += _replace_by_results(graph, node, results)
     return folded
+
+
+def _known_array(value: ir.Value | None, results: dict[ir.Value, np.ndarray]) -> np.ndarray | None:
+    if value is None:
+        return None
+    return results[value] if value in results else constant_array(value)
+
+
+def _regions(nodes: list[ir.Node]) -> list[list[ir.Node]]:
+    """``nodes`` split into groups connected through the values they pass each other, each in
+    graph order."""
+    group = {node: i for i, node in enumerate(nodes)}
+
+    def root(i: int) -> int:
+        while group[nodes[i]] != i:
+            i = group[nodes[i]]
+        return i
+
+    for node in nodes:
+        for value in node.inputs:
+            source = value.producer() if value is not None else None
+            if source in group:
+                group[nodes[root(group[node])]] = root(group[source])
+    regions: dict[int, list[ir.Node]] = {}
+    for i, node in enumerate(nodes):
+        regions.setdefault(root(i), []).append(node)
+    return list(regions.values())
+
+
+def _large_result_bytes(region: list[ir.Node], results: dict[ir.Value, np.ndarray], small_bytes: int) -> int:
+    """Bytes of the region's results read outside it (the initializers folding adds), counting
+    only the results over ``small_bytes``."""
+    inside = set(region)
+    total = 0
+    for node in region:
+        for value in node.outputs:
+            read_outside = value.is_graph_output() or any(use.node not in inside for use in value.uses())
+            if read_outside and results[value].nbytes > small_bytes:
+                total += results[value].nbytes
+    return total
+
+
+def _bytes_only_read_by(region: list[ir.Node]) -> int:
+    """Bytes of the constants (not computed in ``region``) that nothing outside it reads."""
+    inside = set(region)
+    seen, total = set(), 0
+    for node in region:
+        for value in node.inputs:
+            if value is None or value in seen or value.producer() in inside or value.const_value is None:
+                continue
+            seen.add(value)
+            if all(use.node in inside for use in value.uses()) and not value.is_graph_output():
+                total += value.const_value.nbytes
+    return total
+
+
+def _replace_by_results(graph: ir.Graph, node: ir.Node, results: dict[ir.Value, np.ndarray]) -> bool:
+    for output in node.outputs:
+        replacement = add_initializer(graph, results[output], output.name or f"{node.op_type}_folded")
+        if not replace_value(output, replacement):
+            del graph.initializers[replacement.name]
+            return False
+    graph.remove(node, safe=True)
+    return True
 
 
 def _torch_view(node: ir.Node):
@@ -95,18 +170,6 @@ def _is_foldable(node: ir.Node) -> bool:
         and not any(isinstance(v.type, ir.SequenceType) for v in node.outputs)
         and not any(a.type == ir.AttributeType.GRAPH or a.type == ir.AttributeType.GRAPHS for a in node.attributes.values())
     )
-
-
-def _freed_bytes(node: ir.Node) -> int:
-    """Bytes of the node's constant inputs that nothing else reads."""
-    seen, total = set(), 0
-    for value in node.inputs:
-        if value is None or id(value) in seen:
-            continue
-        seen.add(id(value))
-        if all(use.node is node for use in value.uses()) and not value.is_graph_output():
-            total += value.const_value.nbytes
-    return total
 
 
 def _evaluate(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
