@@ -5,10 +5,11 @@
    ``fold_shapes`` (symbolic shape arithmetic; Reshape/Expand targets), ``fold_constants``
    (onnx's reference evaluator, size-limited), ``remove_no_ops``, ``collapse_chains``,
    ``deduplicate_initializers``, ``eliminate_common_subexpressions``.
-3. Fusions: ``fuse_conv_batchnorm``, ``fuse_gemm``, ``fuse_layer_norm``, ``fuse_gelu``
-   (opset 20), ``fuse_rms_norm`` and ``fuse_attention`` (opset 23).
-4. ``remove_dead_code``, then ``fold_constants`` once more (the weights Conv+BatchNorm fusion
-   wrote as arithmetic), ``remove_dead_code``, ``make_names_unique``.
+3. Fusions: ``fuse_gemm``, ``fuse_conv_batchnorm`` (into Conv, ConvTranspose and the Gemms
+   just made), ``fuse_clip``, ``fuse_layer_norm``, ``fuse_gelu`` (opset 20), ``fuse_rms_norm``
+   and ``fuse_attention`` (opset 23).
+4. ``remove_dead_code``, then ``fold_constants`` once more (what the fusions left computable
+   from constants), ``remove_dead_code``, ``make_names_unique``.
 
 Every pass runs on each subgraph too (If branches, Loop and Scan bodies), one graph at a time; a
 subgraph's constants become its own initializers, and names are made unique across all graphs.
@@ -27,6 +28,7 @@ from dynexport.passes.onnx.dead_code import remove_dead_code
 from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
 from dynexport.passes.onnx.fold_constants import fold_constants as fold_constant_nodes
 from dynexport.passes.onnx.fold_shapes import fold_shapes
+from dynexport.passes.onnx.fuse_clip import fuse_clip
 from dynexport.passes.onnx.fuse_attention import fuse_attention
 from dynexport.passes.onnx.fuse_conv_batchnorm import fuse_conv_batchnorm
 from dynexport.passes.onnx.fuse_gelu import fuse_gelu
@@ -42,9 +44,11 @@ __all__ = ["make_names_unique", "optimize_model", "remove_dead_code"]
 _MAX_ROUNDS = 4
 
 
-def optimize_model(model: ir.Model, *, fold_constants: bool = True) -> None:
+def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_clip: bool = True) -> None:
     """Optimize ``model`` in place, its main graph and every subgraph (If branches, Loop and
-    Scan bodies); ``fold_constants=False`` evaluates nothing."""
+    Scan bodies); ``fold_constants=False`` evaluates nothing; ``clamps_as_clip=False`` keeps
+    clamps to constant bounds as Max and Min, whose NaN propagation the ONNX standard defines
+    (Clip's it leaves open; onnxruntime's Clip propagates NaN too)."""
     graph = model.graph
     # Outermost first: removing dead code runs innermost first (reversed), so that an outer value
     # read only by a dead node of a subgraph is dead by the time its own graph is cleaned.
@@ -59,9 +63,15 @@ def optimize_model(model: ir.Model, *, fold_constants: bool = True) -> None:
         _remove_dead_code(graphs)
         if not changed:
             break
-    fusions = [fuse_gemm, fuse_layer_norm, fuse_gelu, fuse_rms_norm, fuse_attention]
-    if fold_constants:
-        fusions.insert(0, fuse_conv_batchnorm)
+    fusions = [
+        fuse_gemm,
+        *([fuse_conv_batchnorm] if fold_constants else []),
+        *([fuse_clip] if clamps_as_clip else []),
+        fuse_layer_norm,
+        fuse_gelu,
+        fuse_rms_norm,
+        fuse_attention,
+    ]
     if sum(fuse(each) for each in graphs for fuse in fusions):
         _remove_dead_code(graphs)
         if fold_constants:
