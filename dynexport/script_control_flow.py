@@ -11,8 +11,10 @@ the new value replacing the old after the loop or branch.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +25,30 @@ from torch._higher_order_ops.while_loop import while_loop_op
 from dynexport.errors import TorchScriptConversionError
 from dynexport.sequences import Element, TensorSequence
 
-__all__ = ["run_if", "run_loop"]
+__all__ = ["block_output", "run_if", "run_loop"]
+
+# Whether torch.cond or while_loop is tracing a branch or body now (their outputs may not alias
+# their inputs).
+_in_traced_body = contextvars.ContextVar("in_traced_body", default=False)
+
+
+def block_output(value: Any) -> Any:
+    """A value a TorchScript block returns, as its If or Loop gives it back: a copy within a
+    torch.cond branch or while_loop body, whose outputs may not alias their inputs; the value
+    itself in a branch picked at export or an unrolled loop, so that writes to it and views of it
+    behave as in eager (`if ...: z = y`, then `z[0] = 1` writes to y)."""
+    if not _in_traced_body.get() or isinstance(value, (int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return value
+    return torch.clone(value)  # a sequence clones its handle
+
+
+@contextlib.contextmanager
+def _traced_body() -> Iterator[None]:
+    token = _in_traced_body.set(True)
+    try:
+        yield
+    finally:
+        _in_traced_body.reset(token)
 
 
 def run_loop(
@@ -114,7 +139,8 @@ def _while_loop(body, trip_count, condition, carried, captured, updated, source)
         current = loop_state.entering(carried_values, entry_elements)
         for position, value in zip(updated, current[len(carried) :]):
             inputs[position] = value
-        outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
+        with _traced_body():
+            outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
         next_state = loop_state.leaving(outputs[1:], source)
         test = () if counted else (_as_bool(outputs[0]),)
         return (iteration + 1, *test, *next_state)
@@ -225,7 +251,9 @@ def run_if(
             for position in updated:
                 if isinstance(inputs[position], torch.Tensor):
                     inputs[position] = inputs[position].clone()
-            return tuple(as_operand(index, value) for index, value in enumerate(_as_list(branch(*inputs))))
+            with _traced_body():
+                outputs = _as_list(branch(*inputs))
+            return tuple(as_operand(index, value) for index, value in enumerate(outputs))
 
         return run_branch
 

@@ -30,7 +30,7 @@ from torch._export import converter as ts_converter
 
 from dynexport import sequences
 from dynexport.errors import CaptureError, TorchScriptConversionError
-from dynexport.script_control_flow import run_if, run_loop
+from dynexport.script_control_flow import block_output, run_if, run_loop
 
 __all__ = ["capture", "graph_module", "is_torchscript"]
 
@@ -210,10 +210,11 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
 
     def convert_graph_outputs(self) -> None:
         super().convert_graph_outputs()
-        # torch's version copies an input a block returns (`else: i = i`) with torch.clone,
-        # which takes tensors only; a loop's counter is a number.
+        # torch's version copies an input a block returns with torch.clone, which takes tensors
+        # only (`else: i = i` of a loop's counter) and hides writes to the output from the input
+        # in a branch picked at export.
         for node in self.fx_graph.find_nodes(op="call_function", target=torch.clone):
-            node.target = _copy
+            node.target = block_output
 
     def convert_node(self, node: torch._C.Node) -> None:
         before = len(self.fx_graph.nodes)
@@ -384,7 +385,8 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
 
     def convert_prim_If(self, node: torch._C.Node) -> None:
         self._check_set_attr_in_if_block(node)
-        updated, refusal = _updated_within(node)
+        updated, write_refusal = _updated_within(node)
+        refusal = "; ".join(filter(None, (write_refusal, _aliased_output_refusal(node))))
         arguments = self._block_arguments(node)
         branches = self._convert_block_to_subgraph(node, arguments, updated)
         branch = self.fx_graph.call_function(
@@ -462,11 +464,6 @@ _HINT = (
 
 def _holds_tensors(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and any(isinstance(element, torch.Tensor) for element in value)
-
-
-def _copy(value: Any) -> Any:
-    numbers = (int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
-    return value if isinstance(value, numbers) else torch.clone(value)  # a sequence clones its handle
 
 
 def _device(tensor: torch.Tensor) -> torch.device:
@@ -594,15 +591,7 @@ def _other_alias_read(written: torch._C.Value, node: torch._C.Node, inside: set[
     """Why a copy of ``written`` would be unsound: another view of the same memory made before
     ``node`` (``row = y[0]``, or ``written`` itself being a view) read within or after it would
     keep the old values where eager sees the write ("" if there is none)."""
-    base = written
-    while (source := _aliased_input(base)) is not None:
-        base = source
-    family, pending = [], [base]
-    while pending:
-        value = pending.pop()
-        family.append(value)
-        pending += [output for use in value.uses() for output in use.user.outputs() if _aliased_input(output) is value]
-    for alias in family:
+    for alias in _same_memory(written):
         if alias is written or alias.debugName() in inside or _is_after(alias.node(), node):
             continue
         if any(use.user is node or use.user.isAfter(node) or _is_within(use.user, node) for use in alias.uses()):
@@ -611,6 +600,56 @@ def _other_alias_read(written: torch._C.Value, node: torch._C.Node, inside: set[
                 "made before it, is read within or after it"
             )
     return ""
+
+
+def _same_memory(value: torch._C.Value) -> list[torch._C.Value]:
+    """``value``, the tensor it is a view of, and every view of that tensor."""
+    base = value
+    while (source := _aliased_input(base)) is not None:
+        base = source
+    family, pending = [], [base]
+    while pending:
+        value = pending.pop()
+        family.append(value)
+        pending += [output for use in value.uses() for output in use.user.outputs() if _aliased_input(output) is value]
+    return family
+
+
+def _aliased_output_refusal(node: torch._C.Node) -> str:
+    """Why ``node``'s outputs, copies when it becomes ``torch.cond``, would be unsound: an output
+    a branch takes from the enclosing graph (``z = y``, or a view of y) whose memory is written
+    after ``node`` through one name and read through the other ("" if there is none)."""
+    inside = _defined_within(node)
+    for output in node.outputs():
+        for block in node.blocks():
+            outer, _ = _outer_alias(list(block.outputs())[output.offset()], inside)
+            if outer is None:
+                continue
+            shared = _write_seen_through_another_name(node, _same_memory(outer), _same_memory(output))
+            if shared:
+                return f"its output %{output.debugName()} may be %{outer.debugName()}, and {shared}"
+    return ""
+
+
+def _write_seen_through_another_name(
+    node: torch._C.Node, one: list[torch._C.Value], other: list[torch._C.Value]
+) -> str:
+    """A write after ``node`` to a value of ``one`` when a value of ``other`` is read after
+    ``node``, or the reverse ("" if there is none)."""
+    for written_side, read_side in ((one, other), (other, one)):
+        for value in written_side:
+            for use in value.uses():
+                writer = use.user
+                if not _runs_after(writer, node) or not any(input is value for input in _written_inputs(writer)):
+                    continue
+                reads = (read.user for alias in read_side for read in alias.uses())
+                if any(reader is not writer and _runs_after(reader, node) for reader in reads):
+                    return f"the write at {script_source(writer) or writer.kind()} would not reach the other"
+    return ""
+
+
+def _runs_after(inner: torch._C.Node, node: torch._C.Node) -> bool:
+    return inner.isAfter(node) and not _is_within(inner, node)
 
 
 def _is_within(inner: torch._C.Node, node: torch._C.Node) -> bool:

@@ -538,7 +538,11 @@ def test_write_in_a_branch_on_data_within_a_dynamic_loop():
     program = assert_exports_equivalent(
         bin_positives,
         (torch.randn(6), torch.tensor(6)),
-        resized=[(torch.randn(6), torch.tensor(3)), (torch.randn(6), torch.tensor(0)), (-torch.rand(6), torch.tensor(6))],
+        resized=[
+            (torch.randn(6), torch.tensor(3)),
+            (torch.randn(6), torch.tensor(0)),
+            (-torch.rand(6), torch.tensor(6)),
+        ],
     )
     assert op_histogram(program)["Loop"] == 1
 
@@ -569,6 +573,38 @@ class ViewReadAfterStaticWrite(torch.nn.Module):
             y[1] *= 2.0
         y[0] += 2.0
         return row, column, y
+
+
+class OutputNamesATensorOfTheGraph(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        if x.size(0) > 2:
+            z = y
+        else:
+            z = y * 2
+        z[0] = 5.0  # eager: writes to y too when z is y
+        return y, z
+
+
+class OutputMayNameATensorOfTheGraph(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        if bool(x.sum() > 0):
+            z = y
+        else:
+            z = y * 2
+        z[0] = 5.0
+        return y, z
+
+
+def test_a_branch_output_that_is_a_tensor_of_the_graph_then_written_to():
+    model = torch.jit.script(OutputNamesATensorOfTheGraph())
+    assert_exports_equivalent(model, (torch.rand(3, 2),), resized=[(torch.rand(3, 2),)])
+    assert_exports_equivalent(model, (torch.rand(2, 2),))
+    # As torch.cond, z would be a copy of y: the write would not reach y.
+    with pytest.raises(TorchScriptConversionError, match="output %z may be %y") as error:
+        dynexport.export(torch.jit.script(OutputMayNameATensorOfTheGraph()), (torch.rand(3, 2),))
+    assert "z[0] = 5.0" in error.value.reason
 
 
 def test_a_branch_picked_at_export_or_an_unrolled_loop_writes_to_the_tensor_itself():
