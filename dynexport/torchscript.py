@@ -54,7 +54,7 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
         TorchScriptConversionError: the graph holds a construct with no FX form.
     """
     if not is_torchscript(model):
-        model = _traced(model, args, kwargs)
+        model, args, kwargs = _traced(model, args, kwargs)
     arguments = _schema(model).arguments
     if isinstance(model, torch.jit.ScriptModule):
         arguments = arguments[1:]  # self
@@ -93,7 +93,9 @@ def capture(
     return program, _STRATEGY
 
 
-def _traced(model: Any, args: tuple, kwargs: dict) -> torch.jit.ScriptModule:
+def _traced(model: Any, args: tuple, kwargs: dict) -> tuple[torch.jit.ScriptModule, tuple, dict]:
+    """``model`` traced by ``torch.jit.trace``, and the call's arguments for it: arguments left at
+    None are left out of the trace (its graph takes the others only)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
             f"dynamo=False exports an nn.Module or TorchScript, got {type(model).__name__}; "
@@ -102,13 +104,20 @@ def _traced(model: Any, args: tuple, kwargs: dict) -> torch.jit.ScriptModule:
     bound = inspect.signature(model.forward).bind(*args, **kwargs)
     bound.apply_defaults()
     for name, value in bound.arguments.items():
-        if any(not isinstance(leaf, torch.Tensor) for leaf in torch.utils._pytree.tree_leaves(value)):
+        if value is not None and any(
+            not isinstance(leaf, torch.Tensor) for leaf in torch.utils._pytree.tree_leaves(value)
+        ):
             raise TypeError(
                 f"dynamo=False traces the model with torch.jit.trace, which takes tensors only; "
                 f"argument {name!r} is {type(value).__name__}: pass it as a tensor, or drop dynamo=False"
             )
+    given = {name: value for name, value in bound.arguments.items() if value is not None}
     try:
-        return torch.jit.trace(model, tuple(bound.arguments.values()), check_trace=False, strict=False)
+        if len(given) == len(bound.arguments):
+            traced = torch.jit.trace(model, tuple(given.values()), check_trace=False, strict=False)
+            return traced, tuple(given.values()), {}
+        traced = torch.jit.trace(model, example_kwarg_inputs=given, check_trace=False, strict=False)
+        return traced, (), given
     except Exception as error:
         raise CaptureError(
             {"torch.jit.trace": error},

@@ -700,6 +700,22 @@ def test_optional_inputs_left_at_none_are_not_graph_inputs():
     assert_close(program(x, z), model(x, z=z))
 
 
+def test_traced_optional_inputs_left_at_none_are_not_graph_inputs():
+    # dynamo=False traces the module with the arguments that are not None only.
+    model = OptionalInputs()
+    program = assert_exports_equivalent(
+        model, (torch.rand(3),), dynamo=False, input_names=["x"], dynamic_axes={"x": [0]}, resized=[(torch.rand(5),)]
+    )
+    assert [value.name for value in program.model.graph.inputs] == ["x"]
+
+    program = dynexport.export(
+        model, (torch.rand(3), None, torch.rand(3)), dynamo=False, dynamic_axes={"x": [0], "z": [0]}
+    )
+    assert [value.name for value in program.model.graph.inputs] == ["x", "z"]
+    x, z = torch.rand(4), torch.rand(4)
+    assert_close(program(x, z), model(x, None, z))
+
+
 class DefaultTensors(torch.nn.Module):
     # PyTorch's test_mixed_optional_default_tensor.
     def forward(self, x, y: Optional[Tensor] = torch.ones(2, 3), z: Optional[Tensor] = torch.zeros(2, 3)):
