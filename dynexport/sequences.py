@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statica
 
 from dynexport.errors import TorchScriptConversionError
 
-__all__ = ["TensorSequence", "append", "as_output", "concat", "length", "split", "unbind"]
+__all__ = ["TensorSequence", "append", "as_output", "concat", "length", "set_item", "split", "unbind"]
 
 
 def _export_only(name: str) -> RuntimeError:
@@ -54,6 +54,12 @@ def sequence_construct(tensors: list[torch.Tensor]) -> torch.Tensor:
 def sequence_insert(sequence: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
     """``sequence`` with ``element`` appended."""
     raise _export_only("sequence_insert")
+
+
+@torch.library.custom_op("dynexport::sequence_set", mutates_args=())
+def sequence_set(sequence: torch.Tensor, position: int, element: torch.Tensor) -> torch.Tensor:
+    """``sequence`` with its element at ``position`` (not negative) replaced by ``element``."""
+    raise _export_only("sequence_set")
 
 
 @torch.library.custom_op("dynexport::sequence_at", mutates_args=())
@@ -85,7 +91,7 @@ def sequence_split(self: torch.Tensor, split_size: int, dim: int, keepdim: bool)
     raise _export_only("sequence_split")
 
 
-for _op in (sequence_empty, sequence_insert, sequence_length, sequence_split):
+for _op in (sequence_empty, sequence_insert, sequence_set, sequence_length, sequence_split):
     _op.register_fake(lambda *args: _handle())
 sequence_construct.register_fake(lambda tensors: _handle())
 
@@ -219,6 +225,13 @@ class TensorSequence:
         element = Element.of(tensor).join(self.element, source)
         return self.with_handle(sequence_insert(self.handle, tensor), element)
 
+    def set_item(self, index: int | torch.SymInt, tensor: torch.Tensor, source: str | None) -> TensorSequence:
+        """This sequence with ``tensor`` at ``index`` (negative counts from the end)."""
+        element = Element.of(tensor).join(self.element, source)
+        if index < 0:  # ONNX counts a negative insert position from the end of the shortened sequence
+            index = index + length(self)
+        return self.with_handle(sequence_set(self.handle, index, tensor), element)
+
     def __getitem__(self, index: Any) -> torch.Tensor:
         if not isinstance(index, (int, torch.SymInt)):
             raise TorchScriptConversionError(
@@ -263,6 +276,16 @@ def append(container: Any, element: torch.Tensor, source: str | None) -> Any:
     if isinstance(container, TensorSequence):
         return container.append(element, source)
     return container + [element]
+
+
+def set_item(container: Any, index: int | torch.SymInt, element: torch.Tensor, source: str | None) -> Any:
+    """TorchScript's ``list[index] = element``: a new list, or a new sequence, with ``element``
+    at ``index``."""
+    if isinstance(container, TensorSequence):
+        return container.set_item(index, element, source)
+    updated = list(container)
+    updated[index] = element
+    return updated
 
 
 def as_output(value: Any) -> Any:

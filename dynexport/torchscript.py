@@ -338,6 +338,12 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
             graphs.append(self.fx_graph.get_attr(self.add_subgraph(converter.convert())))
         return graphs
 
+    def convert_aten__set_item(self, node: torch._C.Node) -> None:
+        # `list[i] = t`: as for append, a new list or sequence replaces the old.
+        container, index, element = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
+        updated = self.fx_graph.call_function(sequences.set_item, (container, index, element, script_source(node)))
+        self.name_to_node[node.output().debugName()] = self.name_to_node[node.inputsAt(0).debugName()] = updated
+
     def convert_aten_append(self, node: torch._C.Node) -> None:
         # torch's version, without its warning that appending mutates: run_loop and run_if
         # return the lists their blocks append to (_updated_within).
@@ -512,7 +518,7 @@ def _updated_within(node: torch._C.Node) -> tuple[list[str], str]:
     inside = _defined_within(node)
     updated, refusals = set(), []
     for inner in _nodes_within(node):
-        if inner.kind() == "aten::append":
+        if inner.kind() in _LIST_UPDATES:
             updated.add(inner.inputsAt(0).debugName())
             continue
         for value in _written_inputs(inner):
@@ -523,6 +529,10 @@ def _updated_within(node: torch._C.Node) -> tuple[list[str], str]:
             if refusal:
                 refusals.append(f"the write at {script_source(inner) or inner.kind()} {refusal}")
     return sorted(updated - inside), "; ".join(refusals)
+
+
+# The list operators converted into a new list (or sequence) that replaces the old.
+_LIST_UPDATES = ("aten::append", "aten::_set_item")
 
 
 def _nodes_within(node: torch._C.Node) -> Iterator[torch._C.Node]:

@@ -227,6 +227,30 @@ class Triangle(torch.nn.Module):
         return torch.stack(rows)
 
 
+class ReplaceElements(torch.nn.Module):
+    def forward(self, x):
+        rows: list[torch.Tensor] = []
+        for i in range(x.size(0)):
+            rows.append(x[i] * i)
+        rows[-1] = rows[0] + 1
+        if bool(x.sum() > 0):
+            rows[1] = rows[1] * 10
+        return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["list", "sequence"])
+def test_assigning_to_a_list_element(dynamic):
+    positive = torch.rand(4, 3)
+    program = assert_exports_equivalent(
+        torch.jit.script(ReplaceElements()),
+        (positive,),
+        dynamic_shapes=({0: Dim("rows")},) if dynamic else None,
+        resized=[(-positive,), *(((torch.rand(6, 3),), (-torch.rand(2, 3),)) if dynamic else ())],
+    )
+    # The branch on data makes the list a sequence either way: its write is an erase and an insert.
+    assert {"SequenceErase", "SequenceInsert", "If"} <= ops_in(program)
+
+
 def test_nested_loops_append_to_the_outer_list():
     program = assert_exports_equivalent(
         torch.jit.script(Triangle()),

@@ -49,6 +49,13 @@ def sequence_insert(ctx, sequence, element):
     return _typed(ctx.op.SequenceInsert(sequence, element), element.dtype)
 
 
+@translates(dynexport_ops.sequence_set.default)
+def sequence_set(ctx, sequence, position, element):
+    position = scalar(ctx, position, _INT64)
+    erased = _typed(ctx.op.SequenceErase(sequence, position), element.dtype)
+    return _typed(ctx.op.SequenceInsert(erased, element, position), element.dtype)
+
+
 @translates(dynexport_ops.sequence_at.default)
 def sequence_at(ctx, sequence, index, dtype, shape):
     return ctx.op.SequenceAt(sequence, scalar(ctx, index, _INT64))
@@ -85,6 +92,8 @@ def _inserted_dtype(start: torch.fx.Node) -> torch.dtype | None:
         for user in node.users:
             if user.target is dynexport_ops.sequence_insert.default:
                 return user.args[1].meta["val"].dtype
+            if user.target is dynexport_ops.sequence_set.default:
+                return user.args[2].meta["val"].dtype
             pending += _same_sequence(node, user)
     return None
 
