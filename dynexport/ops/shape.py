@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx_ir as ir
 import torch
 
@@ -195,9 +197,30 @@ def _equal_pieces(ctx, self, dim: int, piece: int | ir.Value, count: int) -> ir.
     return ctx.op.Concat(head, rest, axis=0)
 
 
+def _refuse_count_decided_at_run_time(ctx, self, dim: int, count_at: Callable[[int], int], per: str) -> None:
+    """An ONNX node has a fixed number of outputs: a dynamic dim whose size changes how many
+    pieces the op returns cannot stay dynamic. (torch.export records that count at the example.)"""
+    size = ctx.node.args[0].meta["val"].shape[dim]
+    if not isinstance(size, torch.SymInt):
+        return
+    bounds = size.node.shape_env.bound_sympy(size.node.expr)
+    if bounds.upper.is_finite and count_at(int(bounds.lower)) == count_at(int(bounds.upper)):
+        return
+    name = self.shape[dim].value if isinstance(self.shape[dim], ir.SymbolicDim) else str(size)
+    raise TranslationError(
+        str(ctx.node.target),
+        source_line(ctx.node),
+        f"dim {dim} of the input is dynamic ({name}) and the op returns one output per {per} of it, "
+        f"so the number of outputs ({len(ctx.out)} at the example) is decided only at run time",
+        f"make {name} static, or split it into a fixed number of pieces (torch.chunk, a list of sizes)",
+    )
+
+
 @translates(aten.split.Tensor, aten.split_with_sizes.default)
 def split(ctx, self, split_size, dim=0):
     dim = normalize_dim(dim, rank(self))
+    if isinstance(split_size, int):
+        _refuse_count_decided_at_run_time(ctx, self, dim, lambda n: max(1, -(-n // split_size)), f"{split_size} elements")
     count = len(ctx.out)
     if count == 1:
         return [self]
@@ -226,6 +249,7 @@ def chunk(ctx, self, chunks, dim=0):
 @translates(aten.unbind.int)
 def unbind(ctx, self, dim=0):
     dim = normalize_dim(dim, rank(self))
+    _refuse_count_decided_at_run_time(ctx, self, dim, lambda n: n, "element")
     count = len(ctx.out)
     axis = ints(ctx, [dim])
     if count == 1:

@@ -175,6 +175,41 @@ def test_chunk_of_a_dynamic_dim_sizes_its_pieces_at_run_time(dim, example):
     assert op_histogram(program)["Split"] == 1
 
 
+class _SplitByTwo(torch.nn.Module):
+    def forward(self, x):
+        return x.split(2, dim=1)
+
+
+class _Unbind(torch.nn.Module):
+    def forward(self, x):
+        return x.unbind(1)
+
+
+def test_unbind_of_a_dynamic_dim_is_refused():
+    # Eager returns n tensors: an ONNX node's outputs are fixed.
+    with pytest.raises(TranslationError, match=r"dynamic \(n\).*number of outputs") as error:
+        dynexport.export(_Unbind(), (torch.randn(2, 1),), input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "n"}})
+    assert "return x.unbind(1)" in str(error.value) and "make n static" in str(error.value)
+
+
+def test_split_of_a_dynamic_dim_holds_for_the_sizes_torch_proved():
+    # Exported at n = 1, torch bounds n to [0, 2], where split(2) gives one piece.
+    assert_exports_equivalent(
+        _SplitByTwo(), (torch.randn(2, 1),), input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "n"}},
+        resized=[(torch.randn(3, 0),), (torch.randn(3, 2),)],
+    )
+
+
+@pytest.mark.parametrize("model", [_SplitByTwo(), _Unbind()], ids=["split", "unbind"])
+def test_split_into_a_number_of_pieces_set_by_a_dynamic_dim_is_refused(model):
+    with pytest.raises(dynexport.errors.ExportError, match="n|x.size"):
+        dynexport.export(model, (torch.randn(2, 5),), input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "n"}})
+
+
+def test_split_of_a_static_dim_next_to_a_dynamic_one():
+    _check(lambda x: (x.split(2, dim=1), x.unbind(1)), torch.randn(3, 5), resized_batch=1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.int32, torch.bool, torch.float64])
 def test_casts(dtype):
     x = torch.randn(2, 3) * 3
