@@ -194,6 +194,10 @@ def _equal_pieces(ctx, self, dim: int, piece: int | ir.Value, count: int) -> ir.
     piece = shape_tensor(ctx, [piece])
     head = ctx.op.Expand(piece, ints(ctx, [count - 1]))
     rest = ctx.op.Sub(shape_tensor(ctx, [size_of(ctx, self, dim)]), ctx.op.Mul(piece, ints(ctx, [count - 1])))
+    # Where eager returns another number of pieces (the last would be empty, or larger than the
+    # others), a size of -1 makes Split fail rather than return pieces eager does not.
+    fits = ctx.op.And(ctx.op.Greater(rest, ints(ctx, [0])), ctx.op.LessOrEqual(rest, piece))
+    rest = ctx.op.Where(fits, rest, ints(ctx, [-1]))
     return ctx.op.Concat(head, rest, axis=0)
 
 
