@@ -120,6 +120,7 @@ def group_norm(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_e
     per_group = size_of_dims(ctx, input, 1, rank(input))
     per_group = per_group // num_groups if isinstance(per_group, int) else ctx.op.Div(per_group, ctx.constant(num_groups, ir.DataType.INT64))
     grouped = ctx.op.Reshape(input, shape_tensor(ctx, [size_of(ctx, input, 0), num_groups, per_group]), allowzero=1)
+    grouped.shape = ir.Shape([input.shape[0], num_groups, per_group if isinstance(per_group, int) else None])
     normalized = ctx.op.LayerNormalization(grouped, _one(ctx, input.dtype), axis=2, epsilon=eps)
     normalized = ctx.op.Reshape(normalized, ctx.op.Shape(input), allowzero=1)
     return _channel_affine(ctx, normalized, input, weight, bias)
