@@ -6,9 +6,11 @@ import math
 import operator
 
 import onnx_ir as ir
+import sympy
 import torch
 
 from dynexport.ops._helpers import cast, scalar, shape_tensor
+from dynexport.ops.elementwise import floor_divide, remainder
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -48,24 +50,35 @@ translates(torch.sym_max)(_binary("Max"))
 translates(torch.sym_min)(_binary("Min"))
 
 
+def _surely_nonnegative(arg) -> bool:
+    """Whether an FX argument is an int or a SymInt that is at least 0 at every size: a
+    polynomial in the sizes with nonnegative coefficients (sympy's own sign assumptions take
+    sizes to be at least 1 or 2, which the program does not)."""
+    if isinstance(arg, int):
+        return arg >= 0
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    if not isinstance(val, torch.SymInt):
+        return False
+    expr = val.node.expr
+    try:
+        return all(c >= 0 for c in sympy.Poly(expr, *expr.free_symbols).coeffs()) if expr.free_symbols else expr >= 0
+    except sympy.PolynomialError:
+        return False
+
+
 @translates(operator.floordiv)
 def sym_floordiv(ctx, a, b):
     dtype = ctx.out_dtype
     a, b = scalar(ctx, a, dtype), scalar(ctx, b, dtype)
-    if dtype == ir.DataType.INT64:
-        # Python floor division; ONNX Div truncates toward zero.
-        quotient = ctx.op.Div(a, b)
-        zero = ctx.constant(0, dtype)
-        signs_differ = ctx.op.Xor(ctx.op.Less(a, zero), ctx.op.Less(b, zero))
-        inexact = ctx.op.Not(ctx.op.Equal(ctx.op.Mul(quotient, b), a))
-        return ctx.op.Sub(quotient, cast(ctx, ctx.op.And(signs_differ, inexact), dtype))
-    return ctx.op.Floor(ctx.op.Div(a, b))
+    if dtype == ir.DataType.INT64 and all(_surely_nonnegative(arg) for arg in ctx.node.args):
+        return ctx.op.Div(a, b)  # truncation is floor division for nonnegative operands
+    return floor_divide(ctx, a, b)
 
 
 @translates(operator.mod)
 def sym_mod(ctx, a, b):
     dtype = ctx.out_dtype
-    return ctx.op.Mod(scalar(ctx, a, dtype), scalar(ctx, b, dtype), fmod=0 if dtype == ir.DataType.INT64 else 1)
+    return remainder(ctx, scalar(ctx, a, dtype), scalar(ctx, b, dtype))
 
 
 @translates(operator.neg)
