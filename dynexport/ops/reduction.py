@@ -11,6 +11,7 @@ import math
 
 import onnx_ir as ir
 import torch
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from dynexport.dtypes import to_torch_dtype
 from dynexport.ops._helpers import (
@@ -71,6 +72,26 @@ def _count(ctx, self: ir.Value, dim) -> int | ir.Value:
     if len(dims) == rank(self):
         return ctx.op.Size(self)
     return ctx.op.ReduceProd(ctx.op.Gather(ctx.op.Shape(self), ints(ctx, dims)), keepdims=0)
+
+
+def _never_empty(arg, dims: list[int]) -> bool:
+    """Whether each of ``dims`` of the FX argument ``arg`` is at least 1 at every size the export
+    accepts (a dynamic dim by its declared range)."""
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return False
+    for d in dims:
+        size = val.shape[d]
+        if isinstance(size, torch.SymInt):
+            # The shape env takes every dynamic dim to be at least 2 (torch.export specializes 0
+            # and 1), yet the program accepts 0 and 1 unless declared otherwise: a dim whose
+            # range starts at 2 is taken to start at 0.
+            expr, known = size.node.expr, size.node.shape_env.var_to_range
+            ranges = {s: known[s] if known[s].lower > 2 else ValueRanges(0, known[s].upper) for s in expr.free_symbols}
+            size = bound_sympy(expr, ranges).lower
+        if not size >= 1:
+            return False
+    return True
 
 
 def _nonzero(ctx, self: ir.Value) -> ir.Value:
@@ -215,10 +236,10 @@ def cummin(ctx, self, dim):
 @translates(aten.mean.default, aten.mean.dim)
 def mean(ctx, self, dim=None, keepdim=False, *, dtype=None):
     x = _accumulator(ctx, self, ctx.out_dtype)
+    if _never_empty(ctx.node.args[0], _dims(self, dim)):
+        return cast(ctx, ctx.op.ReduceMean(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
     # Counted on x: onnxruntime's Size takes no bfloat16.
     count = _count(ctx, x, dim)
-    if isinstance(count, int) and count > 0:
-        return cast(ctx, ctx.op.ReduceMean(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
     # ReduceMean of no elements gives 0 where PyTorch's sum / count gives NaN: when the count
     # may be 0, divide explicitly.
     total = ctx.op.ReduceSum(x, *_axes(ctx, self, dim), keepdims=int(keepdim))
