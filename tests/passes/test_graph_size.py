@@ -1,0 +1,221 @@
+"""Node counts of representative models after the ONNX passes, so that a regression in folding
+or fusion fails here (no timings). Each model is checked in onnxruntime against eager PyTorch at
+the export size and at others; the counts are those of torch.onnx.export (dynamo=True) or fewer
+(benchmarks/graph_quality.py measures both side by side)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from torch import nn
+
+from dynexport.passes.onnx import optimize_model
+from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.passes.graphs import model, ops, run
+
+Dim = torch.export.Dim
+
+
+def _images(sides, channels=3):
+    return [(torch.randn(b, channels, h, w),) for b, (h, w) in zip([2, 3, 1, 4], sides)]
+
+
+def _image_dims(low=8):
+    return ({0: Dim("batch"), 2: Dim("height", min=low, max=512), 3: Dim("width", min=low, max=512)},)
+
+
+def _randomize_batchnorm_statistics(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.running_mean.uniform_(-1, 1)
+            module.running_var.uniform_(0.5, 2)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+class Residual(nn.Module):
+    """A ResNet basic block at 512 channels (the BatchNorm statistics are 2 KiB, over folding's
+    small-result size), with a strided 1x1 downsample: Conv without bias into BatchNorm."""
+
+    def __init__(self, c_in=64, c_out=512):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c_in, c_out, 3, 2, 1, bias=False), nn.BatchNorm2d(c_out)
+        self.conv2, self.bn2 = nn.Conv2d(c_out, c_out, 1, bias=False), nn.BatchNorm2d(c_out)
+        self.down = nn.Sequential(nn.Conv2d(c_in, c_out, 1, 2, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+
+def test_every_batchnorm_of_a_residual_block_folds_into_its_conv():
+    torch.manual_seed(0)
+    model_ = _randomize_batchnorm_statistics(Residual())
+    program = assert_exports_equivalent(
+        model_, _images([(8, 8)], 64)[0], dynamic_shapes=_image_dims(), resized=_images([(8, 8), (12, 6), (9, 9), (16, 10)], 64)[1:],
+        atol=1e-4, rtol=1e-4,
+    )
+    assert op_histogram(program) == {"Conv": 3, "Relu": 2, "Add": 1}
+
+
+class SharedWeights(nn.Module):
+    """One convolution applied to two tensors, once followed by a BatchNorm; a ConvTranspose with groups
+    and a Linear, each followed by a BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.up, self.up_bn = nn.ConvTranspose2d(4, 6, 2, stride=2, groups=2), nn.BatchNorm2d(6)
+        self.linear, self.linear_bn = nn.Linear(6, 5), nn.BatchNorm1d(5)
+
+    def forward(self, x):
+        y = self.up_bn(self.up(self.bn(self.conv(x)) + self.conv(torch.relu(x))))
+        return self.linear_bn(self.linear(y.mean((2, 3))))
+
+
+def test_batchnorm_folds_into_a_shared_conv_a_grouped_conv_transpose_and_a_linear():
+    torch.manual_seed(0)
+    model_ = _randomize_batchnorm_statistics(SharedWeights())
+    calls = _images([(6, 6), (5, 9), (8, 4), (7, 7)], 4)
+    program = assert_exports_equivalent(model_, calls[0], dynamic_shapes=_image_dims(2), resized=calls[1:], atol=1e-5)
+    histogram = op_histogram(program)
+    assert "BatchNormalization" not in histogram and histogram["Conv"] == 2 and histogram["ConvTranspose"] == 1
+    assert histogram["Gemm"] == 1
+
+
+class DepthwiseSeparable(nn.Module):
+    """MobileNet-style: depthwise 3x3 + BatchNorm + ReLU6, pointwise 1x1 + BatchNorm + hardtanh."""
+
+    def __init__(self):
+        super().__init__()
+        self.depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, 1, 1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.pointwise = nn.Sequential(nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.Hardtanh(-2.0, 3.0))
+
+    def forward(self, x):
+        return self.pointwise(self.depthwise(x))
+
+
+def test_relu6_and_hardtanh_become_clip_and_keep_nan():
+    torch.manual_seed(0)
+    model_ = _randomize_batchnorm_statistics(DepthwiseSeparable())
+    calls = _images([(8, 8), (5, 11), (9, 3), (6, 6)], 8)
+    calls[1][0][0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    program = assert_exports_equivalent(model_, calls[0], dynamic_shapes=_image_dims(2), resized=calls[1:], atol=1e-5)
+    assert op_histogram(program) == {"Conv": 2, "Clip": 2}
+
+
+def _clamped(dtype: str, low: str = "0.0", high: str = "6.0") -> ir.Model:
+    return model(f"""g ({dtype}[N] x) => ({dtype}[N] y) <{dtype} low = {{{low}}}, {dtype}[1] high = {{{high}}}> {{
+        m = Max(x, low)
+        y = Min(high, m)
+    }}""")
+
+
+def test_clamps_as_clip_is_an_option_and_only_for_float_and_double():
+    """Clip is slower than Max + Min in onnxruntime at float16 and no faster for integers."""
+    x = np.array([np.nan, -1.0, 3.0, 9.0, np.inf], np.float32)
+    fused = _clamped("float")
+    optimize_model(fused)
+    assert ops(fused) == ["Clip"]
+    np.testing.assert_array_equal(run(fused, x=x)[0], [np.nan, 0.0, 3.0, 6.0, 6.0])
+    strict = _clamped("float")
+    optimize_model(strict, clamps_as_clip=False)
+    assert ops(strict) == ["Max", "Min"]
+    integer = _clamped("int32", "0", "6")
+    optimize_model(integer)
+    assert ops(integer) == ["Max", "Min"]
+
+
+class BidirectionalLSTM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0])
+
+
+def test_lstm_gate_reordering_of_large_weights_folds_away():
+    """Each 16 KiB weight is sliced into its four gates and concatenated in ONNX's order: the
+    slices and concatenations fold together, the weight dying with them."""
+    torch.manual_seed(0)
+    calls = [(torch.randn(b, t, 16),) for b, t in [(2, 9), (3, 4), (1, 12), (4, 1)]]
+    program = assert_exports_equivalent(
+        BidirectionalLSTM().eval(), calls[0], dynamic_shapes=({0: Dim("batch"), 1: Dim("steps")},), resized=calls[1:],
+        atol=1e-5,
+    )
+    histogram = op_histogram(program)
+    assert histogram["LSTM"] == 2 and "Concat" not in {op for op, n in histogram.items() if n > 1}
+    assert sum(histogram.values()) <= 16
+
+
+class Normalized(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.group, self.instance = nn.GroupNorm(4, 16), nn.InstanceNorm2d(16, affine=True)
+        for norm in (self.group, self.instance):
+            norm.weight.data.uniform_(0.5, 1.5)
+            norm.bias.data.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.instance(torch.relu(self.group(x)) * 3 + 50)
+
+
+def test_group_and_instance_norm_become_centered_instance_normalization():
+    """onnxruntime's InstanceNormalization computes E[x^2] - E[x]^2: on inputs whose mean is
+    large against their spread only the centering keeps it near the float64 result (uncentered
+    it is off by 4e-3 here, as far as eager float32 PyTorch)."""
+    torch.manual_seed(0)
+    model_ = Normalized().eval()
+    calls = [(torch.randn(b, 16, h, w) * 3,) for b, (h, w) in zip([2, 3, 1, 4], [(6, 6), (5, 9), (8, 3), (7, 7)])]
+    program = assert_exports_equivalent(model_, calls[0], dynamic_shapes=_image_dims(2), resized=calls[1:], atol=1e-4)
+    histogram = op_histogram(program)
+    assert histogram["InstanceNormalization"] == 2 and "LayerNormalization" not in histogram
+    shifted = 1000 + torch.randn(2, 16, 5, 7) * 0.05
+    with torch.no_grad():
+        precise = model_.double()(shifted.double())
+    assert (program(shifted).double() - precise).abs().max() < 1e-4
+
+
+class Unshuffle(nn.Module):
+    def forward(self, x):
+        return nn.functional.pixel_unshuffle(x, 2) * 2
+
+
+def test_floor_division_of_sizes_is_one_div():
+    """Sizes are never negative: their floor division by a positive number is ONNX's Div."""
+    calls = [(torch.randn(b, 3, 2 * h, 2 * w),) for b, h, w in [(2, 4, 5), (1, 3, 7), (3, 1, 1), (2, 8, 2)]]
+    dims = ({0: Dim("batch"), 2: 2 * Dim("half_height", max=64), 3: 2 * Dim("half_width", max=64)},)
+    program = assert_exports_equivalent(Unshuffle(), calls[0], dynamic_shapes=dims, resized=calls[1:])
+    histogram = op_histogram(program)
+    assert histogram["Div"] <= 2 and not {"Less", "Xor", "And", "Not"} & set(histogram)
+
+
+def test_layer_norm_without_affine_gets_a_scale_of_the_normalized_shape():
+    """onnxruntime's LayerNormalization is several times slower with a scale that broadcasts."""
+    model_ = nn.Sequential(nn.LayerNorm([4, 6], elementwise_affine=False), nn.InstanceNorm1d(4)).eval()
+    calls = [(torch.randn(b, 4, 6) * 5 + 2,) for b in (2, 5, 1)]
+    program = assert_exports_equivalent(model_, calls[0], dynamic_shapes=({0: Dim("batch")},), resized=calls[1:], atol=1e-5)
+    scales = [node.inputs[1].shape for node in program.model.graph if node.op_type == "LayerNormalization"]
+    assert scales == [ir.Shape([4, 6]), ir.Shape([6])]
+
+
+def test_mean_over_dims_declared_nonempty_is_one_reduce_mean():
+    """A mean over dims that may be 0 divides explicitly (ReduceMean of nothing gives 0, PyTorch
+    NaN); over dims declared at least 3 it is ReduceMean."""
+
+    def pooled(x):
+        return x.mean((2, 3))
+
+    calls = [(torch.randn(b, 3, h, w),) for b, h, w in [(2, 8, 9), (1, 3, 5), (3, 16, 4)]]
+    declared = ({0: Dim("batch"), 2: Dim("height", min=3), 3: Dim("width", min=3)},)
+    program = assert_exports_equivalent(pooled, calls[0], dynamic_shapes=declared, resized=calls[1:], atol=1e-6)
+    assert dict(op_histogram(program)) == {"ReduceMean": 1}
+    program = assert_exports_equivalent(
+        pooled, calls[0], dynamic_shapes=({0: Dim("batch"), 2: Dim("height"), 3: Dim("width")},),
+        resized=[*calls[1:], (torch.randn(2, 3, 0, 4),)], atol=1e-6,
+    )
+    assert "ReduceMean" not in op_histogram(program)
