@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-__all__ = ["FLOATING", "INTEGRAL", "to_onnx_dtype", "to_torch_dtype"]
+__all__ = ["FLOATING", "INTEGRAL", "scalar_dtype", "to_onnx_dtype", "to_torch_dtype"]
 
 _TORCH_TO_ONNX: dict[torch.dtype, ir.DataType] = {
     torch.float32: ir.DataType.FLOAT,
@@ -64,3 +64,15 @@ def to_torch_dtype(dtype: ir.DataType) -> torch.dtype:
         return _ONNX_TO_TORCH[dtype]
     except KeyError:
         raise TypeError(f"ONNX type {dtype.name} has no torch equivalent") from None
+
+
+def scalar_dtype(val: object) -> ir.DataType:
+    """The ONNX element type of a Python or symbolic scalar (SymInt, SymFloat, SymBool)."""
+    if isinstance(val, (bool, torch.SymBool)):
+        return ir.DataType.BOOL
+    if isinstance(val, (int, torch.SymInt)):
+        return ir.DataType.INT64
+    if isinstance(val, (float, torch.SymFloat)):
+        # Python floats are doubles, and so is SymFloat arithmetic in PyTorch.
+        return ir.DataType.DOUBLE
+    raise TypeError(f"no ONNX type for {type(val).__name__} value {val!r}")

@@ -36,7 +36,7 @@ from dynexport.decompositions import (
     decomposition_table,
     trace_decomposition,
 )
-from dynexport.dtypes import to_onnx_dtype, to_torch_dtype
+from dynexport.dtypes import scalar_dtype, to_onnx_dtype, to_torch_dtype
 from dynexport.errors import (
     ExportError,
     TranslationError,
@@ -45,6 +45,7 @@ from dynexport.errors import (
     source_line,
 )
 from dynexport.module_functions import extract_module_functions
+from dynexport.ops._helpers import scalar
 from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
 from dynexport.passes.fx.simplify import Simplifications
 from dynexport.passes.onnx.naming import make_names_unique
@@ -101,7 +102,7 @@ class TranslationContext:
             val = next(v for v in val if isinstance(v, torch.Tensor))
         if isinstance(val, torch.Tensor):
             return to_onnx_dtype(val.dtype)
-        return _symbolic_dtype(val)
+        return scalar_dtype(val)
 
     @property
     def out_rank(self) -> int:
@@ -138,17 +139,6 @@ class TranslationContext:
         value = ir.Value(name=f"{self.name}.{name}")
         self._translator.annotate(value, val, None)
         return value
-
-
-def _symbolic_dtype(val: Any) -> ir.DataType:
-    if isinstance(val, (bool, torch.SymBool)):
-        return ir.DataType.BOOL
-    if isinstance(val, (int, torch.SymInt)):
-        return ir.DataType.INT64
-    if isinstance(val, (float, torch.SymFloat)):
-        # Python floats are doubles, and so is SymFloat arithmetic in PyTorch.
-        return ir.DataType.DOUBLE
-    raise TypeError(f"no ONNX type for {type(val).__name__} value {val!r}")
 
 
 class _DimNamer:
@@ -237,7 +227,7 @@ class _Translator:
             value.type = ir.TensorType(to_onnx_dtype(val.dtype))
             value.shape = self.dims.shape(val)
         elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
-            value.type = ir.TensorType(_symbolic_dtype(val))
+            value.type = ir.TensorType(scalar_dtype(val))
             value.shape = ir.Shape([])
         if name is not None and value.producer() is not None and not value.is_graph_input():
             if value.name is None or value.name.startswith(f"{self.builder.origin_name}."):
@@ -556,11 +546,16 @@ def _promote(ctx: TranslationContext, rule: Rule, args: tuple, kwargs: dict) -> 
     args = list(args)
     for i in positions:
         if i < len(args):
-            args[i] = _cast_to(ctx, args[i], dtype)
+            args[i] = _promoted(ctx, args[i], dtype)
     for name in rule.promoted:
         if name in kwargs:
-            kwargs[name] = _cast_to(ctx, kwargs[name], dtype)
+            kwargs[name] = _promoted(ctx, kwargs[name], dtype)
     return tuple(args), kwargs
+
+
+def _promoted(ctx: TranslationContext, value: Any, dtype: ir.DataType) -> Any:
+    """A tensor or number argument as ``dtype``; other arguments (lists, None) as they are."""
+    return scalar(ctx, value, dtype) if isinstance(value, (ir.Value, int, float, bool)) else value
 
 
 def _common_dtype(node: torch.fx.Node, positions: Sequence[int], names: Sequence[str]) -> ir.DataType:
@@ -592,18 +587,6 @@ def _result_type(vals: Sequence[Any]) -> torch.dtype:
     if dtype is None:
         return result.dtype if isinstance(result, torch.Tensor) else torch.tensor(result).dtype
     return dtype
-
-
-def _cast_to(ctx: TranslationContext, value: Any, dtype: ir.DataType) -> Any:
-    if isinstance(value, ir.Value):
-        if value.dtype == dtype:
-            return value
-        result = ctx.op.Cast(value, to=dtype)
-        result.shape = value.shape
-        return result
-    if isinstance(value, (int, float, bool)):
-        return ctx.constant(value, dtype)
-    return value
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
+from dynexport.dtypes import scalar_dtype
 from dynexport.ops._helpers import scalar
 from dynexport.registry import translates
 
@@ -51,7 +52,7 @@ def while_loop(ctx, cond_graph, body_graph, carried_inputs, additional_inputs):
     # (a body output): the condition graph is translated in both places.
     carried_vals = _input_vals(body_graph)[: len(carried_inputs)]
     carried = [
-        value if isinstance(value, ir.Value) else ctx.constant(value, _scalar_dtype(val))
+        value if isinstance(value, ir.Value) else ctx.constant(value, scalar_dtype(val))
         for value, val in zip(carried_inputs, carried_vals)
     ]
     invariant = list(additional_inputs)
@@ -99,10 +100,3 @@ def map_impl(ctx, body_graph, xs, args):
     graph = ctx.subgraph("body", slices, lambda: ctx.call_graph(body_graph, slices + list(args), "body"))
     result = ctx.op.Scan(*xs, body=graph, num_scan_inputs=len(xs), _outputs=len(graph.outputs))
     return _results(result)
-
-
-def _scalar_dtype(val: Any) -> ir.DataType:
-    """The ONNX type of a SymInt, SymFloat or SymBool loop variable."""
-    if isinstance(val, (bool, torch.SymBool)):
-        return _BOOL
-    return ir.DataType.INT64 if isinstance(val, (int, torch.SymInt)) else ir.DataType.DOUBLE
