@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import onnx_ir as ir
@@ -195,8 +196,11 @@ def _equal_pieces(ctx, self, dim: int, piece: int | ir.Value, count: int) -> ir.
     head = ctx.op.Expand(piece, ints(ctx, [count - 1]))
     rest = ctx.op.Sub(shape_tensor(ctx, [size_of(ctx, self, dim)]), ctx.op.Mul(piece, ints(ctx, [count - 1])))
     # Where eager returns another number of pieces (the last would be empty, or larger than the
-    # others), a size of -1 makes Split fail rather than return pieces eager does not.
-    fits = ctx.op.And(ctx.op.Greater(rest, ints(ctx, [0])), ctx.op.LessOrEqual(rest, piece))
+    # others), a size of -1 makes Split fail rather than return pieces eager does not. (Pieces of
+    # size 0 are chunk's of an empty dim: all empty.)
+    zero = ints(ctx, [0])
+    nonempty_or_all_empty = ctx.op.Or(ctx.op.Greater(rest, zero), ctx.op.Equal(piece, zero))
+    fits = ctx.op.And(nonempty_or_all_empty, ctx.op.LessOrEqual(rest, piece))
     rest = ctx.op.Where(fits, rest, ints(ctx, [-1]))
     return ctx.op.Concat(head, rest, axis=0)
 
@@ -208,7 +212,7 @@ def _refuse_count_decided_at_run_time(ctx, self, dim: int, count_at: Callable[[i
     if not isinstance(size, torch.SymInt):
         return
     bounds = size.node.shape_env.bound_sympy(size.node.expr)
-    if bounds.upper.is_finite and count_at(int(bounds.lower)) == count_at(int(bounds.upper)):
+    if math.isfinite(float(bounds.upper)) and count_at(int(bounds.lower)) == count_at(int(bounds.upper)):
         return
     name = self.shape[dim].value if isinstance(self.shape[dim], ir.SymbolicDim) else str(size)
     raise TranslationError(
@@ -235,11 +239,17 @@ def split(ctx, self, split_size, dim=0):
     return list(ctx.op.Split(self, sizes, axis=dim, _outputs=count))
 
 
+def _chunk_count(size: int, chunks: int) -> int:
+    # An empty dim splits into `chunks` empty pieces.
+    return chunks if size == 0 else -(-size // -(-size // chunks))
+
+
 @translates(aten.chunk.default)
 def chunk(ctx, self, chunks, dim=0):
     dim = normalize_dim(dim, rank(self))
     count = len(ctx.out)
     if count == 1:
+        _refuse_count_decided_at_run_time(ctx, self, dim, lambda n: _chunk_count(n, chunks), f"ceil(size / {chunks}) elements")
         return [self]
     # torch.chunk splits into pieces of ceil(size / chunks).
     size = size_of(ctx, self, dim)

@@ -166,16 +166,18 @@ class _Chunk(torch.nn.Module):
 @pytest.mark.parametrize("dim", [1, -1])
 @pytest.mark.parametrize("example", [(1, 18), (2, 7)])
 def test_chunk_of_a_dynamic_dim_sizes_its_pieces_at_run_time(dim, example):
-    # PyTorch's own ONNX test: pieces of ceil(n / 3), the last what is left (13 -> 5, 5, 3).
+    # PyTorch's own ONNX test: pieces of ceil(n / 3), the last what is left (13 -> 5, 5, 3). An
+    # example size of 1 keeps 0 in the dims' range: an empty dim gives three empty pieces.
+    empty = [(torch.randn(2, 0),)] if 1 in example else []
     program = assert_exports_equivalent(
         _Chunk(dim), (torch.randn(*example),),
         input_names=["x"], dynamic_axes={"x": {0: "batch_size", 1: "dims"}},
-        resized=[(torch.randn(1, n),) for n in (13, 14, 15)] + [(torch.randn(3, 7),), (torch.randn(2, 9),)],
+        resized=[(torch.randn(2, n),) for n in (13, 14, 15)] + [(torch.randn(3, 7),), (torch.randn(2, 9),)] + empty,
     )
     assert op_histogram(program)["Split"] == 1
     # At 4, eager returns two pieces (2, 2): the model fails rather than return a third, empty one.
     with pytest.raises(Exception, match="split"):
-        program(torch.randn(1, 4))
+        program(torch.randn(2, 4))
 
 
 class _SplitByTwo(torch.nn.Module):
@@ -186,6 +188,12 @@ class _SplitByTwo(torch.nn.Module):
 class _Unbind(torch.nn.Module):
     def forward(self, x):
         return x.unbind(1)
+
+
+def test_chunk_into_one_piece_of_a_dynamic_dim_that_may_grow_is_refused():
+    # Exported at 1, chunk(3) gives one piece; eager gives 2 at 2, 3 at 0 and 3.
+    with pytest.raises(TranslationError, match=r"dynamic \(dims\).*number of outputs \(1 at the example\)"):
+        dynexport.export(_Chunk(1), (torch.randn(2, 1),), input_names=["x"], dynamic_axes={"x": {1: "dims"}})
 
 
 def test_unbind_of_a_dynamic_dim_is_refused():
