@@ -12,7 +12,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from dynexport.passes.onnx.values import add_initializer, constant_array, insert_replacement, nodes_of, producer, single_consumer
+from dynexport.passes.onnx.values import (
+    add_initializer,
+    constant_array,
+    insert_replacement,
+    nodes_of,
+    producer,
+    single_consumer,
+)
 
 __all__ = ["fuse_clip"]
 
@@ -36,7 +43,9 @@ def fuse_clip(graph: ir.Graph) -> int:
         if not low <= high:  # also refuses NaN bounds
             continue
         dtype = x.dtype.numpy()
-        bounds = [add_initializer(graph, np.array(b, dtype=dtype), name) for b, name in ((low, "clip_min"), (high, "clip_max"))]
+        bounds = [
+            add_initializer(graph, np.array(bound, dtype=dtype), name) for bound, name in ((low, "clip_min"), (high, "clip_max"))
+        ]
         clip = ir.Node("", "Clip", [x, *bounds])
         if insert_replacement(graph, smaller, clip, smaller.outputs[0]):
             fused += 1

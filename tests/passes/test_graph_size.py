@@ -54,8 +54,8 @@ def test_every_batchnorm_of_a_residual_block_folds_into_its_conv():
     torch.manual_seed(0)
     model_ = _randomize_batchnorm_statistics(Residual())
     program = assert_exports_equivalent(
-        model_, _images([(8, 8)], 64)[0], dynamic_shapes=_image_dims(), resized=_images([(8, 8), (12, 6), (9, 9), (16, 10)], 64)[1:],
-        atol=1e-4, rtol=1e-4,
+        model_, _images([(8, 8)], 64)[0], dynamic_shapes=_image_dims(),
+        resized=_images([(8, 8), (12, 10), (9, 9), (16, 10)], 64)[1:], atol=1e-4, rtol=1e-4,
     )
     assert op_histogram(program) == {"Conv": 3, "Relu": 2, "Add": 1}
 
@@ -198,7 +198,8 @@ def test_layer_norm_without_affine_gets_a_scale_of_the_normalized_shape():
     """onnxruntime's LayerNormalization is several times slower with a scale that broadcasts."""
     model_ = nn.Sequential(nn.LayerNorm([4, 6], elementwise_affine=False), nn.InstanceNorm1d(4)).eval()
     calls = [(torch.randn(b, 4, 6) * 5 + 2,) for b in (2, 5, 1)]
-    program = assert_exports_equivalent(model_, calls[0], dynamic_shapes=({0: Dim("batch")},), resized=calls[1:], atol=1e-5)
+    batch = ({0: Dim("batch")},)
+    program = assert_exports_equivalent(model_, calls[0], dynamic_shapes=batch, resized=calls[1:], atol=1e-5)
     scales = [node.inputs[1].shape for node in program.model.graph if node.op_type == "LayerNormalization"]
     assert scales == [ir.Shape([4, 6]), ir.Shape([6])]
 
@@ -219,3 +220,30 @@ def test_mean_over_dims_declared_nonempty_is_one_reduce_mean():
         resized=[*calls[1:], (torch.randn(2, 3, 0, 4),)], atol=1e-6,
     )
     assert "ReduceMean" not in op_histogram(program)
+
+
+def _sliced_weight(also_multiplied: bool) -> ir.Model:
+    weight = ", ".join(str(float(i)) for i in range(1024))
+    extra_output, extra_node = (", float[1024] z", "z = Mul(x, w)") if also_multiplied else ("", "")
+    return model(f"""g (float[1024] x) => (float[1024] y{extra_output}) <float[1024] w = {{{weight}}},
+        int64[1] zero = {{0}}, int64[1] half = {{512}}, int64[1] full = {{1024}}> {{
+        a = Slice(w, zero, half)
+        b = Slice(w, half, full)
+        r = Concat<axis = 0>(b, a)
+        y = Add(x, r)
+        {extra_node}
+    }}""")
+
+
+def test_a_large_weight_read_only_by_a_foldable_region_folds_with_it():
+    """Two 2 KiB slices of a weight, concatenated the other way round: together they replace
+    it. With the weight also read by a Mul they would duplicate it, and stay."""
+    alone = _sliced_weight(False)
+    x = np.arange(1024, dtype=np.float32)
+    expected = run(alone, x=x)[0]
+    optimize_model(alone)
+    assert ops(alone) == ["Add"]
+    np.testing.assert_array_equal(run(alone, x=x)[0], expected)
+    shared = _sliced_weight(True)
+    optimize_model(shared)
+    assert ops(shared).count("Slice") == 2
