@@ -1,5 +1,6 @@
 """Remove nodes that compute their input: Identity, a Cast to the input's own type, an identity
-Transpose, ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` (when the constant broadcasts nothing)."""
+Transpose, a Pad by nothing, ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` (when the constant
+broadcasts nothing)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def _passthrough(node: ir.Node) -> ir.Value | None:
     if op == "Transpose":
         perm = attrs["perm"].as_ints() if "perm" in attrs else None
         return inputs[0] if perm is not None and list(perm) == sorted(perm) else None
+    if op == "Pad":
+        pads = constant_array(inputs[1]) if len(inputs) > 1 else None
+        return inputs[0] if pads is not None and not pads.any() else None
     if op in _NEUTRAL:
         neutral, commutative = _NEUTRAL[op]
         candidates = [(inputs[0], inputs[1])] + ([(inputs[1], inputs[0])] if commutative else [])

@@ -247,3 +247,29 @@ def test_a_large_weight_read_only_by_a_foldable_region_folds_with_it():
     shared = _sliced_weight(True)
     optimize_model(shared)
     assert ops(shared).count("Slice") == 2
+
+
+class PaddedConvs(nn.Module):
+    """TensorFlow-style asymmetric zero padding before each Conv, a reflect pad (stays) and a
+    zero pad read twice (stays)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 4, 3, stride=2), nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.conv3, self.conv4 = nn.Conv2d(4, 4, 3), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        x = self.conv1(nn.functional.pad(x, (0, 1, 0, 1)))
+        x = self.conv2(nn.functional.pad(x, (1, 1, 2, 0)))
+        x = self.conv3(nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"))
+        padded = nn.functional.pad(x, (0, 0, 1, 1))
+        return self.conv4(padded) + padded.mean()
+
+
+def test_zero_pads_merge_into_the_conv_after_them():
+    torch.manual_seed(0)
+    calls = _images([(9, 9), (12, 7), (8, 16), (5, 6)])
+    program = assert_exports_equivalent(
+        PaddedConvs().eval(), calls[0], dynamic_shapes=_image_dims(4), resized=calls[1:], atol=1e-5
+    )
+    assert op_histogram(program)["Pad"] == 2
