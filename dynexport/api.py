@@ -42,6 +42,7 @@ DEFAULT_OPSET = 20
 SUPPORTED_OPSETS = range(18, 24)
 
 
+@capture_stage.serialized
 def export(
     model: torch.nn.Module | Callable[..., Any] | torch.export.ExportedProgram,
     args: Any = (),

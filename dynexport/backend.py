@@ -15,6 +15,11 @@ Inputs are bound to the session by their memory (IO binding) and outputs come ba
 through DLPack: no copies for contiguous tensors.
 Inference only: a subgraph called while autograd records (grad enabled and an input or weight
 requiring grad) runs eagerly, with one warning.
+
+Threads: a compiled model may be called from several threads at once. A subgraph builds one
+session per input signature, under its lock and :func:`~dynexport.capture.exclusive_tracing`
+(threads that ask for the same signature wait for the one build); built sessions are shared and
+only read (onnxruntime runs one session from several threads).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +38,7 @@ import torch
 from dynexport import runtime
 from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
 from dynexport.call_convention import OutputLayout, is_user_output
-from dynexport.capture import capture
+from dynexport.capture import capture, exclusive_tracing
 from dynexport.errors import ExportError
 from dynexport.passes.onnx.naming import unique_name
 from dynexport.program import ONNXProgram
@@ -162,6 +168,7 @@ class CompiledSubgraph:
         self._sessions: dict[tuple, _Session] = {}
         self._static_axes: list[tuple[int, ...]] = []
         self._autograd_warned = False
+        self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         if self.fallback_reason is None and torch.is_grad_enabled() and self._records_autograd(args):
@@ -175,9 +182,7 @@ class CompiledSubgraph:
                 )
             return self.graph_module(*args)
         if self.fallback_reason is None:
-            if self._weights_changed(args):
-                self._sessions.clear()
-            session = self._sessions.get(self._signature(args)) or self._build_or_fall_back(args)
+            session = self._session_for(args)
             if session is not None:
                 return session.run(args)
         return self.graph_module(*args)
@@ -187,9 +192,23 @@ class CompiledSubgraph:
             return f"CompiledSubgraph({self.name}: eager, {self.fallback_reason})"
         return f"CompiledSubgraph({self.name}: onnxruntime, {self.sessions_built} session(s) built)"
 
+    def _session_for(self, args: Sequence[Any]) -> _Session | None:
+        """The session for ``args``'s signature, built when there is none (None: eager)."""
+        if not self._weights_moved(args):
+            session = self._sessions.get(self._signature(args))
+            if session is not None:
+                return session
+        with self._lock:
+            if self._weights_changed(args):
+                self._sessions = {}
+            if self.fallback_reason is not None:
+                return None
+            return self._sessions.get(self._signature(args)) or self._build_or_fall_back(args)
+
     def _build_or_fall_back(self, args: Sequence[Any]) -> _Session | None:
         try:
-            session = self._build(args)
+            with exclusive_tracing():
+                session = self._build(args)
         except Exception as error:  # whatever stops the export or the load, `fallback` decides
             if self._options.fallback == "raise":
                 raise
@@ -202,7 +221,8 @@ class CompiledSubgraph:
             return None
         if not self._static_axes:
             self._static_axes = session.static_axes
-        self._sessions[self._signature(args)] = session
+        # A new dict, not an update: threads reading the old one without the lock see either.
+        self._sessions = {**self._sessions, self._signature(args): session}
         return session
 
     def _build(self, args: Sequence[Any]) -> _Session:
@@ -234,6 +254,11 @@ class CompiledSubgraph:
         # Weights are graph inputs, unless Dynamo runs with inline_inbuilt_nn_modules=False.
         return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args) or any(
             p.requires_grad for p in self.graph_module.parameters()
+        )
+
+    def _weights_moved(self, args: tuple) -> bool:
+        return any(
+            args[index] is not weight or args[index]._version != version for index, weight, version in self._weights
         )
 
     def _weights_changed(self, args: tuple) -> bool:

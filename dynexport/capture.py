@@ -13,17 +13,23 @@ Dims declared dynamic stay dynamic even when the example size is 0 or 1: when an
 such a size, capture runs with size-oblivious reasoning for backed sizes, so torch.export does not
 specialise a batch of 1. (Only then: size-oblivious reasoning turns some models' ``== 1`` checks
 into guards that would otherwise not exist.)
+
+Tracing is not thread-safe in torch: torch.export, make_fx and Dynamo share process-wide state
+(the FX tracing flag, Dynamo's config and caches). :func:`exclusive_tracing` serializes every
+dynexport export, and the torch.compile backend's builds, with each other and with Dynamo's own
+compilations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,7 +42,7 @@ from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
 
-__all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given"]
+__all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
 
 def as_module(model: Any, args: tuple = ()) -> torch.nn.Module:
@@ -94,6 +100,32 @@ STRATEGIES: dict[str, Callable[..., torch.export.ExportedProgram]] = {
     "torch.export(strict=True)": _strict,
     "torch.export.draft_export": _draft,
 }
+
+
+# Dynamo's own lock around its compilations (re-entrant): holding it also keeps Dynamo from
+# compiling a frame in another thread while this one traces.
+_TRACING_LOCK = torch._dynamo.convert_frame.compile_lock
+
+
+@contextlib.contextmanager
+def exclusive_tracing() -> Iterator[None]:
+    """Hold torch's tracing machinery for the current thread. While a thread traces, torch's FX
+    tracing flag is set for the whole process: another thread that calls a ``torch.compile``d
+    function then runs it eagerly instead of failing ("Detected that you are using FX to
+    symbolically trace a dynamo-optimized function")."""
+    with _TRACING_LOCK, torch._dynamo.config.patch(error_on_nested_fx_trace=False):
+        yield
+
+
+def serialized(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` run under :func:`exclusive_tracing`: one at a time in the process."""
+
+    @functools.wraps(function)
+    def run_exclusively(*args: Any, **kwargs: Any) -> Any:
+        with exclusive_tracing():
+            return function(*args, **kwargs)
+
+    return run_exclusively
 
 
 def capture(

@@ -19,8 +19,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from dynexport import files, runtime
-from dynexport.call_convention import OutputLayout, graph_input_values
+from dynexport.call_convention import OutputLayout, flatten_call, is_graph_input, user_input_specs
 from dynexport.graph_text import format_graph, value_text
+from dynexport.input_guards import InputGuards
 from dynexport.signature import split_legacy_args
 from dynexport.translate import BUFFER_UPDATES_KEY
 from dynexport.verification import VerificationReport, verify_program
@@ -61,6 +62,10 @@ class ONNXProgram:
         # Training mode: the buffers each call updates, fed to the next call (as eager PyTorch
         # updates its module's buffers); empty until the first call.
         self.buffers: dict[str, torch.Tensor] = {}
+        self.input_guards: InputGuards | None = None
+        if exported_program is not None:
+            self.input_guards = InputGuards.of(exported_program, model.graph)
+            model.metadata_props.update(self.input_guards.metadata())
 
     def __repr__(self) -> str:
         graph = self.model.graph
@@ -168,8 +173,12 @@ class ONNXProgram:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model in onnxruntime on torch inputs and return torch tensors.
 
-        Arguments follow the same conventions as at export; Python numbers that were baked
-        into the graph are ignored. The outputs have the model's own structure.
+        Arguments follow the same conventions as at export. The outputs have the model's own
+        structure.
+
+        Raises:
+            ValueError: an input lies outside what the export proved the graph valid for (see
+                :meth:`input_feeds`).
         """
         if self._session is None:
             self._session = runtime.inference_session(self.model_proto.SerializeToString())
@@ -212,12 +221,23 @@ class ONNXProgram:
 
     def input_feeds(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The inputs of a call as onnxruntime takes them: numpy arrays by graph input name
-        (arguments as for :meth:`__call__`). For running the model in another runtime."""
+        (arguments as for :meth:`__call__`). For running the model in another runtime.
+
+        Raises:
+            ValueError: a size lies outside what the export proved (a static size, a ``Dim``'s
+                range, an equality between inputs' dims, a derived dim such as ``past + seq``),
+                or an argument the graph holds as a constant (a Python number) has another
+                value than at export. The message names the input, the dim and what is allowed.
+        """
         args, kwargs = split_legacy_args(args, kwargs)
         if self.exported_program is None:
             values = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         else:
-            values = graph_input_values(self.exported_program, args, kwargs)
+            leaves, _ = flatten_call(self.exported_program, args, kwargs)
+            specs = user_input_specs(self.exported_program)
+            self.input_guards.check_baked(leaves, specs)
+            values = [leaf for leaf, spec in zip(leaves, specs) if is_graph_input(spec)]
+            self.input_guards.check(values)
         return runtime.feeds(self.model.graph, values)
 
     def output_structure(self, outputs: list[Any]) -> Any:

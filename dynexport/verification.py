@@ -333,14 +333,21 @@ def verify_program(
     names = [v.name for v in program.model.graph.outputs]
     outputs: list[OutputComparison] = []
     for label, call_args, call_kwargs in input_sets:
+        # Each run gets its own copies: a forward that writes to its inputs (x.mul_(2)) must
+        # neither change the caller's tensors nor feed the ONNX run what eager left behind.
         with torch.no_grad():
-            expected = model(*call_args, **call_kwargs)
-        actual = program(*call_args, **call_kwargs)
+            expected = model(*_private_copy(call_args), **_private_copy(call_kwargs))
+        actual = program(*_private_copy(call_args), **_private_copy(call_kwargs))
         outputs += _compare_outputs(label, names, actual, expected, rtol, atol)
     report = VerificationReport(outputs, program=program)
     if compare_intermediates:
         report.divergence, report.intermediates_compared = first_divergence(program, args, kwargs, rtol=rtol, atol=atol)
     return report
+
+
+def _private_copy(tree: Any) -> Any:
+    """``tree`` with every tensor cloned."""
+    return pytree.tree_map_only(torch.Tensor, torch.clone, tree)
 
 
 # -- intermediates ------------------------------------------------------------------------------
@@ -402,7 +409,7 @@ def first_divergence(
     exported = program.exported_program
     if exported is None:
         raise ValueError("compare_intermediates needs the exported program")
-    eager = _eager_values(program, args, kwargs)
+    eager = _eager_values(program, _private_copy(args), _private_copy(kwargs))
     onnx_values = _onnx_values_of_fx_nodes(program, set(eager))
     extra = [
         v for name, v in onnx_values.items()

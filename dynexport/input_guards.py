@@ -1,0 +1,254 @@
+"""The inputs an exported graph is valid for, checked at call time.
+
+torch.export proves the graph for a set of inputs: each dim of a tensor input (and each symbolic
+int input) is a static size, a symbol in a range (``Dim("b", max=8)``), the same symbol as another
+input's dim (an equality) or an expression of symbols (``past + seq``, ``2*h``). Outside that set
+the graph may take a branch the model would not take and answer wrongly without a word, so
+:class:`InputGuards` refuses such a call with a ``ValueError`` naming the input, the axis and what
+was allowed. Python numbers the export baked into the graph are guarded too: another value would
+be ignored.
+
+The same facts go into the ONNX model's metadata for other runtimes (``INPUT_DIMS_KEY``,
+``DIM_RANGES_KEY``, ``BAKED_INPUTS_KEY``, JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import onnx_ir as ir
+import sympy
+import torch
+
+from dynexport.call_convention import is_graph_input, placeholders, user_input_specs
+
+__all__ = ["BAKED_INPUTS_KEY", "DIM_RANGES_KEY", "INPUT_DIMS_KEY", "InputGuards"]
+
+# {input: [dim, ...]}: each dim an int (static) or a dim name or expression (``batch``,
+# ``past + seq``); a symbolic int input has a one-entry list.
+INPUT_DIMS_KEY = "pkg.dynexport.input_dims"
+# {dim or expression: [min, max]}, max null when unbounded.
+DIM_RANGES_KEY = "pkg.dynexport.dim_ranges"
+# {argument: value}: the Python numbers (and None) the export built into the graph.
+BAKED_INPUTS_KEY = "pkg.dynexport.baked_inputs"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dim:
+    """One size the graph takes: axis ``axis`` of input ``input`` (None for an int input),
+    proved to be ``expr``."""
+
+    input: str
+    axis: int | None
+    expr: sympy.Expr
+    name: str
+
+    def where(self) -> str:
+        return f"input {self.input!r}" if self.axis is None else f"input {self.input!r} dim {self.axis}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Input:
+    """A fed input: a tensor's dims, or a symbolic int (one dim, axis None)."""
+
+    name: str
+    dims: list[_Dim]
+    is_int: bool
+
+
+@dataclasses.dataclass
+class InputGuards:
+    """What torch.export proved about the inputs of a program; :meth:`check` a call's inputs.
+
+    ``dims`` has one entry per fed input (None for an input without sizes to check), each dim
+    named as in the ONNX model; ``ranges`` the ``(min, max)`` of each dim (max None when
+    unbounded); ``baked`` the constant user inputs by argument name.
+
+    A derived dim's range is its own (``2*_h`` >= 2), not its root's: torch gives a root that no
+    input carries as a dim (``_h``) a default lower bound the graph does not rely on.
+    """
+
+    dims: list[_Input | None]
+    ranges: dict[sympy.Expr, tuple[int, int | None]]
+    baked: dict[str, Any]
+
+    @classmethod
+    def of(cls, program: torch.export.ExportedProgram, graph: ir.Graph) -> InputGuards:
+        """The guards of ``program``, whose fed inputs are ``graph``'s (dims named as there)."""
+        nodes = placeholders(program)
+        fed = [v for v in graph.inputs if not v.is_initializer()]
+        specs = [s for s in user_input_specs(program) if is_graph_input(s)]
+        dims: list[_Input | None] = []
+        for spec, value in zip(specs, fed):
+            val = nodes[spec.arg.name].meta.get("val")
+            if isinstance(val, torch.Tensor):
+                onnx_dims = list(value.shape) if value.shape is not None else [None] * val.dim()
+                tensor_dims = [
+                    _Dim(value.name, axis, _expr(size), _dim_name(size, onnx_dim))
+                    for axis, (size, onnx_dim) in enumerate(zip(val.shape, onnx_dims))
+                ]
+                dims.append(_Input(value.name, tensor_dims, is_int=False))
+            elif isinstance(val, torch.SymInt):
+                dims.append(_Input(value.name, [_Dim(value.name, None, _expr(val), _dim_name(val, None))], is_int=True))
+            else:
+                dims.append(None)
+        carried = {d.expr for entry in dims if entry for d in entry.dims}
+        ranges = {
+            expr: (_bound(bounds.lower, 0), _bound(bounds.upper, None))
+            for expr, bounds in program.range_constraints.items()
+            if expr in carried
+        }
+        baked = {
+            spec.arg.name: spec.arg.value
+            for spec in user_input_specs(program)
+            if not is_graph_input(spec)
+        }
+        return cls(dims, ranges, baked)
+
+    def metadata(self) -> dict[str, str]:
+        """The guards as ONNX ``metadata_props``."""
+        dims = {
+            entry.name: [int(d.expr) if d.expr.is_Integer else d.name for d in entry.dims]
+            for entry in self.dims
+            if entry is not None
+        }
+        names = {d.expr: d.name for entry in self.dims if entry for d in entry.dims}
+        ranges = {names[expr]: [low, high] for expr, (low, high) in self.ranges.items()}
+        baked = {name: value for name, value in self.baked.items() if _is_json(value)}
+        return {
+            INPUT_DIMS_KEY: json.dumps(dims),
+            DIM_RANGES_KEY: json.dumps(ranges),
+            BAKED_INPUTS_KEY: json.dumps(baked),
+        }
+
+    def check_baked(self, leaves: list[Any], specs: list[Any]) -> None:
+        """Raise ValueError when a call passes another value than the export for an argument
+        the graph holds as a constant."""
+        for leaf, spec in zip(leaves, specs):
+            if is_graph_input(spec) or spec.arg.name not in self.baked:
+                continue
+            exported = self.baked[spec.arg.name]
+            if isinstance(leaf, torch.Tensor) or type(leaf) is not type(exported) or leaf != exported:
+                raise ValueError(
+                    f"argument {spec.arg.name!r} was exported as the constant {exported!r}, which the "
+                    f"graph holds; this call passes {_short(leaf)}. Call with {exported!r}, or export "
+                    "again with this value (or pass a tensor to make it an input of the graph)"
+                )
+
+    def check(self, values: list[Any]) -> None:
+        """Raise ValueError when a size of the fed ``values`` (tensors and ints, in the graph's
+        input order) lies outside what the export proved."""
+        bound: dict[sympy.Symbol, tuple[int, _Dim]] = {}
+        derived: list[tuple[_Dim, int]] = []
+        for entry, value in zip(self.dims, values):
+            if entry is None:
+                continue
+            if entry.is_int:
+                sizes = [value] if isinstance(value, int) and not isinstance(value, bool) else None
+            else:
+                sizes = list(value.shape) if isinstance(value, torch.Tensor) else None
+                if sizes is not None and len(sizes) != len(entry.dims):
+                    raise ValueError(
+                        f"input {entry.name!r} has {len(sizes)} dims, the model was exported with "
+                        f"{len(entry.dims)} (shape {self._shape_text(entry)})"
+                    )
+            if sizes is None:
+                continue  # a value of the wrong kind is the feeding's error to report
+            for dim, size in zip(entry.dims, sizes):
+                expr = dim.expr
+                if expr.is_Integer:
+                    if size != int(expr):
+                        raise ValueError(
+                            f"{dim.where()} is {size}, the model was exported with the static size {int(expr)} "
+                            f"there (shape {self._shape_text(entry)})"
+                        )
+                elif isinstance(expr, sympy.Symbol):
+                    if expr in bound and bound[expr][0] != size:
+                        other_size, other = bound[expr]
+                        raise ValueError(
+                            f"{dim.where()} is {size} but {other.where()} is {other_size}: the export "
+                            f"proved them equal (both {dim.name})"
+                        )
+                    self._check_range(expr, size, dim)
+                    bound[expr] = (size, dim)
+                else:
+                    derived.append((dim, size))
+        self._check_derived(derived, bound)
+
+    def _check_derived(self, derived: list[tuple[_Dim, int]], bound: dict) -> None:
+        """Check the dims that are expressions of symbols, solving for a symbol that no plain
+        dim carries (``2*_h``) from the first dim it appears in."""
+        pending = list(derived)
+        while pending:
+            solvable = [(d, s) for d, s in pending if len(d.expr.free_symbols - bound.keys()) <= 1]
+            if not solvable:
+                return  # symbols no input pins down; nothing more to check
+            for dim, size in solvable:
+                pending.remove((dim, size))
+                free = dim.expr.free_symbols - bound.keys()
+                values = {s: v for s, (v, _) in bound.items()}
+                if free:
+                    (symbol,) = free
+                    solutions = [
+                        r for r in sympy.solve(sympy.Eq(dim.expr.subs(values), size), symbol)
+                        if r.is_integer and r >= 0
+                    ]
+                    if not solutions:
+                        raise ValueError(
+                            f"{dim.where()} is {size}, which is no value of {dim.name} (the export "
+                            f"proved that size)"
+                        )
+                    self._check_range(dim.expr, size, dim)
+                    bound[symbol] = (int(solutions[0]), dim)
+                    continue
+                expected = int(dim.expr.subs(values))
+                if size != expected:
+                    sources = ", ".join(
+                        f"{bound[s][1].where()} is {bound[s][1].name}"
+                        for s in sorted(dim.expr.free_symbols, key=str)
+                    )
+                    raise ValueError(
+                        f"{dim.where()} is {size}, the export proved it equal to {dim.name} = "
+                        f"{expected} ({sources})"
+                    )
+                self._check_range(dim.expr, size, dim)
+
+    def _check_range(self, expr: sympy.Expr, size: int, dim: _Dim) -> None:
+        low, high = self.ranges.get(expr, (0, None))
+        if size < low or (high is not None and size > high):
+            allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(
+                f"{dim.where()} is {size}, outside the range {dim.name} {allowed} the model was "
+                "exported for; the graph is only valid there"
+            )
+
+    def _shape_text(self, entry: _Input) -> str:
+        return "[" + ", ".join(d.name for d in entry.dims) + "]"
+
+
+def _dim_name(size: int | torch.SymInt, onnx_dim: Any) -> str:
+    """The dim as the ONNX model names it (``batch``, ``past + seq``), else torch's symbol."""
+    name = getattr(onnx_dim, "value", None)
+    return str(name) if name is not None else str(size)
+
+
+def _expr(size: int | torch.SymInt) -> sympy.Expr:
+    return size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
+
+
+def _bound(value: Any, unbounded: int | None) -> int | None:
+    if not (isinstance(value, int) or getattr(value, "is_Integer", False)):  # sympy/torch infinity
+        return unbounded
+    return int(value)
+
+
+def _is_json(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return repr(value)
