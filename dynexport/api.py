@@ -1,10 +1,12 @@
-"""``dynexport.export``: check every argument, then run the stages."""
+"""``dynexport.export``: validate every argument into one :class:`~dynexport.options.ExportOptions`,
+then run the stages: capture, decompose (and plan the translation), translate, optimize, finish
+(verify, write, print), each timed by one :class:`PhaseTimer`."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import io
+import dataclasses
 import os
 import time
 import warnings
@@ -17,7 +19,7 @@ from dynexport import capture as capture_stage
 from dynexport import files
 from dynexport import report as report_stage
 from dynexport import signature, torchscript
-from dynexport.call_convention import graph_input_specs
+from dynexport.call_convention import user_outputs
 from dynexport.dim_refinement import (
     DIM_REFINEMENTS_KEY,
     capture_refining_dims,
@@ -25,22 +27,18 @@ from dynexport.dim_refinement import (
     dims_tied_by_the_model,
     refinements_metadata,
 )
+from dynexport.errors import ExportError
 from dynexport.model_caches import caches_flattened
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
-from dynexport.module_functions import module_selector
+from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
-from dynexport.registry import TranslationTable, default_table
-from dynexport.translate import translate_program
+from dynexport.translate import TranslationPlan
 from dynexport.verification import VerificationReport
 
 __all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "export", "export_to_pretty_string", "phase_listener", "verify"]
-
-DEFAULT_OPSET = 20
-SUPPORTED_OPSETS = range(18, 24)
-
 
 @capture_stage.serialized
 def export(
@@ -140,148 +138,161 @@ def export(
         dynexport.errors.UnsupportedOperatorError: operators with no translation, all listed.
         dynexport.verification.VerificationError: with ``verify=True``, outputs that differ.
     """
-    opset = DEFAULT_OPSET if opset_version is None else opset_version
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset not in SUPPORTED_OPSETS:
-        raise ValueError(
-            f"opset_version={opset_version!r} is not supported; choose one of "
-            f"{SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1} (default {DEFAULT_OPSET})"
-        )
-    if not isinstance(dynamo, bool):
-        raise TypeError(f"dynamo must be True or False, got {dynamo!r}")
-    if not dynamo and isinstance(model, torch.export.ExportedProgram):
-        raise ValueError("dynamo=False traces a module with torch.jit.trace; an ExportedProgram is already captured")
-    if dynamic_shapes is not None and dynamic_axes is not None:
-        raise ValueError("pass either dynamic_shapes or dynamic_axes, not both")
-    _check_names("input_names", input_names)
-    _check_names("output_names", output_names)
-    shared_names = sorted(set(input_names or ()) & set(output_names or ()))
-    if shared_names:
-        raise ValueError(
-            f"input_names and output_names share {shared_names}; ONNX needs every input and output named apart"
-        )
-    _check_destination(f)
-    _check_custom_opsets(custom_opsets)
-    module_functions = _module_selection(export_modules_as_functions)
-    if not isinstance(training, TrainingMode):
-        raise TypeError(f"training must be a torch.onnx.TrainingMode, got {training!r}")
-    if fallback not in (None, "custom_domain"):
-        raise ValueError(f"fallback={fallback!r} is not supported; use None (raise) or 'custom_domain'")
-    table = _table(custom_translation_table)
-
-    if isinstance(dynamic_shapes, str) and dynamic_shapes != "auto":
-        raise ValueError(f"dynamic_shapes={dynamic_shapes!r}: the only string accepted is 'auto'")
-    auto_dims = isinstance(dynamic_shapes, str)
-    if auto_dims and isinstance(model, torch.export.ExportedProgram):
-        raise ValueError("dynamic_shapes='auto' needs a model to capture, not an ExportedProgram")
-    if example_inputs is not None and not auto_dims:
-        raise ValueError("example_inputs is only used with dynamic_shapes='auto'")
-    if auto_dims and not example_inputs:
-        raise ValueError(
-            "dynamic_shapes='auto' needs example_inputs: a list of further calls (args tuples or "
-            "(args, kwargs) pairs) whose sizes differ where the model is dynamic"
-        )
-    if auto_dims and not args and not kwargs:
-        (args, kwargs), example_inputs = signature.as_call(example_inputs[0]), example_inputs[1:]
-        if not example_inputs:
-            raise ValueError("dynamic_shapes='auto' needs at least two example calls")
-    model_name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
-    report_file = _report_file(report, f, model_name)
-    record = report_stage.ExportRecord(
-        model_name, opset, destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+    options = ExportOptions.validated(
+        model, args, f, kwargs=kwargs, export_params=export_params, verbose=verbose,
+        input_names=input_names, output_names=output_names, opset_version=opset_version,
+        dynamic_axes=dynamic_axes, keep_initializers_as_inputs=keep_initializers_as_inputs,
+        dynamic_shapes=dynamic_shapes, do_constant_folding=do_constant_folding, optimize=optimize,
+        custom_translation_table=custom_translation_table, custom_opsets=custom_opsets,
+        fallback=fallback, training=training, export_modules_as_functions=export_modules_as_functions,
+        dynamo=dynamo, example_inputs=example_inputs, report=report, verify=verify,
     )
-    with report_stage.reporting(report_file, record), caches_flattened((args, kwargs)):
-        timings = record.timings
-        if isinstance(model, torch.export.ExportedProgram):
-            if dynamic_shapes is not None or dynamic_axes is not None:
-                raise ValueError(
-                    "an ExportedProgram's dynamic shapes were fixed when it was captured; pass "
-                    "dynamic_shapes to torch.export.export instead of to dynexport.export"
-                )
-            capture_stage.check_given(model)
-            program, strategy, requested_dims = model, "given ExportedProgram", {}
-            args, kwargs = (), {}
-            if input_names is not None:
-                _check_input_count(input_names, len(graph_input_specs(program)))
-        else:
-            args, kwargs = signature.split_legacy_args(args, kwargs)
-            from_torchscript = not dynamo or torchscript.is_torchscript(model)
-            if from_torchscript:
-                with _phase(timings, "torchscript"), exporting(), select_model_mode_for_export(model, training):
-                    module, args = torchscript.graph_module(model, args, kwargs)
-                kwargs = {}
-            else:
-                module = capture_stage.as_module(model, args)
-            signature.check_argument_types(args, kwargs)
-            bound = signature.bind_arguments(module.forward, args, kwargs)
-            slots = signature.argument_slots(module.forward, args, kwargs)
-            if dynamic_axes is not None:
-                dynamic_shapes, requested_dims = signature.dynamic_shapes_from_axes(
-                    dynamic_axes, bound, slots, input_names, output_names
-                )
-            elif auto_dims:
-                dynamic_shapes, requested_dims = signature.dynamic_shapes_from_examples(
-                    module.forward, bound, example_inputs
-                )
-            else:
-                requested_dims = signature.named_dims(dynamic_shapes, bound)
-            input_names = signature.graph_input_names(input_names, slots)
-            with _phase(timings, "capture"), exporting(), select_model_mode_for_export(module, training):
-                capture = torchscript.capture if from_torchscript else capture_stage.capture
-                program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
-                    capture, module, args, kwargs, dynamic_shapes
-                )
-            if not auto_dims and dynamic_axes is None:
-                requested_dims = signature.named_dims(dynamic_shapes, bound)
-                record.dim_refinements += dims_tied_by_the_model(program, requested_dims)
-            if auto_dims:
-                _warn_fixed_dims(program, requested_dims)
-        record.strategy, record.exported_program = strategy, program
-
-        updates_buffers = training is TrainingMode.TRAINING
-        with _phase(timings, "decompose"):
-            program = _functionalized(program, explicit_buffer_updates=updates_buffers)
-            simplifications = simplify_program(program, fold_constants=do_constant_folding) if optimize else None
-        record.exported_program = program
-        io_names = signature.graph_io(program, input_names, output_names, requested_dims, dynamic_axes)
-        io_names.dim_names.update(derived_dim_roots(program, requested_dims))
-        onnx_model = translate_program(
-            program,
-            io_names,
-            table=table,
-            opset=opset,
-            export_params=export_params,
-            keep_initializers_as_inputs=keep_initializers_as_inputs,
-            timings=timings,
-            summary=record.summary,
-            fallback_to_custom_domain=fallback == "custom_domain",
-            custom_opsets=dict(custom_opsets or {}),
-            module_functions=module_functions,
-            simplifications=simplifications,
-            buffer_updates=updates_buffers,
-        )
-        _notify("translate", timings.get("translate", 0.0))
-        with _phase(timings, "optimize"):
-            if optimize:
+    record = report_stage.ExportRecord(
+        options.model_name, options.opset,
+        destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None,
+    )
+    timer = PhaseTimer(record.timings)
+    with report_stage.reporting(options.report_file, record), caches_flattened((options.args, options.kwargs)):
+        captured = _capture(model, options, timer, record)
+        with timer.phase("decompose"):
+            program = _functionalized(captured.program, explicit_buffer_updates=options.updates_buffers)
+            simplifications = (
+                simplify_program(program, fold_constants=options.do_constant_folding) if options.optimize else None
+            )
+            record.exported_program = program
+            io_names = signature.graph_io(
+                program, captured.input_names, options.output_names, captured.requested_dims, options.dynamic_axes
+            )
+            io_names.dim_names.update(derived_dim_roots(program, captured.requested_dims))
+            plan = TranslationPlan(program, io_names, options.translation, simplifications)
+            record.summary = plan.summary()
+        with timer.phase("translate"):
+            onnx_model = plan.emit()
+        with timer.phase("optimize"):
+            if options.optimize:
                 with _dataless_weights_hidden(onnx_model):
-                    optimize_model(onnx_model, fold_constants=do_constant_folding)
+                    optimize_model(onnx_model, fold_constants=options.do_constant_folding)
         if record.dim_refinements:
             onnx_model.metadata_props[DIM_REFINEMENTS_KEY] = refinements_metadata(record.dim_refinements)
         record.onnx_model = onnx_model
-        result = ONNXProgram(onnx_model, program, timings=timings, capture_strategy=strategy)
-        timings = record.timings = result.timings
-        result.report_path = report_file
-        if verify:
-            with _phase(timings, "verify"):
-                eager = model.module() if isinstance(model, torch.export.ExportedProgram) else model
-                record.verification = result.verify(*args, model=eager, kwargs=kwargs)
-        if f is not None:
-            with _phase(result.timings, "serialize"):
-                result.save(f)
-        if verbose:
-            print(result.to_text())
-        if record.verification is not None:
-            record.verification.raise_on_failure()
+        result = ONNXProgram(onnx_model, program, capture_strategy=captured.strategy)
+        result.timings = record.timings
+        result.report_path = options.report_file
+        _finish(result, model, options, timer, record)
         return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _Captured:
+    """What capture gives the later stages: the program, how it was captured, the graph input
+    names the user asked for and the dim names, keyed by (input, axis)."""
+
+    program: torch.export.ExportedProgram
+    strategy: str
+    input_names: list[str] | None
+    requested_dims: dict[tuple[str, int], str]
+
+
+def _capture(model: Any, options: ExportOptions, timer: PhaseTimer, record: report_stage.ExportRecord) -> _Captured:
+    """Capture ``model`` (or take the ExportedProgram given) and refuse a program with no output."""
+    if isinstance(model, torch.export.ExportedProgram):
+        capture_stage.check_given(model)
+        captured = _Captured(model, "given ExportedProgram", options.input_names, {})
+    else:
+        captured = _capture_module(model, options, timer, record)
+    record.strategy, record.exported_program = captured.strategy, captured.program
+    _check_has_outputs(captured.program, options.model_name)
+    return captured
+
+
+def _capture_module(
+    model: Any, options: ExportOptions, timer: PhaseTimer, record: report_stage.ExportRecord
+) -> _Captured:
+    args, kwargs, dynamic_shapes = options.args, options.kwargs, options.dynamic_shapes
+    if options.from_torchscript(model):
+        with timer.phase("torchscript"), exporting(), select_model_mode_for_export(model, options.training):
+            module, args = torchscript.graph_module(model, args, kwargs)
+        kwargs = {}
+        capture = torchscript.capture
+    else:
+        module = capture_stage.as_module(model, args)
+        capture = capture_stage.capture
+    signature.check_argument_types(args, kwargs)
+    bound = signature.bind_arguments(module.forward, args, kwargs)
+    slots = signature.argument_slots(module.forward, args, kwargs)
+    if options.dynamic_axes is not None:
+        dynamic_shapes, requested_dims = signature.dynamic_shapes_from_axes(
+            options.dynamic_axes, bound, slots, options.input_names, options.output_names
+        )
+    elif options.auto_dims:
+        dynamic_shapes, requested_dims = signature.dynamic_shapes_from_examples(
+            module.forward, bound, options.example_inputs
+        )
+    else:
+        requested_dims = signature.named_dims(dynamic_shapes, bound)
+    input_names = signature.graph_input_names(options.input_names, slots)
+    with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
+        program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
+            capture, module, args, kwargs, dynamic_shapes
+        )
+    if options.auto_dims:
+        _warn_fixed_dims(program, requested_dims)
+    elif options.dynamic_axes is None:
+        requested_dims = signature.named_dims(dynamic_shapes, bound)
+        record.dim_refinements += dims_tied_by_the_model(program, requested_dims)
+    return _Captured(program, strategy, input_names, requested_dims)
+
+
+def _check_has_outputs(program: torch.export.ExportedProgram, model_name: str) -> None:
+    """An ONNX model with no output computes nothing a runtime can return: refuse it now."""
+    graph_values = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+    if not any(
+        isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), graph_values)
+        for arg, _ in user_outputs(program)
+    ):
+        returned = [arg if not isinstance(arg, torch.fx.Node) else arg.name for arg, _ in user_outputs(program)]
+        raise ExportError(
+            f"{model_name} returns no tensor (its outputs at export: {returned or 'none'}); an ONNX "
+            "model needs at least one output. Return the tensors the model computes."
+        )
+
+
+def _finish(
+    result: ONNXProgram, model: Any, options: ExportOptions, timer: PhaseTimer, record: report_stage.ExportRecord
+) -> None:
+    """Verify, write ``f``, print the graph if asked; a failed verification raises last, after
+    ``f`` is written."""
+    if options.verify:
+        with timer.phase("verify"):
+            eager = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+            record.verification = result.verify(*options.args, model=eager, kwargs=options.kwargs)
+    if options.f is not None:
+        with timer.phase("serialize"):
+            result.save(options.f)
+    if options.verbose:
+        print(result.to_text())
+    if record.verification is not None:
+        record.verification.raise_on_failure()
+
+
+class PhaseTimer:
+    """Seconds spent in each export phase, added up in ``seconds``; each phase's end is told to
+    the :func:`phase_listener`, if any."""
+
+    def __init__(self, seconds: dict[str, float]):
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
+            callback = _phase_listener.get()
+            if callback is not None:
+                callback(name, elapsed)
 
 
 _phase_listener: contextvars.ContextVar[Callable[[str, float], None] | None] = contextvars.ContextVar(
@@ -297,23 +308,6 @@ def phase_listener(callback: Callable[[str, float], None]) -> Iterator[None]:
         yield
     finally:
         _phase_listener.reset(token)
-
-
-def _notify(name: str, seconds: float) -> None:
-    callback = _phase_listener.get()
-    if callback is not None:
-        callback(name, seconds)
-
-
-@contextlib.contextmanager
-def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        seconds = time.perf_counter() - start
-        timings[name] = timings.get(name, 0.0) + seconds
-        _notify(name, seconds)
 
 
 @contextlib.contextmanager
@@ -332,20 +326,6 @@ def _dataless_weights_hidden(model: Any) -> Iterator[None]:
     finally:
         for value, tensor in hidden:
             value.const_value = tensor
-
-
-def _report_file(report: Any, f: Any, model_name: str) -> str | None:
-    if report is None or report is False:
-        return None
-    if report is True:
-        return report_stage.default_report_path(f, model_name)
-    if not isinstance(report, (str, os.PathLike)):
-        raise TypeError(f"report must be True, False or a path, got {type(report).__name__}")
-    path = os.fspath(report)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot write the report {path!r}: directory {directory!r} does not exist")
-    return path
 
 
 def _warn_fixed_dims(program: torch.export.ExportedProgram, requested_dims: dict[tuple[str, int], str]) -> None:
@@ -373,79 +353,6 @@ def _functionalized(
     if inplace_ops_are_local(program.graph):
         return program
     return program.run_decompositions({})
-
-
-def _table(custom: Mapping[Any, Callable[..., Any]] | None) -> TranslationTable:
-    import dynexport.ops  # noqa: F401  (registers the rules)
-
-    if custom is None:
-        return default_table
-    if not isinstance(custom, Mapping):
-        raise TypeError("custom_translation_table must be a dict {torch op overload: rule}")
-    for op, rule in custom.items():
-        if not callable(rule):
-            raise TypeError(f"custom_translation_table[{op}] must be callable, got {type(rule).__name__}")
-    return default_table.with_overrides(dict(custom))
-
-
-def _module_selection(selection: Any) -> Callable[[str], bool] | None:
-    if selection is False or selection is None:
-        return None
-    if selection is not True:
-        if isinstance(selection, (str, type)) or not all(
-            isinstance(cls, type) and issubclass(cls, torch.nn.Module) for cls in selection
-        ):
-            raise TypeError(
-                "export_modules_as_functions must be True or a set of nn.Module classes, "
-                f"got {selection!r}"
-            )
-    return module_selector(selection)
-
-
-def _check_custom_opsets(custom_opsets: Mapping[str, int] | None) -> None:
-    if custom_opsets is None:
-        return
-    if not isinstance(custom_opsets, Mapping):
-        raise TypeError("custom_opsets must be a dict {domain: version}")
-    for domain, version in custom_opsets.items():
-        if not isinstance(domain, str) or domain in ("", "ai.onnx"):
-            raise ValueError(
-                f"custom_opsets names domain {domain!r}; the default ONNX domain's version is "
-                "opset_version, custom_opsets is for custom domains"
-            )
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise ValueError(f"custom_opsets[{domain!r}] must be a positive int, got {version!r}")
-
-
-def _check_names(argument: str, names: Sequence[str] | None) -> None:
-    if names is None:
-        return
-    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
-        raise TypeError(f"{argument} must be a list of non-empty strings, got {names!r}")
-    duplicates = sorted({n for n in names if list(names).count(n) > 1})
-    if duplicates:
-        raise ValueError(f"{argument} repeats {duplicates}; every name must be unique")
-
-
-def _check_input_count(input_names: Sequence[str], count: int) -> None:
-    if len(input_names) > count:
-        raise ValueError(
-            f"input_names has {len(input_names)} names but the model takes {count} tensor inputs"
-        )
-
-
-def _check_destination(f: Any) -> None:
-    if f is None:
-        return
-    if isinstance(f, (str, os.PathLike)):
-        directory = os.path.dirname(os.path.abspath(os.fspath(f)))
-        if not os.path.isdir(directory):
-            raise FileNotFoundError(f"cannot write {os.fspath(f)!r}: directory {directory!r} does not exist")
-        if os.path.isdir(os.fspath(f)):
-            raise IsADirectoryError(f"f={os.fspath(f)!r} is a directory; give a file path")
-        return
-    if isinstance(f, io.TextIOBase) or not hasattr(f, "write"):
-        raise TypeError(f"f must be a path or a binary file object, got {type(f).__name__}")
 
 
 def export_to_pretty_string(model: Any, args: Any = (), **export_options: Any) -> str:

@@ -36,10 +36,11 @@ from typing import Any
 import torch
 
 from dynexport import runtime
-from dynexport.api import DEFAULT_OPSET, SUPPORTED_OPSETS, export
+from dynexport.api import export
 from dynexport.call_convention import OutputLayout, is_user_output
 from dynexport.capture import capture, exclusive_tracing
 from dynexport.errors import ExportError
+from dynexport.options import check_opset
 from dynexport.passes.onnx.naming import unique_name
 from dynexport.program import ONNXProgram
 
@@ -82,12 +83,7 @@ def backend(
     """
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback={fallback!r} is not supported; use 'eager' or 'raise'")
-    opset = DEFAULT_OPSET if opset_version is None else opset_version
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset not in SUPPORTED_OPSETS:
-        raise ValueError(
-            f"opset_version={opset_version!r} is not supported; choose one of "
-            f"{SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1} (default {DEFAULT_OPSET})"
-        )
+    opset = check_opset(opset_version)
     if providers is not None and (isinstance(providers, str) or not isinstance(providers, Sequence)):
         raise TypeError(f"providers must be a list such as ['CPUExecutionProvider'], got {providers!r}")
     if session_options is not None:

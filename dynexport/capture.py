@@ -148,7 +148,7 @@ def capture(
     )
     for name, strategy in STRATEGIES.items():
         try:
-            with _size_oblivious(oblivious), recurrent_ops_kept_whole():
+            with _size_oblivious(oblivious), recurrent_ops_kept_whole(), _fake_quantize_meta_kernels():
                 return strategy(module, args, kwargs, dynamic_shapes), name
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
@@ -386,13 +386,28 @@ def _fake_quantize_shapes(self, *args):
     return torch.empty_like(self), torch.empty_like(self, dtype=torch.bool)
 
 
-# torch has no meta kernels for fake quantization: its fake tensors run the real kernel instead,
-# which only works for static shapes. The output and mask have the input's shape.
-_META = torch.library.Library("aten", "IMPL")
-for _op in (
+_FAKE_QUANTIZE_OPS = (
     "fake_quantize_per_tensor_affine_cachemask",
     "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams",
     "fake_quantize_per_channel_affine_cachemask",
-):
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_op}", "Meta"):
-        _META.impl(_op, _fake_quantize_shapes, "Meta")
+)
+
+
+@contextlib.contextmanager
+def _fake_quantize_meta_kernels() -> Iterator[None]:
+    """Meta kernels for fake quantization while capturing: torch has none, so its fake tensors
+    run the real kernel, which only works for static shapes (the output and the mask have the
+    input's shape). Registered only for the capture, so that dynexport changes nothing in torch."""
+    missing = [
+        op for op in _FAKE_QUANTIZE_OPS if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "Meta")
+    ]
+    if not missing:
+        yield
+        return
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        for op in missing:
+            library.impl(op, _fake_quantize_shapes, "Meta")
+        yield
+    finally:
+        library._destroy()

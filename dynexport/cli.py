@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import sys
 import time
@@ -100,8 +101,8 @@ def _load_factory(spec: str) -> dict[str, Any]:
     factory = getattr(module, attribute, None)
     if factory is None:
         raise CommandError(f"module {module_name!r} has no attribute {attribute!r}")
-    if not callable(factory):
-        raise CommandError(f"{spec} is a {type(factory).__name__}, not a function")
+    if not (inspect.isfunction(factory) or inspect.isclass(factory)):
+        raise CommandError(f"{spec} is a {type(factory).__name__}; a factory is a function or a class")
     result = factory()
     if isinstance(result, dict):
         if "model" not in result or "args" not in result:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import traceback
 from collections.abc import Sequence
 
 __all__ = [
@@ -38,7 +39,7 @@ class CaptureError(ExportError):
             lines.append(f"  - {strategy}: {type(error).__name__}: {(message or [''])[0]}")
             # torch lists each violated constraint on a "- " line: those say what to fix.
             lines += [f"      {line}" for line in message[1:] if line.startswith("- ")][:4]
-            where = _model_call(message)
+            where = _model_call(message) or _raising_frame(error)
             if where:
                 lines.append(f"      at {where}")
         lines.append(
@@ -87,6 +88,18 @@ def _model_call(message: list[str]) -> str | None:
     if not following or not following[0].startswith("File "):
         return None
     return f"{following[0]}: {following[1]}" if len(following) > 1 else following[0]
+
+
+def _raising_frame(error: BaseException) -> str | None:
+    """The innermost frame of the model's own code (not torch's, not dynexport's) in the
+    traceback of an exception the model raised: ``File "m.py", line 4, in forward: code``."""
+    own = (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}", "<eval_with_key>")
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not any(part in f.filename for part in own)]
+    if not frames:
+        return None
+    frame = frames[-1]
+    where = f'File "{frame.filename}", line {frame.lineno}, in {frame.name}'
+    return f"{where}: {frame.line}" if frame.line else where
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 from onnx_ir.tensor_adapters import TorchTensor
 
 __all__ = [
+    "check_destination",
     "EXTERNAL_DATA_MIN_TENSOR_BYTES",
     "EXTERNAL_DATA_THRESHOLD",
     "ProgressCallback",
@@ -214,7 +215,7 @@ def save_model(
     if os.path.isabs(location) or os.path.normpath(location).startswith(".."):
         raise ValueError(f"external_data={location!r} must be a file name relative to the model's directory")
     directory = os.path.dirname(os.path.abspath(path))
-    _check_directory(path)
+    check_destination(path)
     external = [v for v in initializers if _nbytes(v.const_value) >= EXTERNAL_DATA_MIN_TENSOR_BYTES]
     layout = _external_layout(external)
     with _temporary_file(directory) as (data_file, data_temp):
@@ -345,10 +346,29 @@ def _tensor_chunks(tensor: ir.TensorProtocol, block: Callable[[], torch.Tensor])
     yield tensor.tobytes()
 
 
-def _check_directory(path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot write {path!r}: directory {directory!r} does not exist")
+def check_destination(destination: str | os.PathLike | IO[bytes]) -> None:
+    """Raise, saying why, unless ``destination`` can be written: a path (not a directory) in an
+    existing directory we may write to, or a binary file object open for writing."""
+    if isinstance(destination, (str, os.PathLike)):
+        path = os.fspath(destination)
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"cannot write {path!r}: directory {directory!r} does not exist")
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"cannot write {path!r}: it is a directory; give a file name")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(f"cannot write {path!r}: directory {directory!r} is not writable")
+        return
+    if isinstance(destination, io.TextIOBase) or not hasattr(destination, "write"):
+        raise TypeError(f"f must be a path or a binary file object, got {type(destination).__name__}")
+    if getattr(destination, "closed", False):
+        raise ValueError(f"cannot write to f: the file object {getattr(destination, 'name', '')!r} is closed")
+    if hasattr(destination, "writable") and not destination.writable():
+        mode = getattr(destination, "mode", None)
+        raise ValueError(
+            f"cannot write to f: the file object {getattr(destination, 'name', '')!r} is not open for writing"
+            + (f" (mode {mode!r}); open it with 'wb'" if mode else "")
+        )
 
 
 @contextlib.contextmanager
@@ -369,14 +389,11 @@ def write_atomically(data: bytes, destination: str | os.PathLike | IO[bytes]) ->
     to a binary file object."""
     if isinstance(destination, (str, os.PathLike)):
         path = os.fspath(destination)
-        _check_directory(path)
+        check_destination(path)
         with _temporary_file(os.path.dirname(os.path.abspath(path))) as (file, temp):
             file.write(data)
             file.close()
             os.replace(temp, path)
         return
-    if isinstance(destination, io.TextIOBase) or not hasattr(destination, "write"):
-        raise TypeError(
-            f"f must be a path or a binary file object, got {type(destination).__name__}"
-        )
+    check_destination(destination)
     destination.write(data)

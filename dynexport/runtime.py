@@ -55,9 +55,17 @@ def feeds(graph: ir.Graph, values: Sequence[Any]) -> dict[str, Any]:
             expected = to_torch_dtype(graph_input.dtype)
             if value.dtype != expected:
                 raise TypeError(f"input {graph_input.name!r} must be {expected}, got {value.dtype}")
+            if value.device.type == "meta":
+                raise ValueError(f"input {graph_input.name!r} is on the meta device: it has no values to run on")
             arrays[graph_input.name] = to_numpy(value)
-        else:
+        elif isinstance(value, (bool, int, float)) and graph_input.shape is not None and graph_input.shape.rank() == 0:
             arrays[graph_input.name] = torch.tensor(value).numpy()
+        else:
+            raise TypeError(
+                f"input {graph_input.name!r} must be a {to_torch_dtype(graph_input.dtype)} tensor of shape "
+                f"{list(graph_input.shape.dims) if graph_input.shape is not None else '?'}, got the "
+                f"{type(value).__name__} {value!r:.40}"
+            )
     return arrays
 
 

@@ -247,6 +247,11 @@ def _dim_spec_names(spec: Any, value: Any, path: str, out: dict[tuple[str, int],
     if isinstance(value, torch.Tensor):
         items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
         for axis, dim in items:
+            if dim is not None and not (isinstance(axis, int) and -value.dim() <= axis < value.dim()):
+                raise ValueError(
+                    f"dynamic_shapes names axis {axis!r} of input {path!r}, which has rank {value.dim()} "
+                    f"(axes 0..{value.dim() - 1})"
+                )
             name = getattr(dim, "__name__", None)
             if name and isinstance(dim, Dim):
                 out[(path, int(axis))] = name

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import onnx_ir as ir
@@ -45,7 +44,6 @@ from dynexport.errors import (
     source_line,
 )
 from dynexport.module_functions import extract_module_functions
-from dynexport.ops._helpers import scalar
 from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
 from dynexport.passes.fx.simplify import Simplifications
 from dynexport.passes.onnx.naming import make_names_unique
@@ -55,8 +53,9 @@ __all__ = [
     "BUFFER_UPDATES_KEY",
     "OUTPUT_DIMS_KEY",
     "TranslationContext",
+    "TranslationOptions",
+    "TranslationPlan",
     "TranslationSummary",
-    "translate_program",
 ]
 
 # Model metadata: JSON ``{buffer: output}`` for the buffers a training-mode model updates.
@@ -352,6 +351,8 @@ class _Translator:
                 else "the custom translation raised it; it receives the operator's arguments as the FX "
                 "node holds them (ONNX values for tensors).",
             ) from error
+        if not rule.builtin:
+            _check_custom_result(node, origin, rule, result)
         return self._annotate_result(node, result, name_prefix + node.name)
 
     def call_rule(self, rule: Rule, ctx: TranslationContext, args: tuple, kwargs: dict) -> Any:
@@ -471,6 +472,43 @@ class _Translator:
         return value
 
 
+def _check_custom_result(node: torch.fx.Node, origin: torch.fx.Node | None, rule: Rule, result: Any) -> None:
+    """A custom rule must return what the operator gives: an ONNX value of its dtype and rank
+    per tensor result (a list of them for several), else the next rule or the model is blamed."""
+    val = node.meta.get("val")
+    expected = list(val) if isinstance(val, (tuple, list)) else [val]
+    returned = list(result) if isinstance(result, (tuple, list)) and isinstance(val, (tuple, list)) else [result]
+    problem = None
+    if len(returned) != len(expected):
+        problem = f"returned {_described(result)}, but the operator has {len(expected)} results"
+    for index, (value, want) in enumerate(zip(returned, expected)):
+        if problem is not None or not isinstance(want, torch.Tensor):
+            continue
+        which = f"result {index}" if len(expected) > 1 else "its result"
+        if not isinstance(value, ir.Value):
+            problem = f"returned {_described(value)} for {which}, a {want.dim()}-d {want.dtype} tensor"
+        elif value.dtype is not None and value.dtype != to_onnx_dtype(want.dtype):
+            problem = f"returned a {value.dtype.name} value for {which}, which the operator gives as {want.dtype}"
+        elif value.shape is not None and value.shape.rank() != want.dim():
+            problem = f"returned a {value.shape.rank()}-d value for {which}, which the operator gives {want.dim()}-d"
+    if problem is not None:
+        raise TranslationError(
+            target_name(node.target),
+            source_line(origin or node),
+            f"the custom rule {rule.name} {problem}",
+            "a rule returns one ONNX value per tensor result of the operator (a list of them for "
+            "several), of the operator's dtype and rank; Cast or Reshape inside the rule if needed.",
+        )
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, ir.Value):
+        return "an ONNX value"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"the {type(value).__name__} {value!r:.40}"
+
+
 def _subgraph_modules(node: torch.fx.Node) -> list[torch.fx.GraphModule]:
     """The FX subgraphs a control-flow node calls (its ``get_attr`` arguments)."""
     owner = node.graph.owning_module
@@ -555,6 +593,10 @@ def _promote(ctx: TranslationContext, rule: Rule, args: tuple, kwargs: dict) -> 
 
 def _promoted(ctx: TranslationContext, value: Any, dtype: ir.DataType) -> Any:
     """A tensor or number argument as ``dtype``; other arguments (lists, None) as they are."""
+    # Imported here: importing dynexport.ops registers the built-in rules, which happens at the
+    # first export, not when dynexport is imported (user rules registered before it win).
+    from dynexport.ops._helpers import scalar
+
     return scalar(ctx, value, dtype) if isinstance(value, (ir.Value, int, float, bool)) else value
 
 
@@ -610,109 +652,116 @@ class TranslationSummary:
         self.unsupported.update(target for target, _ in missing)
 
 
-def translate_program(
-    program: torch.export.ExportedProgram,
-    io: GraphIO,
-    *,
-    table: TranslationTable,
-    opset: int,
-    export_params: bool = True,
-    keep_initializers_as_inputs: bool = False,
-    timings: dict[str, float] | None = None,
-    fallback_to_custom_domain: bool = False,
-    custom_opsets: dict[str, int] | None = None,
-    summary: TranslationSummary | None = None,
-    module_functions: Callable[[str], bool] | None = None,
-    simplifications: Simplifications | None = None,
-    buffer_updates: bool = False,
-) -> ir.Model:
-    """Translate ``program`` into an ONNX model (no optimization, no file).
+@dataclasses.dataclass(frozen=True)
+class TranslationOptions:
+    """How a program is translated: the table, the opset and what becomes of weights, custom
+    domains, module functions and buffer updates (``buffer_updates``, training mode, makes each
+    buffer the program mutates a graph input too, its initializer the default, and its new value
+    an output ``<buffer>.updated``)."""
 
-    ``simplifications`` (from ``passes/fx/simplify.py``) name nodes to skip, read through or
-    emit as initializers. ``summary``, when given, is filled once every node has been planned (before an
-    UnsupportedOperatorError is raised): which operators went to a rule, which were decomposed.
-    ``buffer_updates`` (training mode) makes each buffer the program mutates a graph input too
-    (its initializer the default) and its new value an output ``<buffer>.updated``.
+    table: TranslationTable
+    opset: int
+    export_params: bool = True
+    keep_initializers_as_inputs: bool = False
+    fallback_to_custom_domain: bool = False
+    custom_opsets: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    module_functions: Callable[[str], bool] | None = None
+    buffer_updates: bool = False
 
-    First every node gets its rule or its traced decomposition (the "decompose" phase in
-    ``timings``), so that all unsupported operators are reported before anything is emitted;
-    then the graph is emitted (the "translate" phase).
-    """
-    timings = {} if timings is None else timings
-    start = time.perf_counter()
-    fake_mode = torch._guards.detect_fake_mode(
-        [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
-    )
-    translator = _Translator(table, opset, io.dim_names, fake_mode, fallback_to_custom_domain, simplifications)
-    missing = translator.plan(program.graph)
-    if summary is not None:
-        summary.record(translator, program.graph, missing)
-    timings["decompose"] = timings.get("decompose", 0.0) + time.perf_counter() - start
-    if missing:
-        raise UnsupportedOperatorError(_unsupported_uses(missing))
-    start = time.perf_counter()
-    graph = translator.graph
-    env: dict[torch.fx.Node, Any] = {}
-    signature = program.graph_signature
-    state = {**program.state_dict, **program.constants}
-    user_names = iter(io.input_names)
-    nodes = placeholders(program)
-    for spec in signature.input_specs:
-        node = nodes.get(spec.arg.name)
-        if is_user_input(spec):
-            name = next(user_names)
-            if node is None:  # a None argument has no placeholder
-                continue
-            val = node.meta.get("val")
-            if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
-                value = ir.Value(name=name)
-                translator.annotate(value, val, None)
-                graph.inputs.append(value)
-                env[node] = value
-            else:
-                env[node] = val
-            continue
-        tensor = state[spec.target]
-        if isinstance(tensor, torch.ScriptObject):
-            raise ExportError(f"Script object constant {spec.target!r} cannot be exported to ONNX")
-        value = ir.Value(name=spec.target)
-        translator.annotate(value, tensor, None)
-        if export_params:
-            value.const_value = TorchTensor(tensor.detach(), name=spec.target)
-            graph.register_initializer(value)
-            if keep_initializers_as_inputs:
-                graph.inputs.append(value)
-        else:
-            graph.inputs.append(value)
-        env[node] = value
 
-    translator.translate_graph(program.graph, env)
-    output_dims = _add_outputs(translator, program, env, io.output_names, io.output_dims)
-    updated = _add_buffer_updates(translator, program, env) if buffer_updates else {}
-    model = ir.Model(
-        graph,
-        ir_version=10,
-        producer_name="dynexport",
-        producer_version=_version(),
-        functions=list(translator.builder.functions.values()),
-    )
-    if updated:
-        model.metadata_props[BUFFER_UPDATES_KEY] = json.dumps(updated)
-    if output_dims:
-        model.metadata_props[OUTPUT_DIMS_KEY] = json.dumps(output_dims)
-    # Before functions are extracted: they import the domains at the graph's versions.
-    _import_custom_domains(graph, custom_opsets or {}, translator.builder.domain_versions)
-    if module_functions is not None:
-        extract_module_functions(model, translator.builder.node_module_calls, module_functions)
-    if translator.fallbacks:
-        names = sorted({target_name(t) for t in translator.fallbacks.values()})
-        warnings.warn(
-            f"{len(names)} operator(s) have no ONNX translation and were exported as custom-domain "
-            f"nodes (pkg.torch.<namespace>), which a runtime must implement: {', '.join(names)}",
-            stacklevel=3,
+class TranslationPlan:
+    """Every node of a program with its rule or its traced decomposition, made before anything
+    is emitted, so that all unsupported operators are known at once."""
+
+    def __init__(
+        self,
+        program: torch.export.ExportedProgram,
+        io: GraphIO,
+        options: TranslationOptions,
+        simplifications: Simplifications | None = None,
+    ):
+        fake_mode = torch._guards.detect_fake_mode(
+            [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
         )
-    timings["translate"] = timings.get("translate", 0.0) + time.perf_counter() - start
-    return model
+        self.program, self.io, self.options = program, io, options
+        self.translator = _Translator(
+            options.table, options.opset, io.dim_names, fake_mode, options.fallback_to_custom_domain, simplifications
+        )
+        self.missing = self.translator.plan(program.graph)
+
+    def summary(self) -> TranslationSummary:
+        """How the program's operators will be translated, counted per operator."""
+        summary = TranslationSummary()
+        summary.record(self.translator, self.program.graph, self.missing)
+        return summary
+
+    def emit(self) -> ir.Model:
+        """The ONNX model (no optimization, no file); raises UnsupportedOperatorError listing every
+        operator with no translation."""
+        if self.missing:
+            raise UnsupportedOperatorError(_unsupported_uses(self.missing))
+        translator, program, io, options = self.translator, self.program, self.io, self.options
+        graph = translator.graph
+        env: dict[torch.fx.Node, Any] = {}
+        signature = program.graph_signature
+        state = {**program.state_dict, **program.constants}
+        user_names = iter(io.input_names)
+        nodes = placeholders(program)
+        for spec in signature.input_specs:
+            node = nodes.get(spec.arg.name)
+            if is_user_input(spec):
+                name = next(user_names)
+                if node is None:  # a None argument has no placeholder
+                    continue
+                val = node.meta.get("val")
+                if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+                    value = ir.Value(name=name)
+                    translator.annotate(value, val, None)
+                    graph.inputs.append(value)
+                    env[node] = value
+                else:
+                    env[node] = val
+                continue
+            tensor = state[spec.target]
+            if isinstance(tensor, torch.ScriptObject):
+                raise ExportError(f"Script object constant {spec.target!r} cannot be exported to ONNX")
+            value = ir.Value(name=spec.target)
+            translator.annotate(value, tensor, None)
+            if options.export_params:
+                value.const_value = TorchTensor(tensor.detach(), name=spec.target)
+                graph.register_initializer(value)
+                if options.keep_initializers_as_inputs:
+                    graph.inputs.append(value)
+            else:
+                graph.inputs.append(value)
+            env[node] = value
+
+        translator.translate_graph(program.graph, env)
+        output_dims = _add_outputs(translator, program, env, io.output_names, io.output_dims)
+        updated = _add_buffer_updates(translator, program, env) if options.buffer_updates else {}
+        model = ir.Model(
+            graph,
+            ir_version=10,
+            producer_name="dynexport",
+            producer_version=_version(),
+            functions=list(translator.builder.functions.values()),
+        )
+        if updated:
+            model.metadata_props[BUFFER_UPDATES_KEY] = json.dumps(updated)
+        if output_dims:
+            model.metadata_props[OUTPUT_DIMS_KEY] = json.dumps(output_dims)
+        # Before functions are extracted: they import the domains at the graph's versions.
+        _import_custom_domains(graph, dict(options.custom_opsets), translator.builder.domain_versions)
+        if options.module_functions is not None:
+            extract_module_functions(model, translator.builder.node_module_calls, options.module_functions)
+        if translator.fallbacks:
+            names = sorted({target_name(t) for t in translator.fallbacks.values()})
+            warnings.warn(
+                f"{len(names)} operator(s) have no ONNX translation and were exported as custom-domain "
+                f"nodes (pkg.torch.<namespace>), which a runtime must implement: {', '.join(names)}",
+                stacklevel=4,
+            )
+        return model
 
 
 def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int], written_for: dict[str, set[int]]) -> None:
