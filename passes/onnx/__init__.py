@@ -6,8 +6,9 @@
    (onnx's reference evaluator, size-limited), ``remove_no_ops``, ``collapse_chains``,
    ``deduplicate_initializers``, ``eliminate_common_subexpressions``.
 3. Fusions: ``fuse_gemm``, ``fuse_conv_batchnorm`` (into Conv, ConvTranspose and the Gemms
-   just made), ``fuse_clip``, ``fuse_pad``, ``fuse_layer_norm``, ``fuse_instance_norm``,
-   ``fuse_gelu`` (opset 20), ``fuse_rms_norm`` and ``fuse_attention`` (opset 23).
+   just made), ``fuse_clip``, ``fuse_pad``, ``full_rank_resize``, ``fuse_layer_norm``,
+   ``fuse_instance_norm``, ``fuse_gelu`` (opset 20), ``fuse_rms_norm`` and ``fuse_attention``
+   (opset 23).
 4. ``remove_dead_code``, then ``fold_constants`` once more (what the fusions left computable
    from constants), ``remove_dead_code``, ``make_names_unique``.
 
@@ -37,6 +38,7 @@ from dynexport.passes.onnx.fuse_instance_norm import fuse_instance_norm
 from dynexport.passes.onnx.fuse_pad import fuse_pad
 from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
 from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
+from dynexport.passes.onnx.full_rank_resize import full_rank_resize
 from dynexport.passes.onnx.lift_constants import lift_constants
 from dynexport.passes.onnx.naming import make_names_unique
 from dynexport.passes.onnx.remove_no_ops import remove_no_ops
@@ -70,6 +72,7 @@ def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_cl
         *([fuse_conv_batchnorm] if fold_constants else []),
         *([fuse_clip] if clamps_as_clip else []),
         fuse_pad,
+        full_rank_resize,
         fuse_layer_norm,
         fuse_instance_norm,
         fuse_gelu,

@@ -44,7 +44,8 @@ def fuse_clip(graph: ir.Graph) -> int:
             continue
         dtype = x.dtype.numpy()
         bounds = [
-            add_initializer(graph, np.array(bound, dtype=dtype), name) for bound, name in ((low, "clip_min"), (high, "clip_max"))
+            add_initializer(graph, np.array(low, dtype), "clip_min"),
+            add_initializer(graph, np.array(high, dtype), "clip_max"),
         ]
         clip = ir.Node("", "Clip", [x, *bounds])
         if insert_replacement(graph, smaller, clip, smaller.outputs[0]):

@@ -65,7 +65,10 @@ def _as_instance_norm(graph: ir.Graph, norm: ir.Node) -> bool:
     axes = add_initializer(graph, np.arange(2, rank, dtype=np.int64), "instance_norm_axes")
     mean = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)])
     centered = ir.Node("", "Sub", [x, mean.outputs[0]])
-    parameters = [add_initializer(graph, scale, "instance_norm_scale"), add_initializer(graph, shift, "instance_norm_bias")]
+    parameters = [
+        add_initializer(graph, scale, "instance_norm_scale"),
+        add_initializer(graph, shift, "instance_norm_bias"),
+    ]
     epsilon_attribute = ir.AttrFloat32("epsilon", epsilon)
     instance = ir.Node("", "InstanceNormalization", [centered.outputs[0], *parameters], [epsilon_attribute])
     for node in (mean, centered):

@@ -273,3 +273,20 @@ def test_zero_pads_merge_into_the_conv_after_them():
         PaddedConvs().eval(), calls[0], dynamic_shapes=_image_dims(4), resized=calls[1:], atol=1e-5
     )
     assert op_histogram(program)["Pad"] == 2
+
+
+def test_resize_of_a_static_input_names_every_dim():
+    """onnxruntime's NCHWc optimizer takes only a Resize whose sizes cover every dim."""
+
+    def upsampled(x):
+        return nn.functional.interpolate(x, size=(12, 10), mode="bilinear") + 1
+
+    x = torch.randn(2, 3, 5, 4)
+    program = assert_exports_equivalent(upsampled, (x,), atol=1e-5)
+    (resize,) = [node for node in program.model.graph if node.op_type == "Resize"]
+    assert "axes" not in resize.attributes and resize.inputs[3].const_value.numpy().tolist() == [2, 3, 12, 10]
+    dynamic = assert_exports_equivalent(
+        upsampled, (x,), dynamic_shapes=({0: Dim("batch")},), resized=[(torch.randn(3, 3, 5, 4),)], atol=1e-5
+    )
+    (resize,) = [node for node in dynamic.model.graph if node.op_type == "Resize"]
+    assert list(resize.attributes["axes"].as_ints()) == [2, 3]
