@@ -43,8 +43,11 @@ def block_output(value: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _traced_body() -> Iterator[None]:
-    token = _in_traced_body.set(True)
+def _body(traced: bool) -> Iterator[None]:
+    """Running a block: as the body torch.cond or while_loop traces, or as itself (a branch
+    picked at export, an unrolled loop's body), whose outputs need no copy even within a traced
+    body: the traced body's own outputs are copied."""
+    token = _in_traced_body.set(traced)
     try:
         yield
     finally:
@@ -80,11 +83,11 @@ def run_loop(
 def _unrolled(body, trip_count, condition, carried, captured, updated, source) -> list[Any]:
     iteration = 0
     while iteration < trip_count and condition:
-        outputs = _as_list(body(*captured, iteration, *carried))
+        with _body(traced=False):
+            outputs = _as_list(body(*captured, iteration, *carried))
         condition, carried = outputs[0], outputs[1 : 1 + len(carried)]
         for position, value in zip(updated, outputs[1 + len(carried) :]):
-            if not isinstance(captured[position], torch.Tensor):  # a tensor, written in place, stays
-                captured[position] = value
+            captured[position] = value
         if isinstance(condition, torch.Tensor):
             raise TorchScriptConversionError(
                 "prim::Loop",
@@ -139,7 +142,7 @@ def _while_loop(body, trip_count, condition, carried, captured, updated, source)
         current = loop_state.entering(carried_values, entry_elements)
         for position, value in zip(updated, current[len(carried) :]):
             inputs[position] = value
-        with _traced_body():
+        with _body(traced=True):
             outputs = _as_list(body(*inputs, iteration.item(), *current[: len(carried)]))
         next_state = loop_state.leaving(outputs[1:], source)
         test = () if counted else (_as_bool(outputs[0]),)
@@ -219,12 +222,8 @@ def run_if(
     bool/int/float (``scalar_outputs``: their dtypes) cross it as 0-d tensors: a branch may
     compute one from a tensor and the other give a constant (``while i < n and bool(t[i])``)."""
     if isinstance(predicate, (bool, int)):
-        results = _as_list((true_branch if predicate else false_branch)(*arguments))
-        first = len(results) - len(updated)
-        for index, position in enumerate(updated):
-            if isinstance(arguments[position], torch.Tensor):  # written in place: views still see it
-                results[first + index] = arguments[position]
-        return results
+        with _body(traced=False):
+            return _as_list((true_branch if predicate else false_branch)(*arguments))
     if refusal:
         raise TorchScriptConversionError(
             "prim::If", source or None, f"its condition depends on tensor values: {refusal}", _COPY_HINT
@@ -251,7 +250,7 @@ def run_if(
             for position in updated:
                 if isinstance(inputs[position], torch.Tensor):
                     inputs[position] = inputs[position].clone()
-            with _traced_body():
+            with _body(traced=True):
                 outputs = _as_list(branch(*inputs))
             return tuple(as_operand(index, value) for index, value in enumerate(outputs))
 

@@ -421,7 +421,8 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
     def convert_prim_Loop(self, node: torch._C.Node) -> None:
         trip_count, condition, *carried = node.inputs()
         body = next(node.blocks())
-        updated, refusal = _updated_within(node)
+        updated, write_refusal = _updated_within(node)
+        refusal = "; ".join(filter(None, (write_refusal, _carried_write_refusal(node))))
         captured = self._block_arguments(node)
         (body_graph,) = self._convert_block_to_subgraph(node, captured, updated)
 
@@ -664,6 +665,31 @@ def _write_seen_through_another_name(
                 reads = (read.user for alias in read_side for read in alias.uses())
                 if any(reader is not writer and _runs_after(reader, node) for reader in reads):
                     return f"the write at {script_source(writer) or writer.kind()} would not reach the other"
+    return ""
+
+
+def _carried_write_refusal(loop: torch._C.Node) -> str:
+    """Why ``loop``'s carried values, copies when it becomes ``while_loop``, would be unsound: the
+    body writes in place to a carried value (``a += x``), which in eager writes to the tensor the
+    loop starts from, and that tensor is read after the loop under another name (``a_ref = a``)
+    ("" if there is none)."""
+    body = next(loop.blocks())
+    parameters = list(body.inputs())[1:]  # after the iteration
+    initial = list(loop.inputs())[2:]  # after the trip count and the condition
+    for inner in _nodes_within(loop):
+        for value in _written_inputs(inner):
+            root = value
+            while (source := _aliased_input(root)) is not None:
+                root = source
+            if not any(root is parameter for parameter in parameters):
+                continue
+            start = initial[[parameter is root for parameter in parameters].index(True)]
+            reads = (use.user for alias in _same_memory(start) for use in alias.uses())
+            if any(_runs_after(reader, loop) for reader in reads):
+                return (
+                    f"the write at {script_source(inner) or inner.kind()} writes to the tensor the loop starts "
+                    f"from, %{start.debugName()}, which is read after the loop"
+                )
     return ""
 
 

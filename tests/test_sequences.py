@@ -251,6 +251,43 @@ def test_assigning_to_a_list_element(dynamic):
     assert {"SequenceErase", "SequenceInsert", "If"} <= ops_in(program)
 
 
+class BeamHypotheses(torch.nn.Module):
+    # PyTorch's test_inplace_sequence_with_loop: `continue` on a tensor, `break`, appends, and
+    # `done[i] = ...` written inside the branch on done[i].
+    def process(self, beam_hyps: list[torch.Tensor], done: torch.Tensor, x):
+        batch_size = x.shape[0]
+        for i in range(batch_size):
+            if done[i]:
+                continue
+            beam_idx = 0
+            for _, token in enumerate(x[i]):
+                beam_hyps.append(token)
+                beam_idx += 1
+                if beam_idx == 6:
+                    break
+            done[i] = len(beam_hyps) > 4
+        return beam_hyps, done
+
+    def forward(self, x):
+        beam_hyps: list[torch.Tensor] = []
+        batch_size = x.shape[0]
+        cur_len = 0
+        max_len = x.shape[1]
+        done = torch.zeros(batch_size, dtype=torch.bool)
+        while cur_len < max_len:
+            beam_hyps, done = self.process(beam_hyps, done, x[:, 0, :])
+            cur_len = cur_len + 1
+        return beam_hyps
+
+
+def test_a_write_in_a_branch_on_data_within_unrolled_loops():
+    model = torch.jit.script(BeamHypotheses())
+    x = torch.randn(4, 2, 3)
+    program = dynexport.export(model, (x,))
+    for inputs in (x, torch.randn(4, 2, 3)):
+        assert_close(program(inputs), model(inputs))
+
+
 def test_nested_loops_append_to_the_outer_list():
     program = assert_exports_equivalent(
         torch.jit.script(Triangle()),

@@ -345,7 +345,7 @@ def test_index_put_inplace_ops_in_a_branch_and_a_dynamic_loop():
         (torch.rand(2, 5, 4, 4),),
         input_names=["random_data"],
         dynamic_axes={"random_data": [0, 1, 2, 3]},
-        resized=[(torch.rand(3, 2, 5, 4),), (torch.rand(5, 1, 2, 3),)],
+        resized=[(torch.rand(3, 2, 5, 4),), (torch.rand(5, 2, 2, 3),)],
     )
     assert op_histogram(program)["Loop"] == 1
 
@@ -545,6 +545,33 @@ def test_write_in_a_branch_on_data_within_a_dynamic_loop():
         ],
     )
     assert op_histogram(program)["Loop"] == 1
+
+
+class AccumulateInPlace(torch.nn.Module):
+    def forward(self, x, n):
+        a = torch.ones(3)
+        start = a
+        for _ in range(int(n)):
+            a += x  # eager: writes to `start` too
+        return a, start
+
+
+class AccumulateInPlaceStatic(torch.nn.Module):
+    def forward(self, x):
+        a = torch.ones(3)
+        start = a
+        for _ in range(3):
+            a += x
+        return a, start
+
+
+def test_a_loop_writing_to_its_carried_value_read_under_another_name():
+    assert_exports_equivalent(
+        torch.jit.script(AccumulateInPlaceStatic()), (torch.randn(3),), resized=[(torch.randn(3),)]
+    )
+    with pytest.raises(TorchScriptConversionError, match="the tensor the loop starts from, %a") as error:
+        dynexport.export(torch.jit.script(AccumulateInPlace()), (torch.randn(3), torch.tensor(2)))
+    assert "a += x" in error.value.reason
 
 
 class ViewReadAfterWrite(torch.nn.Module):
