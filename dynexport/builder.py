@@ -91,10 +91,16 @@ def module_calls(fx_node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
     keys)."""
     stack = fx_node.meta.get("nn_module_stack") or {}
     return tuple(
-        (key, path, cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}")
+        (key, path, _qualified_class(cls))
         for key, (path, cls) in stack.items()
         if path
     )
+
+
+def _qualified_class(cls: str | type) -> str:
+    """A module class as ``nn_module_stack`` gives it (a qualified name, or the class itself) as
+    its qualified name; graph_text.module_label shortens it for display."""
+    return cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def origin_metadata(fx_node: torch.fx.Node) -> dict[str, str]:
@@ -103,9 +109,8 @@ def origin_metadata(fx_node: torch.fx.Node) -> dict[str, str]:
     stack = fx_node.meta.get("nn_module_stack")
     if stack:
         path, cls = list(stack.values())[-1]
-        cls_name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
         props["pkg.dynexport.module"] = path
-        props["pkg.dynexport.module_class"] = cls_name
+        props["pkg.dynexport.module_class"] = _qualified_class(cls)
         props["namespace"] = "/".join(
             f"{p}: {c if isinstance(c, str) else c.__qualname__}" for p, c in stack.values()
         )
