@@ -219,11 +219,8 @@ def dynamic_shapes_from_axes(
                     stacklevel=3,
                 )
             continue
-        rank = value.dim()
         for axis, dim_name in axis_names.items():
-            if not -rank <= axis < rank:
-                raise ValueError(f"dynamic_axes[{key!r}] names axis {axis}, but the input has rank {rank}")
-            axis %= rank
+            axis = _checked_axis(key, axis, value, "input")
             dynamic.setdefault(slot, {})[axis] = Dim.DYNAMIC
             requested[(slot, axis)] = dim_name or f"{key}_dim_{axis}"
     shapes: dict[str, Any] = {}
@@ -232,6 +229,13 @@ def dynamic_shapes_from_axes(
         leaf_specs = [dynamic.get(_leaf_name(param, path)) for path, _ in leaves]
         shapes[param] = pytree.tree_unflatten(leaf_specs, spec) if any(leaf_specs) else None
     return shapes, requested
+
+
+def _checked_axis(key: str, axis: int, tensor: torch.Tensor, kind: str) -> int:
+    """``dynamic_axes[key]``'s ``axis`` of an input or output ``tensor``, counted from 0."""
+    if not -tensor.dim() <= axis < tensor.dim():
+        raise ValueError(f"dynamic_axes[{key!r}] names axis {axis}, but the {kind} has rank {tensor.dim()}")
+    return axis % tensor.dim()
 
 
 def _axis_names(key: str, axes: Any) -> dict[int, str | None]:
@@ -392,11 +396,8 @@ def _output_dim_names(
                 stacklevel=4,
             )
             continue
-        rank = val.dim()
         for axis, dim_name in axes.items():
-            if not -rank <= axis < rank:
-                raise ValueError(f"dynamic_axes[{output!r}] names axis {axis}, but the output has rank {rank}")
-            axis %= rank
+            axis = _checked_axis(output, axis, val, "output")
             size = val.shape[axis]
             if not isinstance(size, torch.SymInt) or size.node.expr.is_number:
                 warnings.warn(
