@@ -1,7 +1,7 @@
 """Write docs/op_coverage.md from actual runs: ``python -m tests.property.coverage``.
 
 For every core-ATen overload (``torch.Tag.core``) and every op in
-``dynexport.decompositions.preserved_ops``: whether the table has a rule for it, it decomposes,
+``tests/preserved_ops.py``: whether the table has a rule for it, it decomposes,
 or it is unsupported; which dtypes pass, from exporting and running one-op models (the property
 specs at every dtype, with the "coverage" hypothesis profile) and PyTorch's OpInfo samples at
 every dtype; and the known gaps with their reasons.
@@ -184,11 +184,12 @@ def _status(op, table, decomposition_for) -> str:
 
 def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
     import dynexport.ops  # noqa: F401  (fills the table)
-    from dynexport.decompositions import decomposition_for, preserved_ops
+    from dynexport.decompositions import decomposition_for
+    from tests.preserved_ops import PRESERVED_OPS
     from dynexport.registry import default_table
 
     core = _core_overloads()
-    preserved = sorted(preserved_ops, key=str)
+    preserved = sorted(PRESERVED_OPS, key=str)
     passing: dict[str, set[str]] = collections.defaultdict(set)
     reference: dict[str, set[str]] = collections.defaultdict(set)
     failing: dict[str, dict[str, str]] = collections.defaultdict(dict)
@@ -245,7 +246,7 @@ def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
     def _ort_dtypes(name):
         return passing.get(name, set()) - reference.get(name, set())
 
-    for title, ops in (("Core ATen overloads (`torch.Tag.core`)", core), ("Preserved ops (`dynexport.decompositions.preserved_ops`)", preserved)):
+    for title, ops in (("Core ATen overloads (`torch.Tag.core`)", core), ("Preserved ops (`tests/preserved_ops.py`)", preserved)):
         lines += [f"## {title}: {len(ops)}", "", "| overload | translation | dtypes passing | known gaps |", "| --- | --- | --- | --- |"]
         lines += [row(op) for op in sorted(ops, key=str)]
         lines.append("")
