@@ -1,6 +1,6 @@
 """ONNX sequences: lists of tensors whose length is only known at run time.
 
-The ``dynexport::sequence_*`` operators (:mod:`dynexport.sequences`) stand for them in the FX
+The ``dynexport::sequence_*`` operators (:mod:`dynexport.torchscript.lists`) stand for them in the FX
 graph, where a sequence is a 0-d *handle* tensor: each maps to one ONNX sequence operator, and
 its result is given the ONNX sequence type (``seq(tensor(T))``) that the handle's metadata cannot
 say. A loop or branch passes a handle through like any other value (see ``control_flow``).
@@ -13,7 +13,7 @@ import operator
 import onnx_ir as ir
 import torch
 
-from dynexport import sequences  # noqa: F401  (defines the operators translated here)
+from dynexport.torchscript import lists  # noqa: F401  (defines the operators translated here)
 from dynexport.dtypes import to_onnx_dtype
 from dynexport.ops._helpers import scalar
 from dynexport.registry import translates

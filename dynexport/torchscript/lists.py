@@ -3,7 +3,7 @@
 torch.export traces Python lists away: a list must have a length known while tracing. A
 TorchScript loop with a run-time trip count that appends to a list, or a split into a symbolic
 number of chunks, has none. While torch.export traces such a model (see
-:mod:`dynexport.torchscript`), the list is a :class:`TensorSequence`: a *handle*, a 0-d tensor
+:mod:`dynexport.torchscript.convert`), the list is a :class:`TensorSequence`: a *handle*, a 0-d tensor
 that stands for the ONNX sequence in the FX graph and flows through ``while_loop`` like any
 carried tensor, plus what its elements look like (dtype, and the dims every element shares),
 which the Python side tracks because the handle's own metadata cannot.

@@ -8,9 +8,9 @@ ExportedProgram.
 
 torch's converter unrolls ``prim::Loop`` while it builds the graph, which needs a trip count
 known before any input is seen, and its ``prim::If`` loses the lists a branch appends to. Here
-both become calls of :mod:`dynexport.script_control_flow`'s ``run_loop`` and ``run_if``, which
+both become calls of :mod:`dynexport.torchscript.control_flow`'s ``run_loop`` and ``run_if``, which
 decide while torch.export traces, when the values are known; lists whose length only the run
-knows become ONNX sequences (:mod:`dynexport.sequences`): ``len``, ``stack``, ``cat``,
+knows become ONNX sequences (:mod:`dynexport.torchscript.lists`): ``len``, ``stack``, ``cat``,
 ``split`` and ``unbind`` are converted to calls that handle both lists and sequences.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch._export import converter as ts_converter
 
-from dynexport import sequences
+from dynexport.torchscript import lists
 from dynexport.errors import CaptureError, TorchScriptConversionError
-from dynexport.script_control_flow import block_output, run_if, run_loop
+from dynexport.torchscript.control_flow import block_output, run_if, run_loop
 
 __all__ = ["capture", "graph_module", "is_torchscript"]
 
@@ -73,7 +73,7 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
     with module.graph.inserting_before(output):
         # A returned list whose length is only known at run time is an ONNX sequence output.
         output.args = torch.fx.node.map_arg(
-            output.args, lambda value: module.graph.call_function(sequences.as_output, (value,))
+            output.args, lambda value: module.graph.call_function(lists.as_output, (value,))
         )
     module.recompile()
     return module, tuple(value for _, value in given)
@@ -341,23 +341,23 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
     def convert_aten__set_item(self, node: torch._C.Node) -> None:
         # `list[i] = t`: as for append, a new list or sequence replaces the old.
         container, index, element = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
-        updated = self.fx_graph.call_function(sequences.set_item, (container, index, element, script_source(node)))
+        updated = self.fx_graph.call_function(lists.set_item, (container, index, element, script_source(node)))
         self.name_to_node[node.output().debugName()] = self.name_to_node[node.inputsAt(0).debugName()] = updated
 
     def convert_aten_append(self, node: torch._C.Node) -> None:
         # torch's version, without its warning that appending mutates: run_loop and run_if
         # return the lists their blocks append to (_updated_within).
         container, element = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
-        appended = self.fx_graph.call_function(sequences.append, (container, element, script_source(node)))
+        appended = self.fx_graph.call_function(lists.append, (container, element, script_source(node)))
         self.name_to_node[node.output().debugName()] = self.name_to_node[node.inputsAt(0).debugName()] = appended
 
-    # Lists whose length may only be known at run time: these call dynexport.sequences, which
+    # Lists whose length may only be known at run time: these call dynexport.torchscript.lists, which
     # decides while torch.export traces whether a Python list or an ONNX sequence is needed.
 
     def _convert_standard_operators(self, node: torch._C.Node) -> None:
         # torch's converter installs these (`len` among them) as instance attributes.
         if node.kind() == "aten::len":
-            self._call(node, sequences.length, self.get_fx_value_by_ir_value(node.input()))
+            self._call(node, lists.length, self.get_fx_value_by_ir_value(node.input()))
         else:
             super()._convert_standard_operators(node)
 
@@ -369,18 +369,18 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
 
     def _convert_concat(self, node: torch._C.Node, new_axis: bool) -> None:
         tensors, dim = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
-        self._call(node, sequences.concat, tensors, dim, new_axis)
+        self._call(node, lists.concat, tensors, dim, new_axis)
 
     def convert_aten_split(self, node: torch._C.Node) -> None:
         self_, split_size, dim = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
         if not node.inputsAt(1).type().isSubtypeOf(torch._C.IntType.get()):
             super().convert_call_function_op(node)  # split by a list of sizes: as many pieces
             return
-        self._call(node, sequences.split, self_, split_size, dim, script_source(node))
+        self._call(node, lists.split, self_, split_size, dim, script_source(node))
 
     def convert_aten_unbind(self, node: torch._C.Node) -> None:
         self_, dim = (self.get_fx_value_by_ir_value(value) for value in node.inputs())
-        self._call(node, sequences.unbind, self_, dim, script_source(node))
+        self._call(node, lists.unbind, self_, dim, script_source(node))
 
     def _call(self, node: torch._C.Node, function: Callable[..., Any], *args: Any) -> None:
         self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(function, args)

@@ -1,10 +1,10 @@
 """TorchScript's ``prim::Loop`` and ``prim::If`` while torch.export traces a converted graph.
 
-:mod:`dynexport.torchscript` turns each into a call of :func:`run_loop` or :func:`run_if`, which
+:mod:`dynexport.torchscript.convert` turns each into a call of :func:`run_loop` or :func:`run_if`, which
 decide when the values are known: a trip count or condition known at export unrolls or picks a
 branch; otherwise the loop becomes ``torch.while_loop`` and the branch ``torch.cond``, called as
 operators with every value their bodies read from outside passed in. Lists the bodies append to
-become ONNX sequences (:mod:`dynexport.sequences`) whose handles the loop carries or the branch
+become ONNX sequences (:mod:`dynexport.torchscript.lists`) whose handles the loop carries or the branch
 returns; tensors they write to in place (``x[i] = v``) are carried or returned the same way,
 the new value replacing the old after the loop or branch.
 """
@@ -23,7 +23,7 @@ from torch._higher_order_ops.cond import cond_op
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from dynexport.errors import TorchScriptConversionError
-from dynexport.sequences import Element, TensorSequence
+from dynexport.torchscript.lists import Element, TensorSequence
 
 __all__ = ["block_output", "run_if", "run_loop"]
 

@@ -1,0 +1,13 @@
+"""The TorchScript front end of ``export(..., dynamo=False)``: a TorchScript model as an
+ExportedProgram, before any translation.
+
+- :mod:`.convert`: the TorchScript graph to an FX GraphModule that torch.export captures;
+- :mod:`.control_flow`: ``prim::Loop`` and ``prim::If`` at capture (unrolled, picked, or
+  ``torch.while_loop`` / ``torch.cond``); ``dynexport.ops.control_flow`` translates the latter;
+- :mod:`.lists`: lists of run-time length as ``dynexport::sequence_*`` operators on a handle;
+  ``dynexport.ops.sequence`` translates them to ONNX sequences.
+"""
+
+from dynexport.torchscript.convert import capture, graph_module, is_torchscript
+
+__all__ = ["capture", "graph_module", "is_torchscript"]
