@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import os
 import sys
 import time
@@ -257,6 +258,10 @@ def _inspect(path: str) -> int:
         model = onnx.load(path, load_external_data=False)
     except Exception as error:
         raise CommandError(f"{path!r} is not an ONNX model: {error}") from error
+    if model.ir_version == 0 or not model.opset_import:
+        # protobuf reads an empty file (or many a non-model file) as an empty message
+        empty = "it is empty" if os.path.getsize(path) == 0 else "it has no IR version or opset"
+        raise CommandError(f"{path!r} is not an ONNX model: {empty}")
     graph = model.graph
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     producer = f"{model.producer_name} {model.producer_version}".strip() or "unknown"
@@ -269,6 +274,7 @@ def _inspect(path: str) -> int:
     print("outputs:")
     for value in graph.output:
         print(f"  {value.name}: {type_proto_text(value.type)}")
+    _print_input_guards({p.key: p.value for p in model.metadata_props})
     total = sum(_tensor_bytes(t) for t in graph.initializer)
     files = sorted({e.value for t in graph.initializer for e in t.external_data if e.key == "location"})
     external = f", external data in {', '.join(files)}" if files else ""
@@ -280,6 +286,24 @@ def _inspect(path: str) -> int:
     if model.functions:
         print(f"functions: {', '.join(f'{f.domain}::{f.name}' for f in model.functions)}")
     return 0
+
+
+def _print_input_guards(metadata: dict[str, str]) -> None:
+    """The inputs the model was exported for, as dynexport wrote them in its metadata."""
+    from dynexport.input_guards import BAKED_INPUTS_KEY, DIM_RANGES_KEY, INPUT_DIMS_KEY
+
+    dims = json.loads(metadata.get(INPUT_DIMS_KEY, "{}"))
+    ranges = json.loads(metadata.get(DIM_RANGES_KEY, "{}"))
+    baked = json.loads(metadata.get(BAKED_INPUTS_KEY, "{}"))
+    if not (dims or baked):
+        return
+    print("valid inputs (ONNXProgram refuses others):")
+    for name, shape in dims.items():
+        print(f"  {name}: [{', '.join(map(str, shape))}]")
+    for dim, (low, high) in ranges.items():
+        print(f"  {dim} in [{low}, {'inf' if high is None else high}]")
+    for name, value in baked.items():
+        print(f"  {name} = {value!r} (built into the graph)")
 
 
 if __name__ == "__main__":

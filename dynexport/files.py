@@ -9,7 +9,10 @@ import contextlib
 import io
 import itertools
 import os
-import tempfile
+import re
+import secrets
+import stat
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
@@ -25,7 +28,9 @@ __all__ = [
     "apply_weights",
     "as_torch",
     "has_data",
+    "ORPHAN_AGE_SECONDS",
     "missing_weights",
+    "remove_orphans",
     "require_weights",
     "save_model",
     "write_atomically",
@@ -74,30 +79,33 @@ def apply_weights(
     model: ir.Model, weights: Mapping[str, torch.Tensor] | str | os.PathLike, *, strict: bool = True
 ) -> list[str]:
     """Give ``model``'s initializers new data, matched by name; see
-    :meth:`dynexport.ONNXProgram.apply_weights`."""
+    :meth:`dynexport.ONNXProgram.apply_weights`. Every weight is checked before any is applied:
+    on an error the model is unchanged."""
     tensors = _weight_source(weights)
-    applied = []
+    updates: dict[str, ir.TensorProtocol] = {}
     for name, value in model.graph.initializers.items():
         if name not in tensors:
             continue
         new = tensors.get_tensor(name)
         old = value.const_value
-        expected_shape = tuple(old.shape) if old is not None else None
-        if expected_shape is not None and tuple(new.shape) != expected_shape:
-            raise ValueError(f"weight {name!r} has shape {list(new.shape)}, the model expects {list(expected_shape)}")
+        if old is not None and tuple(new.shape) != tuple(old.shape):
+            raise ValueError(f"weight {name!r} has shape {list(new.shape)}, the model expects {list(old.shape)}")
         if old is not None and new.dtype != old.dtype:
             raise ValueError(f"weight {name!r} is {new.dtype.name}, the model expects {old.dtype.name}")
-        value.const_value = new
-        applied.append(name)
-    if not applied:
+        updates[name] = new
+    if not updates:
         raise ValueError(
             f"none of the {len(tensors)} weights matches an initializer name (initializers "
             f"are named by parameter path, e.g. {list(model.graph.initializers)[:3]})"
         )
-    missing = missing_weights(model)
+    missing = [
+        name for name in missing_weights(model) if name not in updates
+    ] + [name for name, tensor in updates.items() if not has_data(tensor)]
     if strict and missing:
         raise ValueError(f"weights for {len(missing)} initializer(s) are missing: {missing[:5]}")
-    return applied
+    for name, tensor in updates.items():
+        model.graph.initializers[name].const_value = tensor
+    return list(updates)
 
 
 def has_data(tensor: ir.TensorProtocol | torch.Tensor) -> bool:
@@ -204,31 +212,107 @@ def save_model(
     if not external_data:
         with _initializers_left_out(model, not include_initializers):
             proto = ir.serde.serialize_model(model)
-        write_atomically(proto.SerializeToString(), destination)
+        if isinstance(destination, (str, os.PathLike)):
+            check_destination(destination)
+            replaced = _external_locations(os.fspath(destination))
+            write_atomically(proto.SerializeToString(), destination)
+            _remove_data_files(os.path.dirname(os.path.abspath(destination)), replaced)
+        else:
+            write_atomically(proto.SerializeToString(), destination)
         if progress is not None:
             progress(total, total)
         return
     if not isinstance(destination, (str, os.PathLike)):
         raise ValueError("external_data needs a path to write the data file next to; got a file object")
     path = os.fspath(destination)
-    location = external_data if isinstance(external_data, str) else os.path.basename(path) + ".data"
-    if os.path.isabs(location) or os.path.normpath(location).startswith(".."):
-        raise ValueError(f"external_data={location!r} must be a file name relative to the model's directory")
-    directory = os.path.dirname(os.path.abspath(path))
     check_destination(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    location = _data_location(path, external_data)
+    remove_orphans(directory)
+    replaced = _external_locations(path)
+    if os.path.lexists(os.path.join(directory, location)):
+        # The file may be the data of the model being replaced (or of another model): the new
+        # data goes to a fresh name, so that a save killed at any instant leaves the old pair or
+        # the new one, never the old model with the new data.
+        root, extension = os.path.splitext(location)
+        location = f"{root}.{secrets.token_hex(4)}{extension}"
+    data_path = os.path.join(directory, location)
     external = [v for v in initializers if _nbytes(v.const_value) >= EXTERNAL_DATA_MIN_TENSOR_BYTES]
     layout = _external_layout(external)
-    with _temporary_file(directory) as (data_file, data_temp):
+    with _temporary_file(directory, data_path) as (data_file, data_temp):
         _write_tensors(data_file, external, layout, progress, sum(length for _, length in layout))
         data_file.close()
         with _external_references(external, layout, location, directory):
             proto = ir.serde.serialize_model(model)
-        with _temporary_file(directory) as (model_file, model_temp):
+        with _temporary_file(directory, path) as (model_file, model_temp):
             model_file.write(proto.SerializeToString())
             model_file.close()
-            os.makedirs(os.path.dirname(os.path.join(directory, location)), exist_ok=True)
-            os.replace(data_temp, os.path.join(directory, location))
-            os.replace(model_temp, path)
+            os.makedirs(os.path.dirname(data_path), exist_ok=True)
+            os.replace(data_temp, data_path)
+            try:
+                os.replace(model_temp, path)
+            except BaseException:
+                os.unlink(data_path)
+                raise
+    _remove_data_files(directory, replaced - {location})
+
+
+def _data_location(path: str, external_data: bool | str) -> str:
+    """The data file's name relative to the model's directory, checked to lie inside it and to
+    be no other file of the save."""
+    location = external_data if isinstance(external_data, str) else os.path.basename(path) + ".data"
+    directory = os.path.dirname(os.path.abspath(path))
+    target = os.path.normpath(os.path.join(directory, location))
+    if os.path.isabs(location) or not target.startswith(directory + os.sep):
+        raise ValueError(
+            f"external_data={location!r} must be a file name relative to the model's directory, inside it"
+        )
+    if target == os.path.abspath(path) or os.path.isdir(target):
+        raise ValueError(f"external_data={location!r} names the model file itself or a directory; give the data file its own name")
+    return os.path.relpath(target, directory)
+
+
+def _external_locations(path: str) -> set[str]:
+    """The external data files the model now at ``path`` references (none when there is no
+    model there, or no readable one)."""
+    import onnx
+
+    if not os.path.isfile(path) or os.path.getsize(path) > _MAX_REFERENCING_MODEL_BYTES:
+        return set()
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception:  # not a model: it references nothing
+        return set()
+    return {
+        entry.value
+        for tensor in _all_tensors(proto.graph)
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+
+
+# A model file that keeps its weights outside is small; a larger one is not read to find them.
+_MAX_REFERENCING_MODEL_BYTES = 256 << 20
+
+
+def _all_tensors(graph) -> Iterator[Any]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for sub in [attribute.g, *attribute.graphs] if attribute.HasField("g") else attribute.graphs:
+                yield from _all_tensors(sub)
+
+
+def _remove_data_files(directory: str, locations: set[str]) -> None:
+    """Remove the data files of a replaced model: regular files inside ``directory`` only."""
+    for location in locations:
+        target = os.path.normpath(os.path.join(directory, location))
+        if target.startswith(directory + os.sep) and os.path.isfile(target) and not os.path.islink(target):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
 
 
 @contextlib.contextmanager
@@ -371,17 +455,50 @@ def check_destination(destination: str | os.PathLike | IO[bytes]) -> None:
         )
 
 
+# Our temporary files: ``.dynexport-<token>.tmp`` next to the file being written. One older than
+# ORPHAN_AGE_SECONDS was left by a save that was killed, and the next save to its folder removes it.
+_TEMPORARY_NAME = re.compile(r"\.dynexport-[A-Za-z0-9_]+\.tmp")
+ORPHAN_AGE_SECONDS = 3600
+
+
 @contextlib.contextmanager
-def _temporary_file(directory: str) -> Iterator[tuple[IO[bytes], str]]:
-    """A temporary file in ``directory``, removed unless it was renamed away."""
-    fd, temp = tempfile.mkstemp(prefix=".dynexport-", suffix=".tmp", dir=directory)
+def _temporary_file(directory: str, target: str) -> Iterator[tuple[IO[bytes], str]]:
+    """A temporary file in ``directory`` with the mode ``target`` will have: the mode of the file
+    it replaces, else what the umask gives a new file (as ``open(target, "wb")``). Removed unless
+    it was renamed away."""
+    while True:
+        temp = os.path.join(directory, f".dynexport-{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     file = os.fdopen(fd, "wb")
     try:
+        if os.path.exists(target):
+            os.chmod(temp, stat.S_IMODE(os.stat(target).st_mode))
         yield file, temp
     finally:
         file.close()
         if os.path.exists(temp):
             os.unlink(temp)
+
+
+def remove_orphans(directory: str) -> list[str]:
+    """Remove the temporary files killed saves left in ``directory``: ours only (named
+    ``.dynexport-*.tmp``, regular files) and older than ``ORPHAN_AGE_SECONDS`` (a younger one may
+    belong to a save running now). Returns the names removed."""
+    removed = []
+    cutoff = time.time() - ORPHAN_AGE_SECONDS
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not _TEMPORARY_NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+    return removed
 
 
 def write_atomically(data: bytes, destination: str | os.PathLike | IO[bytes]) -> None:
@@ -390,7 +507,9 @@ def write_atomically(data: bytes, destination: str | os.PathLike | IO[bytes]) ->
     if isinstance(destination, (str, os.PathLike)):
         path = os.fspath(destination)
         check_destination(path)
-        with _temporary_file(os.path.dirname(os.path.abspath(path))) as (file, temp):
+        directory = os.path.dirname(os.path.abspath(path))
+        remove_orphans(directory)
+        with _temporary_file(directory, path) as (file, temp):
             file.write(data)
             file.close()
             os.replace(temp, path)

@@ -79,3 +79,23 @@ def test_verify_with_resized_inputs_runs_once_at_both_sizes(tmp_path, monkeypatc
     assert cli.main(["export", "dynexport.examples:mlp", "-o", str(tmp_path / "m.onnx"), "--verify"]) == 0
     assert len(runs) == 1 and runs[0] is not None
     assert "resized" in capsys.readouterr().out
+
+
+def test_inspect_prints_the_inputs_the_model_was_exported_for(tmp_path, capsys):
+    def scaled(x, n):
+        return x * n
+
+    program = dynexport.export(scaled, (torch.randn(4, 3), 2), dynamic_shapes=({0: torch.export.Dim("b", max=8)}, None))
+    program.save(tmp_path / "m.onnx")
+    assert cli.main(["inspect", str(tmp_path / "m.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "valid inputs (ONNXProgram refuses others):\n  x: [b, 3]\n  b in [0, 8]\n  n = 2 (built into the graph)" in out
+
+
+def test_inspect_refuses_an_empty_or_not_onnx_file(tmp_path, capsys):
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    (tmp_path / "text.onnx").write_text("hello, not a model\n")
+    assert cli.main(["inspect", str(tmp_path / "empty.onnx")]) == 1
+    assert "is not an ONNX model: it is empty" in capsys.readouterr().err
+    assert cli.main(["inspect", str(tmp_path / "text.onnx")]) == 1
+    assert "is not an ONNX model" in capsys.readouterr().err
