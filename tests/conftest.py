@@ -1,10 +1,15 @@
 """Hypothesis profiles: "ci" (the default: derandomized, bounded examples, no example database)
 and "deep" (many more examples, every op at every dtype), chosen with
-DYNEXPORT_HYPOTHESIS_PROFILE=deep; "coverage" is what ``python -m tests.property.coverage`` runs."""
+DYNEXPORT_HYPOTHESIS_PROFILE=deep; "coverage" is what ``python -m tests.property.coverage`` runs.
+
+The ``torchvision`` fixture imports torchvision through tests/torchvision_ops.py."""
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
+
+from tests.torchvision_ops import load_torchvision
 
 _COMMON = dict(
     deadline=None,
@@ -16,3 +21,10 @@ settings.register_profile("ci", max_examples=4, derandomize=True, **_COMMON)
 settings.register_profile("deep", max_examples=50, **_COMMON)
 settings.register_profile("coverage", max_examples=3, derandomize=True, phases=[Phase.explicit, Phase.generate], **_COMMON)
 settings.load_profile(os.environ.get("DYNEXPORT_HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def torchvision():
+    """torchvision, its operators defined with CPU kernels in torch ops when its compiled library
+    does not load (the registry's wheel is a CUDA build; see tests/torchvision_ops.py)."""
+    return load_torchvision()

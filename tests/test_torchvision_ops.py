@@ -1,0 +1,85 @@
+"""The torchvision operators of tests/torchvision_ops.py give torchvision's results: NMS on boxes
+whose answer is worked out by hand, RoIAlign against values computed by hand on a ramp image and
+against torchvision's own pure-Python RoIAlign."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+
+def test_nms_keeps_a_box_whose_only_overlap_was_suppressed(torchvision):
+    # IoU(a, b) = IoU(b, c) = 1/3 > 0.3, IoU(a, c) = 0: b goes, so c stays.
+    boxes = torch.tensor([[0.0, 0, 10, 10], [5, 0, 15, 10], [10, 0, 20, 10]])
+    assert torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.3).tolist() == [0, 2]
+    assert torchvision.ops.nms(boxes, torch.tensor([0.8, 0.9, 0.7]), 0.3).tolist() == [1]
+
+
+def test_nms_suppresses_only_above_the_threshold_and_orders_by_score(torchvision):
+    boxes = torch.tensor([[0.0, 0, 3, 1], [1, 0, 4, 1], [10, 10, 11, 11]])  # IoU of the first two: 2/4
+    scores = torch.tensor([0.5, 0.6, 0.7])
+    assert torchvision.ops.nms(boxes, scores, 0.5).tolist() == [2, 1, 0]
+    assert torchvision.ops.nms(boxes, scores, 0.49).tolist() == [2, 1]
+    same = torch.tensor([0.5, 0.5, 0.5])  # equal scores keep their order (a stable sort)
+    assert torchvision.ops.nms(boxes, same, 0.49).tolist() == [0, 2]
+    assert torchvision.ops.nms(boxes[:0], scores[:0], 0.5).tolist() == []
+
+
+def test_batched_nms_paths_agree(torchvision):
+    torch.manual_seed(0)
+    corners = torch.rand(400, 2) * 50
+    boxes = torch.cat([corners, corners + 1 + torch.rand(400, 2) * 20], dim=1)
+    scores, classes = torch.rand(400), torch.randint(0, 3, (400,))
+    vanilla = torchvision.ops.boxes._batched_nms_vanilla(boxes, scores, classes, 0.5)
+    offsets = torchvision.ops.boxes._batched_nms_coordinate_trick(boxes, scores, classes, 0.5)
+    assert 0 < len(vanilla) < 400
+    assert vanilla.tolist() == offsets.tolist()
+
+
+def ramp(height: int, width: int) -> torch.Tensor:
+    """A 1x1 image whose pixel (y, x) holds x: bilinear sampling at column x gives x."""
+    return torch.arange(width, dtype=torch.float32).expand(1, 1, height, width).contiguous()
+
+
+@pytest.mark.parametrize(
+    ("roi", "options", "expected"),
+    [
+        # Bins [0.5, 2.5] and [2.5, 4.5] (aligned shifts by half a pixel): their centres.
+        ([0, 1, 1, 5, 5], dict(output_size=2, aligned=True), [1.5, 3.5]),
+        ([0, 1, 1, 5, 5], dict(output_size=2, aligned=False), [2.0, 4.0]),
+        # Four samples per side at 4.5, 5.5, 6.5 and 7.5; the last is clamped to the last column.
+        ([0, 4, 0, 8, 2], dict(output_size=1, sampling_ratio=4), [(4.5 + 5.5 + 6.5 + 7) / 4]),
+        # Adaptive sampling: ceil(4 / 1) = 4 samples per side, as above.
+        ([0, 4, 0, 8, 2], dict(output_size=1, sampling_ratio=0), [(4.5 + 5.5 + 6.5 + 7) / 4]),
+        # Half of the ROI in box coordinates (spatial_scale 0.5): columns 2 to 4, centre 3.
+        ([0, 4, 0, 8, 4], dict(output_size=1, spatial_scale=0.5, sampling_ratio=2), [3.0]),
+        # Samples more than a pixel outside the map count as 0.
+        ([0, 20, 20, 30, 30], dict(output_size=1, sampling_ratio=2), [0.0]),
+    ],
+)
+def test_roi_align_on_a_ramp(torchvision, roi, options, expected):
+    pooled = torchvision.ops.roi_align(ramp(8, 8), torch.tensor([roi], dtype=torch.float32), **options)
+    torch.testing.assert_close(pooled[0, 0, 0], torch.tensor(expected))
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [-1, 2])
+def test_roi_align_matches_torchvisions_python_roi_align(torchvision, aligned, sampling_ratio):
+    torch.manual_seed(0)
+    features = torch.randn(2, 3, 10, 12)
+    # ROIs within the map: torchvision's Python version does not zero samples outside it.
+    rois = torch.tensor([[0, 1, 1, 5, 5], [1, 0.3, 2.2, 9.5, 7.1], [1, 2, 2, 3, 3], [0, 0, 0, 11, 9]])
+    pooled = torch.ops.torchvision.roi_align(features, rois, 0.9, 3, 2, sampling_ratio, aligned)
+    assert torch.equal(torchvision.ops.roi_align(features, rois, (3, 2), 0.9, sampling_ratio, aligned), pooled)
+    # The function torchvision compiles on first use, uncompiled.
+    reference = importlib.import_module("torchvision.ops.roi_align")._roi_align.__wrapped__
+    torch.testing.assert_close(pooled, reference(features, rois, 0.9, 3, 2, sampling_ratio, aligned))
+
+
+def test_torchvision_reports_its_operators(torchvision):
+    assert torchvision.extension._has_ops()
+    assert importlib.import_module("torchvision.ops.roi_align")._has_ops()  # no fallback to its Python version
+    for name in ("nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"):
+        assert hasattr(torch.ops.torchvision, name)

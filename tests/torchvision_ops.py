@@ -1,0 +1,195 @@
+"""torchvision for the tests, with its operators whether or not its compiled library loads.
+
+The torchvision wheel on the package registry is a CUDA build: with the CPU torch the tests run,
+its ``_C`` library does not load and ``import torchvision`` fails ("operator torchvision::nms does
+not exist"). :func:`load_torchvision` then defines the ``torchvision`` operator library itself,
+with the schemas of torchvision's C++ sources, gives ``nms`` and ``roi_align`` CPU kernels written
+in torch ops that follow torchvision's CPU kernels step by step, and registers torchvision's own
+meta functions, so that eager models compute torchvision's results and torch.export sees the ops
+torchvision's compiled library would have given it. The other operators are defined (so a model
+using them exports) but have no CPU kernel: running one eagerly fails with torch's "Could not run
+... with arguments from the 'CPU' backend". No autograd is registered: the tests run in eval.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import pathlib
+import sys
+from types import ModuleType
+
+import torch
+
+# torchvision 0.28's schemas (torchvision/csrc/ops/*.cpp, TORCH_LIBRARY_FRAGMENT(torchvision, m)).
+SCHEMAS = {
+    "nms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "roi_align": (
+        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+        "int sampling_ratio, bool aligned) -> Tensor"
+    ),
+    "roi_pool": (
+        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)"
+    ),
+    "ps_roi_align": (
+        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+        "int sampling_ratio) -> (Tensor, Tensor)"
+    ),
+    "ps_roi_pool": (
+        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)"
+    ),
+    "deform_conv2d": (
+        "(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, "
+        "SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, SymInt groups, SymInt offset_groups, "
+        "bool use_mask) -> Tensor"
+    ),
+}
+
+
+def nms(dets: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    """Greedy NMS as torchvision's CPU kernel: boxes in descending score order (a stable sort), each
+    box kept unless a kept box overlaps it with IoU > ``iou_threshold``; returns the kept indices."""
+    if dets.numel() == 0:
+        return torch.empty(0, dtype=torch.long, device=dets.device)
+    x1, y1, x2, y2 = dets.unbind(1)
+    areas = (x2 - x1) * (y2 - y1)
+    remaining = scores.sort(stable=True, descending=True).indices
+    keep = []
+    # One step per kept box: a suppressed box suppresses nothing, so it leaves the queue at once.
+    while remaining.numel():
+        i, rest = remaining[0], remaining[1:]
+        keep.append(i)
+        width = (torch.minimum(x2[i], x2[rest]) - torch.maximum(x1[i], x1[rest])).clamp(min=0)
+        height = (torch.minimum(y2[i], y2[rest]) - torch.maximum(y1[i], y1[rest])).clamp(min=0)
+        inter = width * height
+        iou = inter / (areas[i] + areas[rest] - inter)
+        # The kernel compares the box dtype's IoU with the threshold as a double.
+        remaining = rest[~(iou.double() > iou_threshold)]
+    return torch.stack(keep)
+
+
+def roi_align(
+    input: torch.Tensor,
+    rois: torch.Tensor,
+    spatial_scale: float,
+    pooled_height: int,
+    pooled_width: int,
+    sampling_ratio: int,
+    aligned: bool,
+) -> torch.Tensor:
+    """RoIAlign as torchvision's CPU kernel: per ROI and bin, the mean of a grid of bilinear samples
+    (``sampling_ratio`` per side, or ceil(ROI side / bins) when it is <= 0); samples more than one
+    pixel outside the map count as 0, others are clamped to the map."""
+    num_rois, channels = rois.shape[0], input.shape[1]
+    output = input.new_zeros(num_rois, channels, pooled_height, pooled_width)
+    for n in range(num_rois):
+        output[n] = _roi_align_one(input, rois[n], spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    return output
+
+
+def _roi_align_one(input, roi, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    dtype = input.dtype
+    height, width = input.shape[-2:]
+    offset = 0.5 if aligned else 0.0
+    scale = torch.tensor(spatial_scale, dtype=dtype)
+    start_w, start_h, end_w, end_h = (roi[1:] * scale - offset).unbind()
+    roi_width, roi_height = end_w - start_w, end_h - start_h
+    if not aligned:
+        roi_width, roi_height = roi_width.clamp(min=1.0), roi_height.clamp(min=1.0)
+    bin_h, bin_w = roi_height / pooled_height, roi_width / pooled_width
+    grid_h = sampling_ratio if sampling_ratio > 0 else int(torch.ceil(roi_height / pooled_height))
+    grid_w = sampling_ratio if sampling_ratio > 0 else int(torch.ceil(roi_width / pooled_width))
+    count = max(grid_h * grid_w, 1)
+    y = _sample_points(start_h, bin_h, pooled_height, grid_h, dtype)  # [PH * IY]
+    x = _sample_points(start_w, bin_w, pooled_width, grid_w, dtype)  # [PW * IX]
+    y_low, y_high, ly, y_inside = _interpolation_taps(y, height)
+    x_low, x_high, lx, x_inside = _interpolation_taps(x, width)
+    image = input[int(roi[0])]  # [C, H, W]
+    hy, hx = 1 - ly, 1 - lx
+    samples = (
+        image[:, y_low[:, None], x_low] * (hy[:, None] * hx)
+        + image[:, y_low[:, None], x_high] * (hy[:, None] * lx)
+        + image[:, y_high[:, None], x_low] * (ly[:, None] * hx)
+        + image[:, y_high[:, None], x_high] * (ly[:, None] * lx)
+    )  # [C, PH * IY, PW * IX]
+    samples = torch.where(y_inside[:, None] & x_inside, samples, 0)
+    samples = samples.reshape(image.shape[0], pooled_height, grid_h, pooled_width, grid_w)
+    return samples.sum((2, 4)) / count
+
+
+def _sample_points(start, bin_size, bins, grid, dtype):
+    bin_index = torch.arange(bins, dtype=dtype).repeat_interleave(grid)
+    in_bin = (torch.arange(grid, dtype=dtype) + 0.5).repeat(bins)
+    return start + bin_index * bin_size + in_bin * bin_size / grid
+
+
+def _interpolation_taps(coordinate, size):
+    """Lower and upper pixel, weight of the upper one, and whether the sample counts at all."""
+    inside = (coordinate >= -1.0) & (coordinate <= size)
+    coordinate = coordinate.clamp(min=0)
+    low = coordinate.long()
+    at_edge = low >= size - 1
+    low = torch.where(at_edge, size - 1, low)
+    high = torch.where(at_edge, size - 1, low + 1)
+    coordinate = torch.where(at_edge, low.to(coordinate.dtype), coordinate)
+    return low, high, coordinate - low, inside
+
+
+KERNELS = {"nms": nms, "roi_align": roi_align}
+
+
+def _compiled_ops_load() -> bool:
+    """Whether torchvision's own ``_C`` library loads (a CPU build, or CUDA with its libraries)."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or spec.origin is None:
+        return False
+    for library in pathlib.Path(spec.origin).parent.glob("_C.*"):
+        try:
+            torch.ops.load_library(str(library))
+            return True
+        except (ImportError, OSError):
+            continue
+    return False
+
+
+@functools.cache
+def load_torchvision() -> ModuleType:
+    """Import torchvision, first defining its operators with CPU kernels in torch ops if its
+    compiled library does not load."""
+    if "torchvision" not in sys.modules and not _compiled_ops_load():
+        _define_operators()
+        import torchvision
+
+        _register_meta_functions(torchvision)
+    import torchvision
+
+    return torchvision
+
+
+_LIBRARIES: list[torch.library.Library] = []  # a Library's definitions live as long as the object
+
+
+def _define_operators() -> None:
+    library = torch.library.Library("torchvision", "DEF")
+    for name, schema in SCHEMAS.items():
+        library.define(name + schema)
+        if name in KERNELS:
+            library.impl(name, KERNELS[name], "CPU")
+    _LIBRARIES.append(library)
+
+
+def _register_meta_functions(torchvision: ModuleType) -> None:
+    """torchvision registers its meta functions and takes its ops only when its library loaded
+    (``torchvision.extension._has_ops()``); now that the ops exist, do both."""
+    meta = torchvision._meta_registrations
+    library = torch.library.Library("torchvision", "IMPL", "Meta")
+    for name in ("roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"):
+        library.impl(name, getattr(meta, f"meta_{name}"))
+    _LIBRARIES.append(library)
+
+    def has_ops() -> bool:
+        return True
+
+    torchvision.extension._has_ops = has_ops
+    sys.modules["torchvision.ops.roi_align"]._has_ops = has_ops  # took its own reference at import
