@@ -1,6 +1,7 @@
 """The ONNX graph builder the translation table writes into.
 
-It is onnxscript's public ``GraphBuilder`` with three choices of ours:
+It is onnxscript's ``GraphBuilder`` (through :mod:`dynexport.onnxscript_hooks`, the one module
+that overrides its private hooks) with three choices of ours:
 - types of new values come from a cheap element-type rule here (shapes and exact types of rule
   outputs come from the FX node's ``meta["val"]`` afterwards), so no per-node ONNX shape
   inference or constant propagation runs while translating;
@@ -28,9 +29,9 @@ import onnx_ir as ir
 import onnxscript
 import onnxscript.evaluator
 import torch
-from onnxscript import BuilderFeature, GraphBuilder
 
 from dynexport.errors import source_line
+from dynexport.onnxscript_hooks import HookedGraphBuilder
 
 __all__ = ["ModelBuilder", "OnnxScriptError", "module_calls", "origin_metadata"]
 
@@ -236,7 +237,7 @@ class _ScriptEmitter:
         return self._builder.inline_function(function, args, kwargs)
 
 
-class ModelBuilder(GraphBuilder):
+class ModelBuilder(HookedGraphBuilder):
     """A GraphBuilder that names and annotates what it builds after the current FX node."""
 
     def __init__(self, graph: ir.Graph, parent: ModelBuilder | None = None, scope: str = ""):
@@ -245,9 +246,6 @@ class ModelBuilder(GraphBuilder):
         # must differ from those of every enclosing graph.
         super().__init__(graph, parent=parent)
         self._scope = scope
-        # Python scalars passed to an op are cast to its type-bound inputs' type (CAST_INPUTS);
-        # positional arguments are inputs and keywords are attributes.
-        self._features = BuilderFeature.CAST_INPUTS | BuilderFeature.INFER_SHAPES
         self._origin_name = "graph"
         self._origin_props: dict[str, str] = {}
         self._origin_calls: tuple[tuple[str, str, str], ...] = ()
@@ -367,30 +365,29 @@ class ModelBuilder(GraphBuilder):
         self.root.domain_versions.setdefault(domain, set()).add(written_for)
         return written_for
 
-    def _get_schema(self, op_type, domain, version):
-        if version is None:
-            return None
-        return _schema(op_type, domain, version)
+    def schema(self, op_type: str, domain: str, version: int | None) -> onnx.defs.OpSchema | None:
+        return None if version is None else _schema(op_type, domain, version)
 
-    def _cast_inputs(self, schema, inputs):
-        inputs = list(super()._cast_inputs(schema, inputs))
+    def node_inputs(self, inputs: list[ir.Value | None]) -> list[ir.Value | None]:
         # A trailing absent optional input is left out, not written as an empty name (some
         # onnxruntime kernels, e.g. LayerNormalization's bias, misread the empty name).
         while inputs and inputs[-1] is None:
             inputs.pop()
         return inputs
 
-    def _infer_shapes(self, node: ir.Node) -> None:
+    def type_outputs(self, node: ir.Node) -> None:
+        """Element types only (see :func:`_element_type`): shapes and exact types of a rule's
+        results come from the FX node's ``meta["val"]`` once the rule returns."""
         for value, dtype in zip(node.outputs, _element_type(node)):
             if value.type is None and dtype is not None:
                 value.type = ir.TensorType(dtype)
 
-    def _annotate_node(self, node: ir.Node) -> None:
+    def annotate_node(self, node: ir.Node) -> None:
         node.metadata_props.update(self._origin_props)
         self.node_module_calls[node] = self._origin_calls
 
-    def _generate_node_name(self, op_type: str) -> str:
+    def node_name(self, op_type: str) -> str:
         return f"{self._origin_name}/{op_type}_{self.graph.num_nodes()}"
 
-    def _qualify_value_name(self, name: str) -> str:
+    def value_name(self, name: str) -> str:
         return f"{self._origin_name}.{name}"
