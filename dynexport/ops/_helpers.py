@@ -38,11 +38,21 @@ __all__ = [
     "shape_tensor",
     "size_of",
     "size_of_dims",
+    "with_shape",
 ]
 
 
 def rank(x: ir.Value) -> int:
     return len(x.shape)
+
+
+def with_shape(value: ir.Value, shape: ir.Shape | Sequence[int | str | None] | None) -> ir.Value:
+    """``value``, an intermediate of a rule, with the shape its op gives it, for what reads ranks
+    and static sizes later (:func:`rank`, :func:`size_of`, the optimizer's passes). The builder
+    types new values by element type only, and a rule's results take their shapes from the FX
+    node's ``meta["val"]`` when it returns: this is the one way a rule states a shape."""
+    value.shape = shape if shape is None or isinstance(shape, ir.Shape) else ir.Shape(shape)
+    return value
 
 
 def normalize_dim(dim: int, rank_: int) -> int:
@@ -79,9 +89,7 @@ def scalar_like(ctx, value: float | int | bool, like: ir.Value) -> ir.Value:
 def cast(ctx, x: ir.Value, dtype: ir.DataType) -> ir.Value:
     if x.dtype == dtype:
         return x
-    result = ctx.op.Cast(x, to=dtype)
-    result.shape = x.shape
-    return result
+    return with_shape(ctx.op.Cast(x, to=dtype), x.shape)
 
 
 # Element types onnxruntime has no Where kernel for, and the type each converts to and back from
