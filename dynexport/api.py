@@ -154,28 +154,15 @@ def export(
     timer = PhaseTimer(record.timings)
     with report_stage.reporting(options.report_file, record), caches_flattened((options.args, options.kwargs)):
         captured = _capture(model, options, timer, record)
-        with timer.phase("decompose"):
-            program = _functionalized(captured.program, explicit_buffer_updates=options.updates_buffers)
-            simplifications = (
-                simplify_program(program, fold_constants=options.do_constant_folding) if options.optimize else None
-            )
-            record.exported_program = program
-            io_names = signature.graph_io(
-                program, captured.input_names, options.output_names, captured.requested_dims, options.dynamic_axes
-            )
-            io_names.dim_names.update(derived_dim_roots(program, captured.requested_dims))
-            plan = TranslationPlan(program, io_names, options.translation, simplifications)
-            record.summary = plan.summary()
+        plan = _plan(captured, options, timer, record)
         with timer.phase("translate"):
             onnx_model = plan.emit()
         with timer.phase("optimize"):
-            if options.optimize:
-                with _dataless_weights_hidden(onnx_model):
-                    optimize_model(onnx_model, fold_constants=options.do_constant_folding)
+            _optimize(onnx_model, options)
         if record.dim_refinements:
             onnx_model.metadata_props[DIM_REFINEMENTS_KEY] = refinements_metadata(record.dim_refinements)
         record.onnx_model = onnx_model
-        result = ONNXProgram(onnx_model, program, capture_strategy=captured.strategy)
+        result = ONNXProgram(onnx_model, plan.program, capture_strategy=captured.strategy)
         result.timings = record.timings
         result.report_path = options.report_file
         _finish(result, model, options, timer, record)
@@ -241,6 +228,32 @@ def _capture_module(
         requested_dims = signature.named_dims(dynamic_shapes, bound)
         record.dim_refinements += dims_tied_by_the_model(program, requested_dims)
     return _Captured(program, strategy, input_names, requested_dims)
+
+
+def _plan(
+    captured: _Captured, options: ExportOptions, timer: PhaseTimer, record: report_stage.ExportRecord
+) -> TranslationPlan:
+    """Functionalize and simplify the program, name its inputs, outputs and dims, and give every
+    node its rule or decomposition (the "decompose" phase); the report gets the summary."""
+    with timer.phase("decompose"):
+        program = _functionalized(captured.program, explicit_buffer_updates=options.updates_buffers)
+        simplifications = (
+            simplify_program(program, fold_constants=options.do_constant_folding) if options.optimize else None
+        )
+        record.exported_program = program
+        io_names = signature.graph_io(
+            program, captured.input_names, options.output_names, captured.requested_dims, options.dynamic_axes
+        )
+        io_names.dim_names.update(derived_dim_roots(program, captured.requested_dims))
+        plan = TranslationPlan(program, io_names, options.translation, simplifications)
+        record.summary = plan.summary()
+    return plan
+
+
+def _optimize(onnx_model: Any, options: ExportOptions) -> None:
+    if options.optimize:
+        with _dataless_weights_hidden(onnx_model):
+            optimize_model(onnx_model, fold_constants=options.do_constant_folding)
 
 
 def _check_has_outputs(program: torch.export.ExportedProgram, model_name: str) -> None:
