@@ -21,6 +21,7 @@ from dynexport.ops._helpers import (
     select,
     shape_tensor,
     size_of,
+    with_shape,
 )
 from dynexport.ops.sorting import count_below
 from dynexport.registry import Promote, translates
@@ -72,10 +73,8 @@ def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, includ
     # Each looked-up row is scattered into its bag: the bag of position i is the number of bag
     # starts at or before i, minus one. Empty bags give zeros, as in PyTorch.
     count = ctx.op.Size(indices)
-    positions = ctx.op.Range(ctx.constant(0, _INT64), count, ctx.constant(1, _INT64))
-    positions.shape = ir.Shape([None])
-    starts = ctx.op.Slice(offsets, ints(ctx, [0]), ints(ctx, [-1])) if include_last_offset else offsets
-    starts.shape = ir.Shape([None])
+    positions = with_shape(ctx.op.Range(ctx.constant(0, _INT64), count, ctx.constant(1, _INT64)), [None])
+    starts = with_shape(ctx.op.Slice(offsets, ints(ctx, [0]), ints(ctx, [-1])), [None]) if include_last_offset else offsets
     bags = ctx.op.Sub(count_below(ctx, starts, positions, right=True, out_int32=False), ctx.constant(1, _INT64))
     rows = ctx.op.Gather(weight, indices, axis=0)
     if per_sample_weights is not None:
@@ -127,10 +126,10 @@ def segment_reduce(ctx, data, reduce, *, lengths=None, indices=None, offsets=Non
         starts = ctx.op.CumSum(cast(ctx, lengths, _INT64), ctx.constant(0, _INT64), exclusive=1)
     else:
         starts = ctx.op.Slice(cast(ctx, offsets, _INT64), ints(ctx, [0]), ints(ctx, [-1]))
-    starts.shape = ir.Shape([None])
+    starts = with_shape(starts, [None])
     count = size_of(ctx, data, 0)
     positions = ctx.op.Range(ctx.constant(0, _INT64), scalar(ctx, count, _INT64), ctx.constant(1, _INT64))
-    positions.shape = ir.Shape([None])
+    positions = with_shape(positions, [None])
     # As for embedding bags, a row belongs to the last segment that starts at or before it.
     segments = ctx.op.Sub(count_below(ctx, starts, positions, right=True, out_int32=False), ctx.constant(1, _INT64))
     trailing = ints(ctx, range(1, rank(data)))
@@ -316,9 +315,7 @@ def _scatter(ctx, self, dim, index, src, reduction: str) -> ir.Value:
 
 def _one_element(ctx, x: ir.Value) -> ir.Value:
     """A 0-d (or one-element) ``x`` as a 1-D tensor of one element."""
-    flat = ctx.op.Reshape(x, ints(ctx, [1]))
-    flat.shape = ir.Shape([1])
-    return flat
+    return with_shape(ctx.op.Reshape(x, ints(ctx, [1])), [1])
 
 
 def _empty(x: ir.Value) -> bool:
@@ -347,8 +344,7 @@ def scatter(ctx, self, dim, index, src):
 
 @translates(aten.scatter.value, promote=Promote.RESULT, promoted=("value",))
 def scatter_value(ctx, self, dim, index, value):
-    src = ctx.op.Expand(value, ctx.op.Shape(index))
-    src.shape = index.shape
+    src = with_shape(ctx.op.Expand(value, ctx.op.Shape(index)), index.shape)
     return _scatter(ctx, self, dim, index, src, "none")
 
 
@@ -363,8 +359,7 @@ def scatter_with_reduce_argument(ctx, self, dim, index, src, *, reduce):
 
 @translates(aten.scatter.value_reduce, promote=Promote.RESULT, promoted=("value",))
 def scatter_value_with_reduce_argument(ctx, self, dim, index, value, *, reduce):
-    src = ctx.op.Expand(value, ctx.op.Shape(index))
-    src.shape = index.shape
+    src = with_shape(ctx.op.Expand(value, ctx.op.Shape(index)), index.shape)
     return _scatter(ctx, self, dim, index, src, _SCATTER_REDUCE_ARGUMENTS[reduce])
 
 
@@ -384,9 +379,7 @@ def scatter_reduce(ctx, self, dim, index, src, reduce, *, include_self=True):
     written = ctx.op.Greater(counts, ctx.constant(0, _INT64))
     if not include_self:
         # Written positions start from the reduction's identity, so self does not take part.
-        shape = self.shape
-        self = select(ctx, written, _identity(ctx, reduce, self.dtype), self)
-        self.shape = shape
+        self = with_shape(select(ctx, written, _identity(ctx, reduce, self.dtype), self), self.shape)
     result = _scatter(ctx, self, dim, index, src, _REDUCTIONS[reduce])
     if reduce != "mean":
         return result
@@ -401,16 +394,14 @@ def index_reduce(ctx, self, dim, index, source, reduce, *, include_self=True):
     along = [1] * rank(source)
     if along:
         along[dim] = -1
-    spread = ctx.op.Expand(ctx.op.Reshape(index, ints(ctx, along)), ctx.op.Shape(source))
-    spread.shape = source.shape
+    spread = with_shape(ctx.op.Expand(ctx.op.Reshape(index, ints(ctx, along)), ctx.op.Shape(source)), source.shape)
     return scatter_reduce(ctx, self, dim, spread, source, reduce, include_self=include_self)
 
 
 def _scatter_counts(ctx, self, dim, index) -> ir.Value:
     """How many index entries point at each position of ``self`` (int64)."""
-    zeros = ctx.op.Expand(ctx.constant(0, _INT64), ctx.op.Shape(self))
-    ones = ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(index))
-    zeros.shape, ones.shape = self.shape, index.shape
+    zeros = with_shape(ctx.op.Expand(ctx.constant(0, _INT64), ctx.op.Shape(self)), self.shape)
+    ones = with_shape(ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(index)), index.shape)
     return _scatter(ctx, zeros, dim, index, ones, "add")
 
 
