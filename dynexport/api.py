@@ -133,8 +133,12 @@ def export(
         An :class:`ONNXProgram`.
 
     Raises:
-        ValueError, TypeError: inconsistent or unsupported arguments, before any work is done.
+        ValueError, TypeError: inconsistent or unsupported arguments, before any work is done,
+            each naming its argument (see :class:`~dynexport.options.ExportOptions`).
+        FileNotFoundError, PermissionError, IsADirectoryError: ``f`` cannot be written, before
+            any work is done.
         dynexport.errors.CaptureError: torch.export could not capture the model.
+        dynexport.errors.ExportError: the model returns no tensor.
         dynexport.errors.UnsupportedOperatorError: operators with no translation, all listed.
         dynexport.verification.VerificationError: with ``verify=True``, outputs that differ.
     """
