@@ -22,6 +22,7 @@ from dynexport.ops._helpers import (
     rank,
     shape_tensor,
     size_of,
+    with_shape,
 )
 from dynexport.registry import Promote, translates
 
@@ -124,10 +125,8 @@ def median_dim(ctx, self, dim, keepdim=False):
 
 
 def _flattened(ctx, self: ir.Value) -> ir.Value:
-    flat = ctx.op.Reshape(self, ints(ctx, [-1]))
     numel = math.prod(self.shape) if all(isinstance(d, int) for d in self.shape) else None
-    flat.shape = ir.Shape([numel])
-    return flat
+    return with_shape(ctx.op.Reshape(self, ints(ctx, [-1])), [numel])
 
 
 @translates(aten.median.default)
@@ -234,9 +233,7 @@ def bucketize(ctx, self, boundaries, *, out_int32=False, right=False):
 )
 def searchsorted(ctx, sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     if sorter is not None:
-        ordered = ctx.op.GatherElements(sorted_sequence, sorter, axis=-1)
-        ordered.shape = sorted_sequence.shape
-        sorted_sequence = ordered
+        sorted_sequence = with_shape(ctx.op.GatherElements(sorted_sequence, sorter, axis=-1), sorted_sequence.shape)
     return count_below(ctx, sorted_sequence, self, right or side == "right", out_int32)
 
 
@@ -244,11 +241,9 @@ def _repeated_indices(ctx, repeats: ir.Value) -> ir.Value:
     """0 repeated repeats[0] times, 1 repeats[1] times, ...: the bucket of each output position
     among the running totals of ``repeats``."""
     repeats = cast(ctx, repeats, _INT64)
-    ends = ctx.op.CumSum(repeats, ctx.constant(0, _INT64))
-    ends.shape = ir.Shape([None])
+    ends = with_shape(ctx.op.CumSum(repeats, ctx.constant(0, _INT64)), [None])
     total = ctx.op.ReduceSum(repeats, keepdims=0)
-    positions = ctx.op.Range(ctx.constant(0, _INT64), total, ctx.constant(1, _INT64))
-    positions.shape = ir.Shape([None])
+    positions = with_shape(ctx.op.Range(ctx.constant(0, _INT64), total, ctx.constant(1, _INT64)), [None])
     return count_below(ctx, ends, positions, right=True, out_int32=False)
 
 
@@ -260,8 +255,7 @@ def repeat_interleave(ctx, repeats, *, output_size=None):
 @translates(aten.repeat_interleave.self_Tensor)
 def repeat_interleave_self(ctx, self, repeats, dim=None, *, output_size=None):
     if dim is None:
-        self, dim = ctx.op.Reshape(self, ints(ctx, [-1])), 0
-        self.shape = ir.Shape([None])
+        self, dim = with_shape(ctx.op.Reshape(self, ints(ctx, [-1])), [None]), 0
     dim = normalize_dim(dim, rank(self))
     # One repeat count applies to every slice along dim.
     repeats = ctx.op.Expand(ctx.op.Reshape(repeats, ints(ctx, [-1])), shape_tensor(ctx, [size_of(ctx, self, dim)]))
