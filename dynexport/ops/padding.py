@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import computed_in, ints, rank, scalar, shape_tensor, size_of
+from dynexport.ops._helpers import computed_in, ints, rank, scalar, shape_tensor, size_of, with_shape
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -72,9 +72,8 @@ def _replicate_by_gather(ctx, self, pad) -> ir.Value:
             shifted = ctx.op.Sub(ctx.op.Range(ctx.constant(0, ir.DataType.INT64), length, ctx.constant(1, ir.DataType.INT64)), ctx.constant(left, ir.DataType.INT64))
             last = ctx.op.Sub(size, ctx.constant(1, ir.DataType.INT64))
             positions = ctx.op.Max(ctx.op.Min(shifted, last), ctx.constant(0, ir.DataType.INT64))
-        shape = self.shape
-        self = ctx.op.Gather(self, positions, axis=axis)
-        self.shape = ir.Shape([*shape[:axis], None, *shape[axis + 1:]]) if shape is not None else None
+        shape = None if self.shape is None else [*self.shape[:axis], None, *self.shape[axis + 1:]]
+        self = with_shape(ctx.op.Gather(self, positions, axis=axis), shape)
     return self
 
 
