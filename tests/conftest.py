@@ -2,7 +2,7 @@
 and "deep" (many more examples, every op at every dtype), chosen with
 DYNEXPORT_HYPOTHESIS_PROFILE=deep; "coverage" is what ``python -m tests.property.coverage`` runs.
 
-The ``torchvision`` fixture imports torchvision through tests/torchvision_ops.py."""
+The ``torchvision`` and ``timm`` fixtures import torchvision through tests/torchvision_ops.py."""
 
 import os
 
@@ -28,3 +28,11 @@ def torchvision():
     """torchvision, its operators defined with CPU kernels in torch ops when its compiled library
     does not load (the registry's wheel is a CUDA build; see tests/torchvision_ops.py)."""
     return load_torchvision()
+
+
+@pytest.fixture(scope="session")
+def timm(torchvision):
+    """timm, which imports torchvision as it loads."""
+    import timm
+
+    return timm
