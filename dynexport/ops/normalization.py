@@ -15,6 +15,7 @@ from dynexport.ops._helpers import (
     shape_tensor,
     size_of,
     size_of_dims,
+    with_shape,
 )
 from dynexport.registry import translates
 
@@ -102,9 +103,7 @@ def layer_norm(ctx, input, normalized_shape, weight=None, bias=None, eps=1e-5, c
 @translates(aten.native_layer_norm.default)
 def native_layer_norm(ctx, input, normalized_shape, weight, bias, eps):
     out, mean, rstd = _layer_normalization(ctx, input, normalized_shape, weight, bias, eps, outputs=3)
-    # ONNX keeps the statistics in float32 (stash_type), PyTorch in the input's dtype; the
-    # builder types every output like the input, so the float32 is restated before casting.
-    mean.dtype = rstd.dtype = ir.DataType.FLOAT
+    # ONNX keeps the statistics in float32 (stash_type), PyTorch in the input's dtype.
     stats_dtype = to_onnx_dtype(ctx.out[1].dtype)
     return out, cast(ctx, mean, stats_dtype), cast(ctx, rstd, stats_dtype)
 
@@ -120,7 +119,7 @@ def group_norm(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_e
     per_group = size_of_dims(ctx, input, 1, rank(input))
     per_group = per_group // num_groups if isinstance(per_group, int) else ctx.op.Div(per_group, ctx.constant(num_groups, ir.DataType.INT64))
     grouped = ctx.op.Reshape(input, shape_tensor(ctx, [size_of(ctx, input, 0), num_groups, per_group]), allowzero=1)
-    grouped.shape = ir.Shape([input.shape[0], num_groups, per_group if isinstance(per_group, int) else None])
+    grouped = with_shape(grouped, [input.shape[0], num_groups, per_group if isinstance(per_group, int) else None])
     normalized = ctx.op.LayerNormalization(grouped, _one(ctx, input.dtype), axis=2, epsilon=eps)
     normalized = ctx.op.Reshape(normalized, ctx.op.Shape(input), allowzero=1)
     return _channel_affine(ctx, normalized, input, weight, bias)
