@@ -268,7 +268,9 @@ def _data_location(path: str, external_data: bool | str) -> str:
             f"external_data={location!r} must be a file name relative to the model's directory, inside it"
         )
     if target == os.path.abspath(path) or os.path.isdir(target):
-        raise ValueError(f"external_data={location!r} names the model file itself or a directory; give the data file its own name")
+        raise ValueError(
+            f"external_data={location!r} names the model file itself or a directory; give the data file its own name"
+        )
     return os.path.relpath(target, directory)
 
 

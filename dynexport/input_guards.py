@@ -91,7 +91,8 @@ class InputGuards:
                 ]
                 dims.append(_Input(value.name, tensor_dims, is_int=False))
             elif isinstance(val, torch.SymInt):
-                dims.append(_Input(value.name, [_Dim(value.name, None, _expr(val), _dim_name(val, None))], is_int=True))
+                size = _Dim(value.name, None, _expr(val), _dim_name(val, None))
+                dims.append(_Input(value.name, [size], is_int=True))
             else:
                 dims.append(None)
         carried = {d.expr for entry in dims if entry for d in entry.dims}

@@ -50,7 +50,7 @@ def test_equal_and_derived_dims_are_checked_between_inputs():
     for rows in (2, 6):
         args = (torch.randn(rows, 3), torch.randn(rows + 1, 3), torch.randn(rows, 3))
         assert_close(program(*args), _concat_rows(*args))
-    with pytest.raises(ValueError, match=r"input 'z' dim 0 is 5 but input 'x' dim 0 is 4: the export proved them equal"):
+    with pytest.raises(ValueError, match=r"input 'z' dim 0 is 5 but input 'x' dim 0 is 4: the export proved them"):
         program(torch.randn(4, 3), torch.randn(5, 3), torch.randn(5, 3))
     with pytest.raises(ValueError, match=r"input 'y' dim 0 is 7, the export proved it equal to a \+ 1 = 5"):
         program(torch.randn(4, 3), torch.randn(7, 3), torch.randn(4, 3))
