@@ -83,3 +83,14 @@ def test_torchvision_reports_its_operators(torchvision):
     assert importlib.import_module("torchvision.ops.roi_align")._has_ops()  # no fallback to its Python version
     for name in ("nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"):
         assert hasattr(torch.ops.torchvision, name)
+
+
+def test_torch_export_records_the_operators(torchvision):
+    class PoolAndSuppress(torch.nn.Module):
+        def forward(self, features, rois, scores):
+            return torchvision.ops.roi_align(features, rois, 2), torchvision.ops.nms(rois[:, 1:], scores, 0.5)
+
+    rois = torch.tensor([[0, 1, 1, 5, 5], [0, 2, 2, 6, 6.0]])
+    program = torch.export.export(PoolAndSuppress(), (torch.rand(1, 2, 8, 8), rois, torch.tensor([0.9, 0.8])))
+    targets = {node.target for node in program.graph.nodes}
+    assert {torch.ops.torchvision.roi_align.default, torch.ops.torchvision.nms.default} <= targets

@@ -30,14 +30,16 @@ SCHEMAS = {
         "int sampling_ratio, bool aligned) -> Tensor"
     ),
     "roi_pool": (
-        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)"
+        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) "
+        "-> (Tensor, Tensor)"
     ),
     "ps_roi_align": (
         "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
         "int sampling_ratio) -> (Tensor, Tensor)"
     ),
     "ps_roi_pool": (
-        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) -> (Tensor, Tensor)"
+        "(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) "
+        "-> (Tensor, Tensor)"
     ),
     "deform_conv2d": (
         "(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, "
@@ -101,6 +103,7 @@ def _roi_align_one(input, roi, spatial_scale, pooled_height, pooled_width, sampl
     grid_h = sampling_ratio if sampling_ratio > 0 else int(torch.ceil(roi_height / pooled_height))
     grid_w = sampling_ratio if sampling_ratio > 0 else int(torch.ceil(roi_width / pooled_width))
     count = max(grid_h * grid_w, 1)
+    grid_h, grid_w = max(grid_h, 0), max(grid_w, 0)  # an inverted ROI (aligned) has no samples
     y = _sample_points(start_h, bin_h, pooled_height, grid_h, dtype)  # [PH * IY]
     x = _sample_points(start_w, bin_w, pooled_width, grid_w, dtype)  # [PW * IX]
     y_low, y_high, ly, y_inside = _interpolation_taps(y, height)

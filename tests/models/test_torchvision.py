@@ -17,7 +17,14 @@ import dynexport
 from dynexport.errors import CaptureError
 from tests.equivalence import BATCH, assert_close
 
-CLASSIFIERS = ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1", "shufflenet_v2_x0_5", "regnet_y_400mf"]
+CLASSIFIERS = [
+    "resnet18",
+    "mobilenet_v3_small",
+    "efficientnet_b0",
+    "squeezenet1_1",
+    "shufflenet_v2_x0_5",
+    "regnet_y_400mf",
+]
 SLOW_CLASSIFIERS = ["mobilenet_v2", "mnasnet0_5", "densenet121"]
 
 
