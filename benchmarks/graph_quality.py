@@ -1,12 +1,20 @@
-"""Graph quality: dynexport vs torch.onnx.export (dynamo=True and TorchScript), side by side.
+"""Graph quality: dynexport vs torch.onnx.export (dynamo=True, optionally TorchScript), side by side.
 
-    python benchmarks/graph_quality.py [--repeats 50] [--models mlp,tiny_gpt,...]
+    python benchmarks/graph_quality.py [--rounds 30] [--models mlp,resnet18,...]
+                                       [--exporters dynexport,dynamo] [--image-size 224]
 
-Every model of ``benchmarks/export_speed.py``'s suite is exported by the three exporters. Per
-model and exporter it prints the main graph's node count, the initializer bytes, the file size
-(external data included) and the onnxruntime latency (median over ``--repeats`` runs on the
-example inputs, one thread), then our/their ratios and their geometric means. Latency is noisy on a shared machine: nothing
-here is a test threshold.
+The suite is ``benchmarks/export_speed.py``'s (the examples, tiny transformers encoders and
+decoders) plus convolutional and recurrent models: torchvision's resnet18, mobilenet_v3_small and
+deeplabv3_mobilenet_v3_large (static size) and transformers' MobileNetV2 (dynamic size; with
+TensorFlow padding, static), where torchvision loads (tests/torchvision_ops.py), and small blocks
+(GroupNorm + InstanceNorm, gather/index_select/masked ops, a depthwise-separable CNN,
+pixel_shuffle, a bidirectional LSTM). Per model and exporter it prints the main graph's node
+count, the initializer bytes, the file size and the onnxruntime latency on the example inputs
+(one thread; the exporters' sessions run in turn, ``--rounds`` times, and the median of each is
+reported, so that the machine's load drifts over all of them alike), then dynexport/torch.onnx
+ratios, their geometric means, and a flag on every row where dynexport has more nodes or is
+slower by more than ``--tolerance``. Latency is noisy on a shared machine: re-measure a flagged
+row (``--models``) before acting on it; nothing here is a test threshold.
 """
 
 from __future__ import annotations
@@ -31,9 +39,152 @@ import torch
 import dynexport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_speed import Case, selected_models, suite  # noqa: E402  (the same models, defined once)
+from export_speed import Case, suite  # noqa: E402  (the same models, defined once)
 
 EXPORTERS = ("dynexport", "dynamo", "torchscript")
+Dim = torch.export.Dim
+
+
+# -- convolutional and recurrent models -------------------------------------------------------
+
+
+class NormBlock(torch.nn.Module):
+    """Conv + GroupNorm + ReLU, Conv + InstanceNorm (affine) + ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.group = torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.GroupNorm(4, 16)
+        self.conv2, self.instance = torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.InstanceNorm2d(16, affine=True)
+
+    def forward(self, x):
+        x = torch.relu(self.group(self.conv1(x)))
+        return torch.relu(self.instance(self.conv2(x)))
+
+
+class GatherBlock(torch.nn.Module):
+    """Embedding, index_select of fixed rows, gather along the last dim, masked_fill."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(32, 16)
+        self.register_buffer("rows", torch.tensor([0, 2, 5, 7]))
+
+    def forward(self, tokens, x, index, mask):
+        picked = x.index_select(1, self.rows)
+        gathered = torch.gather(x, -1, index)
+        return self.table(tokens).sum(1) + picked.sum(1, keepdim=True), gathered.masked_fill(mask, 0.0) * 2
+
+
+class DepthwiseCNN(torch.nn.Module):
+    """A stem and two depthwise-separable stages (BatchNorm, ReLU6), global mean, a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+
+        def separable(c_in, c_out, stride):
+            return nn.Sequential(
+                nn.Conv2d(c_in, c_in, 3, stride, 1, groups=c_in, bias=False), nn.BatchNorm2d(c_in), nn.ReLU6(),
+                nn.Conv2d(c_in, c_out, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
+            )
+
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.ReLU())
+        self.body = nn.Sequential(separable(16, 32, 1), separable(32, 64, 2))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.body(self.stem(x)).mean((2, 3)))
+
+
+class PixelShuffleBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 12, 3, padding=1)
+        self.conv3 = torch.nn.Conv2d(48, 8, 1)
+
+    def forward(self, x):
+        x = torch.nn.functional.pixel_shuffle(torch.relu(self.conv1(x)), 2)
+        return self.conv3(torch.nn.functional.pixel_unshuffle(torch.relu(self.conv2(x)), 2))
+
+
+class BidirectionalLSTM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0])
+
+
+def _image_dims(low: int = 8) -> tuple[dict[int, Any]]:
+    return ({0: Dim("batch"), 2: Dim("height", min=low, max=1024), 3: Dim("width", min=low, max=1024)},)
+
+
+def _torchvision() -> Any:
+    """torchvision, with its C++ ops stood in for by the tests' Python kernels (our CPU torch has
+    no build of them); None where that is not possible."""
+    try:
+        from tests.torchvision_ops import load_torchvision
+    except ImportError:
+        return None
+    try:
+        return load_torchvision()
+    except Exception:
+        return None
+
+
+def conv_suite(image_size: int) -> dict[str, Callable[[], Case]]:
+    """The convolutional and recurrent models (torchvision's and transformers' MobileNetV2 only
+    where torchvision loads)."""
+
+    def case(build: Callable[[], tuple]) -> Callable[[], Case]:
+        def make() -> Case:
+            torch.manual_seed(0)
+            model, args, dynamic_shapes = build()
+            return Case(model.eval(), args, {}, dynamic_shapes)
+
+        return make
+
+    batch = Dim("batch")
+    models = {
+        "norm_block": case(lambda: (NormBlock(), (torch.randn(2, 8, 64, 64),), _image_dims())),
+        "gather_block": case(lambda: (
+            GatherBlock(),
+            (torch.randint(0, 32, (2, 5)), torch.randn(2, 12), torch.randint(0, 12, (2, 12)), torch.rand(2, 12) > 0.5),
+            ({0: batch, 1: Dim("seq")}, {0: batch}, {0: batch}, {0: batch}),
+        )),
+        "depthwise_cnn": case(lambda: (DepthwiseCNN(), (torch.randn(2, 3, image_size, image_size),), _image_dims())),
+        "pixel_shuffle": case(lambda: (
+            PixelShuffleBlock(), (torch.randn(2, 3, 64, 64),),
+            ({0: batch, 2: 2 * Dim("half_height", min=4, max=512), 3: 2 * Dim("half_width", min=4, max=512)},),
+        )),
+        "bilstm": case(lambda: (BidirectionalLSTM(), (torch.randn(2, 32, 16),), ({0: batch, 1: Dim("steps")},))),
+    }
+    torchvision = _torchvision()
+    if torchvision is None:
+        return models
+    image = (torch.randn(1, 3, image_size, image_size),)
+    models["resnet18"] = case(lambda: (torchvision.models.resnet18(), image, None))
+    models["mobilenet_v3_small"] = case(lambda: (torchvision.models.mobilenet_v3_small(), image, None))
+    models["deeplabv3_mobilenet"] = case(lambda: (
+        torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None), image, None
+    ))
+
+    def hf_mobilenet_v2(tf_padding: bool) -> tuple:
+        import transformers
+
+        config = transformers.MobileNetV2Config(num_channels=3, image_size=image_size, tf_padding=tf_padding)
+        # TensorFlow padding reads sizes as Python ints: that model exports at a static size only.
+        return transformers.MobileNetV2Model(config), image, None if tf_padding else (_image_dims(33)[0],)
+
+    models["hf_mobilenet_v2"] = case(lambda: hf_mobilenet_v2(False))
+    models["hf_mobilenet_v2_tf_pad"] = case(lambda: hf_mobilenet_v2(True))
+    return models
+
+
+# -- exporting and measuring ------------------------------------------------------------------
 
 
 def _export_dynexport(case: Case, path: str) -> None:
@@ -50,7 +201,9 @@ def _export_torchscript(case: Case, path: str) -> None:
     names = [f"input_{i}" for i in range(len(case.args))] + list(case.kwargs)
     specs = list(case.dynamic_shapes.values()) if isinstance(case.dynamic_shapes, dict) else list(case.dynamic_shapes or ())
     dynamic_axes = {
-        name: {axis: str(dim.__name__) for axis, dim in spec.items()} for name, spec in zip(names, specs) if spec
+        name: {axis: str(getattr(dim, "__name__", f"dim{axis}")) for axis, dim in spec.items()}
+        for name, spec in zip(names, specs)
+        if spec
     }
     # The legacy convention: a trailing dict in args holds the keyword arguments.
     args = (*case.args, case.kwargs) if case.kwargs else case.args
@@ -85,32 +238,40 @@ def _silenced() -> Iterator[None]:
                 os.close(copy)
 
 
-def _latency(path: str, inputs: list[torch.Tensor], repeats: int) -> float:
+def _session(path: str, inputs: list[torch.Tensor]) -> Callable[[], Any]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), inputs)}
-    for _ in range(5):
-        session.run(None, feeds)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return lambda: session.run(None, feeds)
+
+
+def _interleaved_latencies(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Median seconds per run of each session, the sessions taking turns every round."""
+    for run in runs.values():
+        for _ in range(3):
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> int:
     return sum(onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
 
 
-def measure(name: str, factory: Callable[[], Case], repeats: int, workdir: str) -> dict[str, Any]:
+def measure(name: str, factory: Callable[[], Case], exporters: list[str], rounds: int, workdir: str) -> dict[str, Any]:
     case = factory()
     inputs = [*case.args, *case.kwargs.values()]
     results: dict[str, Any] = {}
-    for exporter in EXPORTERS:
+    runs = {}
+    for exporter in exporters:
         directory = os.path.join(workdir, f"{name}.{exporter}")
         os.makedirs(directory)
         path = os.path.join(directory, "model.onnx")
@@ -123,10 +284,12 @@ def measure(name: str, factory: Callable[[], Case], repeats: int, workdir: str) 
                 "nodes": len(proto.graph.node),
                 "bytes": _initializer_bytes(proto),
                 "file": sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)),
-                "latency": _latency(path, inputs, repeats),
             }
+            runs[exporter] = _session(path, inputs)
         except Exception as error:  # a failure is a result: print it and go on with the suite
             results[exporter] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"}
+    for exporter, latency in _interleaved_latencies(runs, rounds).items():
+        results[exporter]["latency"] = latency
     return results
 
 
@@ -138,38 +301,52 @@ def _cell(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(suite()))
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved timed runs per session")
+    parser.add_argument("--models", help="comma-separated subset of the suite")
+    parser.add_argument("--exporters", default="dynexport,dynamo", help="comma-separated: " + ", ".join(EXPORTERS))
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--tolerance", type=float, default=0.05, help="latency ratio above 1 + this is flagged")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
-    models = selected_models(parser, options.models)
+    models = {**suite(), **conv_suite(options.image_size)}
+    if options.models:
+        unknown = set(options.models.split(",")) - set(models)
+        if unknown:
+            parser.error(f"unknown models {sorted(unknown)}; choose from {sorted(models)}")
+        models = {name: models[name] for name in options.models.split(",")}
+    exporters = options.exporters.split(",")
+    if exporters[0] != "dynexport" or not set(exporters) <= set(EXPORTERS):
+        parser.error(f"--exporters: dynexport first, then any of {EXPORTERS[1:]}")
+    theirs_all = exporters[1:]
 
     columns = f"{'nodes':>6} {'init':>9} {'file':>9} {'latency':>9}"
-    print(f"{'model':<20} " + " | ".join(f"{e:^36}" for e in EXPORTERS) + " | ratios ours/dynamo, ours/torchscript")
-    print(f"{'':<20} " + " | ".join(f"{columns:>36}" for _ in EXPORTERS) + " | nodes, latency")
-    ratios: dict[str, list[float]] = {f"{k} {e}": [] for k in ("nodes", "latency") for e in EXPORTERS[1:]}
-    failures = []
+    print(f"{'model':<20} " + " | ".join(f"{e:^36}" for e in exporters) + " | ours/theirs: nodes, latency")
+    print(f"{'':<20} " + " | ".join(f"{columns:>36}" for _ in exporters) + " |")
+    ratios: dict[str, list[float]] = {f"{k} {e}": [] for k in ("nodes", "latency") for e in theirs_all}
+    failures, flagged = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for name, factory in models.items():
-            r = measure(name, factory, options.repeats, workdir)
-            cells = " | ".join(f"{_cell(r[e]):>36}" for e in EXPORTERS)
-            ratio_text = []
-            for theirs in EXPORTERS[1:]:
+            r = measure(name, factory, exporters, options.rounds, workdir)
+            cells = " | ".join(f"{_cell(r[e]):>36}" for e in exporters)
+            ratio_text, flags = [], []
+            for theirs in theirs_all:
                 if "error" in r["dynexport"] or "error" in r[theirs]:
                     ratio_text.append("-")
                     continue
-                for key in ("nodes", "latency"):
-                    ratios[f"{key} {theirs}"].append(r["dynexport"][key] / r[theirs][key])
-                ratio_text.append(
-                    f"{r['dynexport']['nodes'] / r[theirs]['nodes']:.2f}, "
-                    f"{r['dynexport']['latency'] / r[theirs]['latency']:.2f}"
-                )
-            print(f"{name:<20} {cells} | {' ; '.join(ratio_text)}", flush=True)
-            failures += [f"{name} {e}: {r[e]['error']}" for e in EXPORTERS if "error" in r[e]]
+                nodes, latency = (r["dynexport"][k] / r[theirs][k] for k in ("nodes", "latency"))
+                ratios[f"nodes {theirs}"].append(nodes)
+                ratios[f"latency {theirs}"].append(latency)
+                ratio_text.append(f"{nodes:.2f}, {latency:.2f}")
+                flags += [f"nodes>{theirs}"] * (nodes > 1) + [f"latency>{theirs}"] * (latency > 1 + options.tolerance)
+            flag = f"  <- {' '.join(flags)}" if flags else ""
+            print(f"{name:<20} {cells} | {' ; '.join(ratio_text)}{flag}", flush=True)
+            flagged += [name] if flags else []
+            failures += [f"{name} {e}: {r[e]['error']}" for e in exporters if "error" in r[e]]
     for key, values in ratios.items():
         if values:
             geomean = math.exp(sum(math.log(v) for v in values) / len(values))
             print(f"geometric mean ours/{key.split()[1]} {key.split()[0]}: {geomean:.3f} on {len(values)} models")
+    print("flagged (re-measure with --models):", ",".join(flagged) or "none")
     for failure in failures:
         print("failed:", failure)
     return 0
