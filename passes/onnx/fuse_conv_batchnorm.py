@@ -101,7 +101,8 @@ def _replace(
     bias = shift
     if old_bias is not None:
         array = constant_array(old_bias)
-        if array is None or array.size not in (1, factor.size):
+        # Gemm's bias broadcasts: a column of one value per row is no per-channel shift.
+        if array is None or array.size not in (1, factor.size) or array.ndim == 2 and array.shape[0] != 1:
             return False
         bias = bias_scale * array.astype(np.float64).reshape(-1) * factor + shift
     dtype = old_weight.dtype.numpy()

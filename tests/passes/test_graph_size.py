@@ -290,3 +290,25 @@ def test_resize_of_a_static_input_names_every_dim():
     )
     (resize,) = [node for node in dynamic.model.graph if node.op_type == "Resize"]
     assert list(resize.attributes["axes"].as_ints()) == [2, 3]
+
+
+def test_batchnorm_after_a_gemm_with_a_bias_per_row_stays():
+    """A Gemm bias of shape [rows, 1] is no per-channel shift: only the per-column one folds."""
+    statistics = (
+        "float[3] s = {1.5, 0.5, 2.0}, float[3] b = {0.1, 0.2, 0.3}, float[3] m = {0.3, -0.2, 0.1}, "
+        "float[3] v = {0.5, 1.5, 2.0}"
+    )
+    text = f"""g (float[3, 4] x) => (float[3, 3] y, float[3, 3] z) <float[4, 3] w = {{{", ".join(["0.5"] * 12)}}},
+        float[3, 1] per_row = {{1.0, 2.0, 3.0}}, float[3] per_column = {{1.0, 2.0, 3.0}}, {statistics}> {{
+        rows = Gemm<beta = 2.0>(x, w, per_row)
+        y = BatchNormalization(rows, s, b, m, v)
+        columns = Gemm<beta = 2.0>(x, w, per_column)
+        z = BatchNormalization(columns, s, b, m, v)
+    }}"""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    expected = run(model(text), x=x)
+    fused = model(text)
+    optimize_model(fused)
+    assert sorted(ops(fused)) == ["BatchNormalization", "Gemm", "Gemm"]
+    for actual, wanted in zip(run(fused, x=x), expected):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-5)
