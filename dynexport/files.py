@@ -489,15 +489,16 @@ def _temporary_file(directory: str, target: str) -> Iterator[tuple[IO[bytes], st
 def remove_orphans(directory: str) -> list[str]:
     """Remove the temporary files killed saves left in ``directory``: ours only (named
     ``.dynexport-*.tmp``, regular files) and older than ``ORPHAN_AGE_SECONDS`` (a younger one may
-    belong to a save running now). Returns the names removed."""
+    belong to a save running now). Returns the names removed. Cleaning never fails a save: a
+    folder that cannot be listed, or a file that cannot be removed, is left as it is."""
     removed = []
     cutoff = time.time() - ORPHAN_AGE_SECONDS
-    with os.scandir(directory) as entries:
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
             if not _TEMPORARY_NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
                 continue
-            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                     os.unlink(entry.path)
                     removed.append(entry.name)
     return removed

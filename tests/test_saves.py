@@ -153,3 +153,16 @@ def test_apply_weights_checks_everything_first_and_drops_the_session(program):
         for batch in (2, 7):
             inputs = torch.randn(batch, 16)
             assert_close(exported(inputs), shifted(inputs))
+
+
+
+def test_a_folder_that_cannot_be_listed_still_takes_the_save(program, tmp_path, monkeypatch):
+    _, exported = program
+
+    def unlistable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "scandir", unlistable)  # a write-only folder (root can list any)
+    exported.save(tmp_path / "m.onnx")
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["m.onnx"]
