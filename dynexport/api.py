@@ -18,7 +18,7 @@ import torch
 from dynexport import capture as capture_stage
 from dynexport import files
 from dynexport import report as report_stage
-from dynexport import signature, torchscript
+from dynexport import dim_names, signature, torchscript
 from dynexport.call_convention import user_outputs
 from dynexport.dim_refinement import (
     DIM_REFINEMENTS_KEY,
@@ -212,15 +212,15 @@ def _capture_module(
     bound = signature.bind_arguments(module.forward, args, kwargs)
     slots = signature.argument_slots(module.forward, args, kwargs)
     if options.dynamic_axes is not None:
-        dynamic_shapes, requested_dims = signature.dynamic_shapes_from_axes(
+        dynamic_shapes, requested_dims = dim_names.dynamic_shapes_from_axes(
             options.dynamic_axes, bound, slots, options.input_names, options.output_names
         )
     elif options.auto_dims:
-        dynamic_shapes, requested_dims = signature.dynamic_shapes_from_examples(
+        dynamic_shapes, requested_dims = dim_names.dynamic_shapes_from_examples(
             module.forward, bound, options.example_inputs
         )
     else:
-        requested_dims = signature.named_dims(dynamic_shapes, bound)
+        requested_dims = dim_names.named_dims(dynamic_shapes, bound)
     input_names = signature.graph_input_names(options.input_names, slots)
     with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
         program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
@@ -229,7 +229,7 @@ def _capture_module(
     if options.auto_dims:
         _warn_fixed_dims(program, requested_dims)
     elif options.dynamic_axes is None:
-        requested_dims = signature.named_dims(dynamic_shapes, bound)
+        requested_dims = dim_names.named_dims(dynamic_shapes, bound)
         record.dim_refinements += dims_tied_by_the_model(program, requested_dims)
     return _Captured(program, strategy, input_names, requested_dims)
 
@@ -245,8 +245,12 @@ def _plan(
             simplify_program(program, fold_constants=options.do_constant_folding) if options.optimize else None
         )
         record.exported_program = program
-        io_names = signature.graph_io(
-            program, captured.input_names, options.output_names, captured.requested_dims, options.dynamic_axes
+        io_names = dim_names.graph_dims(
+            program,
+            signature.graph_io(program, captured.input_names, options.output_names),
+            captured.requested_dims,
+            options.dynamic_axes,
+            options.output_names,
         )
         io_names.dim_names.update(derived_dim_roots(program, captured.requested_dims))
         plan = TranslationPlan(program, io_names, options.translation, simplifications)
