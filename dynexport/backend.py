@@ -17,9 +17,9 @@ Inference only: a subgraph called while autograd records (grad enabled and an in
 requiring grad) runs eagerly, with one warning.
 
 Threads: a compiled model may be called from several threads at once. A subgraph builds one
-session per input signature, under its lock and :func:`~dynexport.capture.exclusive_tracing`
-(threads that ask for the same signature wait for the one build); built sessions are shared and
-only read (onnxruntime runs one session from several threads).
+session per input signature under :func:`~dynexport.capture.exclusive_tracing` (threads that ask
+for the same signature wait for the one build); built sessions are shared and only read
+(onnxruntime runs one session from several threads).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -164,7 +163,6 @@ class CompiledSubgraph:
         self._sessions: dict[tuple, _Session] = {}
         self._static_axes: list[tuple[int, ...]] = []
         self._autograd_warned = False
-        self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         if self.fallback_reason is None and torch.is_grad_enabled() and self._records_autograd(args):
@@ -194,7 +192,9 @@ class CompiledSubgraph:
             session = self._sessions.get(self._signature(args))
             if session is not None:
                 return session
-        with self._lock:
+        # Under the one lock every export and Dynamo compilation takes: a second thread asking for
+        # the same signature finds the session the first built.
+        with exclusive_tracing():
             if self._weights_changed(args):
                 self._sessions = {}
             if self.fallback_reason is not None:
@@ -203,8 +203,7 @@ class CompiledSubgraph:
 
     def _build_or_fall_back(self, args: Sequence[Any]) -> _Session | None:
         try:
-            with exclusive_tracing():
-                session = self._build(args)
+            session = self._build(args)
         except Exception as error:  # whatever stops the export or the load, `fallback` decides
             if self._options.fallback == "raise":
                 raise
