@@ -86,6 +86,29 @@ def _element_type(node: ir.Node) -> list[ir.DataType | None]:
     return [dtype] * len(node.outputs)
 
 
+def _sequence_types(node: ir.Node) -> list[ir.SequenceType | None]:
+    """The types of ``node``'s outputs that are ONNX sequences (None for the others): the FX
+    node's ``meta["val"]`` of a sequence is a tensor handle, which cannot say so."""
+    op, inputs, attrs = node.op_type, node.inputs, node.attributes
+    if op == "SequenceEmpty":
+        dtype = ir.DataType(attrs["dtype"].as_int()) if "dtype" in attrs else ir.DataType.FLOAT
+        return [ir.SequenceType(ir.TensorType(dtype))]
+    if op in ("SequenceConstruct", "SplitToSequence"):
+        return [ir.SequenceType(ir.TensorType(inputs[0].dtype))]
+    if op == "SequenceInsert":
+        return [ir.SequenceType(ir.TensorType(inputs[1].dtype))]
+    if op == "SequenceErase":
+        return [inputs[0].type]
+    if op == "Loop":
+        sources = list(inputs[2:])  # the carried values' initial values, in output order
+    elif op == "If":
+        sources = list(attrs["then_branch"].as_graph().outputs)
+    else:
+        sources = []
+    types = [v.type if isinstance(v.type, ir.SequenceType) else None for v in sources]
+    return (types + [None] * len(node.outputs))[: len(node.outputs)]
+
+
 def module_calls(fx_node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
     """The module calls an FX node runs inside, outermost first, without the root module: one
     ``(call key, module path, qualified class name)`` per call (a module called twice has two
@@ -376,10 +399,15 @@ class ModelBuilder(HookedGraphBuilder):
         return inputs
 
     def type_outputs(self, node: ir.Node) -> None:
-        """Element types only (see :func:`_element_type`): shapes and exact types of a rule's
-        results come from the FX node's ``meta["val"]`` once the rule returns."""
-        for value, dtype in zip(node.outputs, _element_type(node)):
-            if value.type is None and dtype is not None:
+        """Sequence types, and element types of tensors (see :func:`_element_type`): shapes and
+        exact types of a rule's tensor results come from the FX node's ``meta["val"]`` once the
+        rule returns."""
+        for value, dtype, sequence in zip(node.outputs, _element_type(node), _sequence_types(node)):
+            if value.type is not None:
+                continue
+            if sequence is not None:
+                value.type = sequence
+            elif dtype is not None:
                 value.type = ir.TensorType(dtype)
 
     def annotate_node(self, node: ir.Node) -> None:

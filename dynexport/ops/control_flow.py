@@ -43,7 +43,7 @@ def cond(ctx, pred, true_graph, false_graph, operands):
         else_branch=else_branch,
         _outputs=len(then_branch.outputs),
     )
-    return [_like(output, branch_output) for output, branch_output in zip(_results(result), then_branch.outputs)]
+    return _results(result)
 
 
 @translates(higher_order.while_loop)
@@ -59,7 +59,7 @@ def while_loop(ctx, cond_graph, body_graph, carried_inputs, additional_inputs):
     first_test = ctx.call_graph(cond_graph, carried + invariant, "cond")[0]
     iteration = ctx.value("iteration", 0)
     condition = ctx.value("condition", True)
-    state = [_like(ctx.value(f"carried_{i}", val), value) for i, (val, value) in enumerate(zip(carried_vals, carried))]
+    state = [_carried_input(ctx.value(f"carried_{i}", val), value) for i, (val, value) in enumerate(zip(carried_vals, carried))]
 
     def body():
         updated = ctx.call_graph(body_graph, state + invariant, "body")
@@ -68,12 +68,13 @@ def while_loop(ctx, cond_graph, body_graph, carried_inputs, additional_inputs):
 
     graph = ctx.subgraph("body", [iteration, condition, *state], body)
     result = ctx.op.Loop(None, scalar(ctx, first_test, _BOOL), *carried, body=graph, _outputs=len(carried))
-    return [_like(output, value) for output, value in zip(_results(result), carried)]
+    return _results(result)
 
 
-def _like(value: ir.Value, source: ir.Value) -> ir.Value:
-    """``value`` typed as ``source`` (a loop variable's initial value, a branch's output) when
-    that is a sequence: the FX graph only has the sequence's handle."""
+def _carried_input(value: ir.Value, source: ir.Value) -> ir.Value:
+    """A loop body's input ``value`` typed as the carried value's initial value ``source`` when
+    that is a sequence: the FX graph only has the sequence's handle (the builder types the
+    Loop's outputs so)."""
     if isinstance(source.type, ir.SequenceType):
         value.type, value.shape = source.type, None  # not the handle's shape
     return value

@@ -13,10 +13,10 @@ import operator
 import onnx_ir as ir
 import torch
 
-from dynexport.torchscript import lists  # noqa: F401  (defines the operators translated here)
 from dynexport.dtypes import to_onnx_dtype
 from dynexport.ops._helpers import scalar
 from dynexport.registry import translates
+from dynexport.torchscript import lists  # noqa: F401  (defines the operators translated here)
 
 dynexport_ops = torch.ops.dynexport
 higher_order = torch.ops.higher_order
@@ -24,36 +24,26 @@ higher_order = torch.ops.higher_order
 _INT64 = ir.DataType.INT64
 
 
-def sequence_type(dtype: ir.DataType) -> ir.SequenceType:
-    return ir.SequenceType(ir.TensorType(dtype))
-
-
-def _typed(value: ir.Value, dtype: ir.DataType) -> ir.Value:
-    value.type = sequence_type(dtype)
-    return value
-
-
 @translates(dynexport_ops.sequence_empty.default)
 def sequence_empty(ctx):
     dtype = to_onnx_dtype(_inserted_dtype(ctx.node) or torch.float32)
-    return _typed(ctx.op.SequenceEmpty(dtype=int(dtype)), dtype)
+    return ctx.op.SequenceEmpty(dtype=int(dtype))
 
 
 @translates(dynexport_ops.sequence_construct.default)
 def sequence_construct(ctx, tensors):
-    return _typed(ctx.op.SequenceConstruct(*tensors), tensors[0].dtype)
+    return ctx.op.SequenceConstruct(*tensors)
 
 
 @translates(dynexport_ops.sequence_insert.default)
 def sequence_insert(ctx, sequence, element):
-    return _typed(ctx.op.SequenceInsert(sequence, element), element.dtype)
+    return ctx.op.SequenceInsert(sequence, element)
 
 
 @translates(dynexport_ops.sequence_set.default)
 def sequence_set(ctx, sequence, position, element):
     position = scalar(ctx, position, _INT64)
-    erased = _typed(ctx.op.SequenceErase(sequence, position), element.dtype)
-    return _typed(ctx.op.SequenceInsert(erased, element, position), element.dtype)
+    return ctx.op.SequenceInsert(ctx.op.SequenceErase(sequence, position), element, position)
 
 
 @translates(dynexport_ops.sequence_at.default)
@@ -75,8 +65,8 @@ def sequence_concat(ctx, sequence, dim, new_axis, dtype, shape):
 def sequence_split(ctx, self, split_size, dim, keepdim):
     if not keepdim:
         # Pieces of one, squeezed: ONNX ignores keepdims when given a split size.
-        return _typed(ctx.op.SplitToSequence(self, axis=dim, keepdims=0), self.dtype)
-    return _typed(ctx.op.SplitToSequence(self, scalar(ctx, split_size, _INT64), axis=dim), self.dtype)
+        return ctx.op.SplitToSequence(self, axis=dim, keepdims=0)
+    return ctx.op.SplitToSequence(self, scalar(ctx, split_size, _INT64), axis=dim)
 
 
 def _inserted_dtype(start: torch.fx.Node) -> torch.dtype | None:
