@@ -101,11 +101,11 @@ def _sequence_types(node: ir.Node) -> list[ir.SequenceType | None]:
         return [inputs[0].type]
     if op == "Loop":
         sources = list(inputs[2:])  # the carried values' initial values, in output order
-    elif op == "If":
+    elif op == "If" and "then_branch" in attrs:
         sources = list(attrs["then_branch"].as_graph().outputs)
     else:
         sources = []
-    types = [v.type if isinstance(v.type, ir.SequenceType) else None for v in sources]
+    types = [v.type if v is not None and isinstance(v.type, ir.SequenceType) else None for v in sources]
     return (types + [None] * len(node.outputs))[: len(node.outputs)]
 
 
