@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import onnx_ir as ir
@@ -23,13 +24,14 @@ import sympy
 import torch
 
 from dynexport.call_convention import is_graph_input, placeholders, user_input_specs
+from dynexport.dim_refinement import DIM_REFINEMENTS_KEY
 
 __all__ = ["BAKED_INPUTS_KEY", "DIM_RANGES_KEY", "INPUT_DIMS_KEY", "InputGuards"]
 
 # {input: [dim, ...]}: each dim an int (static) or a dim name or expression (``batch``,
 # ``past + seq``); a symbolic int input has a one-entry list.
 INPUT_DIMS_KEY = "pkg.dynexport.input_dims"
-# {dim or expression: [min, max]}, max null when unbounded.
+# {dim or expression: [min, max]} as checked, max null when unbounded.
 DIM_RANGES_KEY = "pkg.dynexport.dim_ranges"
 # {argument: value}: the Python numbers (and None) the export built into the graph.
 BAKED_INPUTS_KEY = "pkg.dynexport.baked_inputs"
@@ -66,8 +68,12 @@ class InputGuards:
     named as in the ONNX model; ``ranges`` the ``(min, max)`` of each dim (max None when
     unbounded); ``baked`` the constant user inputs by argument name.
 
-    A derived dim's range is its own (``2*_h`` >= 2), not its root's: torch gives a root that no
-    input carries as a dim (``_h``) a default lower bound the graph does not rely on.
+    Every maximum torch proved is enforced. A minimum only where the model demanded it (a
+    dynamic-shape refinement ``min=``): torch gives every dynamic dim a minimum of its own while
+    tracing (2, from specializing sizes 0 and 1, and more for dims derived from it), an assumption
+    the graph rarely depends on, and which would refuse inputs the user declared dynamic and the
+    graph computes right (an embedding bag's offsets of size 2). A derived dim's range is its
+    own, not its root's.
     """
 
     dims: list[_Input | None]
@@ -75,8 +81,9 @@ class InputGuards:
     baked: dict[str, Any]
 
     @classmethod
-    def of(cls, program: torch.export.ExportedProgram, graph: ir.Graph) -> InputGuards:
-        """The guards of ``program``, whose fed inputs are ``graph``'s (dims named as there)."""
+    def of(cls, program: torch.export.ExportedProgram, model: ir.Model) -> InputGuards:
+        """The guards of ``program``, whose fed inputs are ``model``'s (dims named as there)."""
+        graph = model.graph
         nodes = placeholders(program)
         fed = [v for v in graph.inputs if not v.is_initializer()]
         specs = [s for s in user_input_specs(program) if is_graph_input(s)]
@@ -95,11 +102,18 @@ class InputGuards:
                 dims.append(_Input(value.name, [size], is_int=True))
             else:
                 dims.append(None)
-        carried = {d.expr for entry in dims if entry for d in entry.dims}
+        names = {d.expr: d.name for entry in dims if entry for d in entry.dims}
+        refined = json.loads(model.metadata_props.get(DIM_REFINEMENTS_KEY, "{}"))
+        model_minimums = {
+            dim for dim, change in refined.items() if re.search(r"\bmin=", change)
+        }
         ranges = {
-            expr: (_bound(bounds.lower, 0), _bound(bounds.upper, None))
+            expr: (
+                _bound(bounds.lower, 0) if names[expr] in model_minimums else 0,
+                _bound(bounds.upper, None),
+            )
             for expr, bounds in program.range_constraints.items()
-            if expr in carried
+            if expr in names
         }
         baked = {
             spec.arg.name: spec.arg.value

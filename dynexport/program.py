@@ -64,7 +64,7 @@ class ONNXProgram:
         self.buffers: dict[str, torch.Tensor] = {}
         self.input_guards: InputGuards | None = None
         if exported_program is not None:
-            self.input_guards = InputGuards.of(exported_program, model.graph)
+            self.input_guards = InputGuards.of(exported_program, model)
             model.metadata_props.update(self.input_guards.metadata())
 
     def __repr__(self) -> str:

@@ -109,3 +109,25 @@ def test_verify_runs_eager_and_onnx_on_private_copies():
     report = program.verify(y, resized=[(z,)], compare_intermediates=True)
     assert report.passed, report.summary()
     assert torch.equal(y, torch.full((2, 3), 5.0)) and torch.equal(z, torch.full((2, 3), -1.0))
+
+
+def _reflect_pad(x):
+    return torch.nn.functional.pad(x, (3, 3), mode="reflect")
+
+
+def test_a_minimum_the_model_demands_is_enforced_not_torchs_own_assumption():
+    with pytest.warns(UserWarning, match="w: min=4"):
+        program = dynexport.export(_reflect_pad, (torch.randn(2, 8),), dynamic_shapes=({1: Dim("w")},))
+    for width in (4, 9):
+        x = torch.randn(2, width)
+        assert_close(program(x), _reflect_pad(x))
+    with pytest.raises(ValueError, match=r"input 'x' dim 1 is 3, outside the range w >= 4"):
+        program(torch.randn(2, 3))
+    # dynamic_axes at an example of 3: torch assumes the dim is at least 2 while tracing, which
+    # this graph does not depend on; the dim was declared dynamic, so 1 is accepted.
+    doubled = dynexport.export(lambda x: x * 2, (torch.randn(3, 4),), input_names=["x"], dynamic_axes={"x": [0]})
+    assert doubled.exported_program.range_constraints and json.loads(
+        doubled.model.metadata_props[DIM_RANGES_KEY]
+    ) == {"x_dim_0": [0, None]}
+    x = torch.randn(1, 4)
+    assert_close(doubled(x), x * 2)
