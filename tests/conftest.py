@@ -2,14 +2,17 @@
 and "deep" (many more examples, every op at every dtype), chosen with
 DYNEXPORT_HYPOTHESIS_PROFILE=deep; "coverage" is what ``python -m tests.property.coverage`` runs.
 
-The ``torchvision`` and ``timm`` fixtures import torchvision through tests/torchvision_ops.py."""
+The ``torchvision`` and ``timm`` fixtures import torchvision through tests/torchvision_ops.py.
+Where torchvision is installed, its operators are defined before any test runs: transformers and
+timm import torchvision as they load, which fails with the registry's CUDA build of torchvision
+until they are."""
 
 import os
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from tests.torchvision_ops import load_torchvision
+from tests.torchvision_ops import load_torchvision, load_torchvision_if_installed
 
 _COMMON = dict(
     deadline=None,
@@ -21,6 +24,10 @@ settings.register_profile("ci", max_examples=4, derandomize=True, **_COMMON)
 settings.register_profile("deep", max_examples=50, **_COMMON)
 settings.register_profile("coverage", max_examples=3, derandomize=True, phases=[Phase.explicit, Phase.generate], **_COMMON)
 settings.load_profile(os.environ.get("DYNEXPORT_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    load_torchvision_if_installed()
 
 
 @pytest.fixture(scope="session")

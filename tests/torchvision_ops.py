@@ -170,6 +170,14 @@ def load_torchvision() -> ModuleType:
     return torchvision
 
 
+def load_torchvision_if_installed() -> ModuleType | None:
+    """:func:`load_torchvision` where torchvision is installed: transformers and timm import it
+    as they load, and fail with the registry's CUDA build until its operators are defined."""
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    return load_torchvision()
+
+
 _LIBRARIES: list[torch.library.Library] = []  # a Library's definitions live as long as the object
 
 

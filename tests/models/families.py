@@ -7,7 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import transformers
+
+from tests.torchvision_ops import load_torchvision_if_installed
+
+load_torchvision_if_installed()  # transformers imports torchvision as it loads
+
+import transformers  # noqa: E402
 
 Dim = torch.export.Dim
 
