@@ -59,7 +59,10 @@ def while_loop(ctx, cond_graph, body_graph, carried_inputs, additional_inputs):
     first_test = ctx.call_graph(cond_graph, carried + invariant, "cond")[0]
     iteration = ctx.value("iteration", 0)
     condition = ctx.value("condition", True)
-    state = [_carried_input(ctx.value(f"carried_{i}", val), value) for i, (val, value) in enumerate(zip(carried_vals, carried))]
+    state = [
+        _carried_input(ctx.value(f"carried_{i}", val), value)
+        for i, (val, value) in enumerate(zip(carried_vals, carried))
+    ]
 
     def body():
         updated = ctx.call_graph(body_graph, state + invariant, "body")

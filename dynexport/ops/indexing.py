@@ -74,7 +74,9 @@ def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, includ
     # starts at or before i, minus one. Empty bags give zeros, as in PyTorch.
     count = ctx.op.Size(indices)
     positions = with_shape(ctx.op.Range(ctx.constant(0, _INT64), count, ctx.constant(1, _INT64)), [None])
-    starts = with_shape(ctx.op.Slice(offsets, ints(ctx, [0]), ints(ctx, [-1])), [None]) if include_last_offset else offsets
+    starts = offsets
+    if include_last_offset:
+        starts = with_shape(ctx.op.Slice(offsets, ints(ctx, [0]), ints(ctx, [-1])), [None])
     bags = ctx.op.Sub(count_below(ctx, starts, positions, right=True, out_int32=False), ctx.constant(1, _INT64))
     rows = ctx.op.Gather(weight, indices, axis=0)
     if per_sample_weights is not None:
