@@ -166,7 +166,10 @@ def export(
         if record.dim_refinements:
             onnx_model.metadata_props[DIM_REFINEMENTS_KEY] = refinements_metadata(record.dim_refinements)
         record.onnx_model = onnx_model
-        result = ONNXProgram(onnx_model, plan.program, capture_strategy=captured.strategy)
+        result = ONNXProgram(
+            onnx_model, plan.program, capture_strategy=captured.strategy,
+            declared_minimums=dim_names.declared_minimums(options.dynamic_shapes),
+        )
         result.timings = record.timings
         result.report_path = options.report_file
         _finish(result, model, options, timer, record)

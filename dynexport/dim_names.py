@@ -30,7 +30,7 @@ from dynexport.signature import (
     output_values,
 )
 
-__all__ = ["dynamic_shapes_from_axes", "dynamic_shapes_from_examples", "graph_dims", "named_dims"]
+__all__ = ["declared_minimums", "dynamic_shapes_from_axes", "dynamic_shapes_from_examples", "graph_dims", "named_dims"]
 
 
 def graph_dims(
@@ -175,6 +175,12 @@ def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, in
     for name, value in bound.items():
         _dim_spec_names(per_param.get(name), value, name, out)
     return out
+
+
+def declared_minimums(dynamic_shapes: Any) -> dict[str, int]:
+    """The minimum the user gave each ``Dim(name, min=...)`` in ``dynamic_shapes``, by name."""
+    leaves = pytree.tree_leaves(dynamic_shapes, is_leaf=lambda leaf: isinstance(leaf, Dim))
+    return {dim.__name__: int(dim.min) for dim in leaves if isinstance(dim, Dim) and dim.min > 0}
 
 
 def _output_dim_names(

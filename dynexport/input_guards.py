@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import onnx_ir as ir
@@ -68,12 +69,12 @@ class InputGuards:
     named as in the ONNX model; ``ranges`` the ``(min, max)`` of each dim (max None when
     unbounded); ``baked`` the constant user inputs by argument name.
 
-    Every maximum torch proved is enforced. A minimum only where the model demanded it (a
-    dynamic-shape refinement ``min=``): torch gives every dynamic dim a minimum of its own while
-    tracing (2, from specializing sizes 0 and 1, and more for dims derived from it), an assumption
-    the graph rarely depends on, and which would refuse inputs the user declared dynamic and the
-    graph computes right (an embedding bag's offsets of size 2). A derived dim's range is its
-    own, not its root's.
+    Every maximum torch proved is enforced. A minimum where the model demanded it (a
+    dynamic-shape refinement ``min=``), else the one the user declared (``Dim(name, min=...)``),
+    else none: torch gives every dynamic dim a minimum of its own while tracing (2, from
+    specializing sizes 0 and 1, and more for dims derived from it), an assumption the graph rarely
+    depends on, and which would refuse inputs the user declared dynamic and the graph computes
+    right (an embedding bag's offsets of size 2). A derived dim's range is its own, not its root's.
     """
 
     dims: list[_Input | None]
@@ -81,8 +82,14 @@ class InputGuards:
     baked: dict[str, Any]
 
     @classmethod
-    def of(cls, program: torch.export.ExportedProgram, model: ir.Model) -> InputGuards:
-        """The guards of ``program``, whose fed inputs are ``model``'s (dims named as there)."""
+    def of(
+        cls,
+        program: torch.export.ExportedProgram,
+        model: ir.Model,
+        declared_minimums: Mapping[str, int] | None = None,
+    ) -> InputGuards:
+        """The guards of ``program``, whose fed inputs are ``model``'s (dims named as there);
+        ``declared_minimums`` are the minimums of the user's Dims, by name."""
         graph = model.graph
         nodes = placeholders(program)
         fed = [v for v in graph.inputs if not v.is_initializer()]
@@ -104,12 +111,13 @@ class InputGuards:
                 dims.append(None)
         names = {d.expr: d.name for entry in dims if entry for d in entry.dims}
         refined = json.loads(model.metadata_props.get(DIM_REFINEMENTS_KEY, "{}"))
+        declared = declared_minimums or {}
         model_minimums = {
             dim for dim, change in refined.items() if re.search(r"\bmin=", change)
         }
         ranges = {
             expr: (
-                _bound(bounds.lower, 0) if names[expr] in model_minimums else 0,
+                _bound(bounds.lower, 0) if names[expr] in model_minimums else declared.get(names[expr], 0),
                 _bound(bounds.upper, None),
             )
             for expr, bounds in program.range_constraints.items()

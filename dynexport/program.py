@@ -50,6 +50,7 @@ class ONNXProgram:
         *,
         timings: dict[str, float] | None = None,
         capture_strategy: str | None = None,
+        declared_minimums: Mapping[str, int] | None = None,
     ):
         self.model = model
         self.exported_program = exported_program
@@ -64,7 +65,7 @@ class ONNXProgram:
         self.buffers: dict[str, torch.Tensor] = {}
         self.input_guards: InputGuards | None = None
         if exported_program is not None:
-            self.input_guards = InputGuards.of(exported_program, model)
+            self.input_guards = InputGuards.of(exported_program, model, declared_minimums)
             model.metadata_props.update(self.input_guards.metadata())
 
     def __repr__(self) -> str:

@@ -131,3 +131,12 @@ def test_a_minimum_the_model_demands_is_enforced_not_torchs_own_assumption():
     ) == {"x_dim_0": [0, None]}
     x = torch.randn(1, 4)
     assert_close(doubled(x), x * 2)
+
+
+def test_a_minimum_the_user_declares_is_enforced():
+    program = dynexport.export(lambda x: x * 2, (torch.randn(5, 3),), dynamic_shapes=({0: Dim("rows", min=3)},))
+    assert json.loads(program.model.metadata_props[DIM_RANGES_KEY]) == {"rows": [3, None]}
+    x = torch.randn(3, 3)
+    assert_close(program(x), x * 2)
+    with pytest.raises(ValueError, match=r"input 'x' dim 0 is 2, outside the range rows >= 3"):
+        program(torch.randn(2, 3))
