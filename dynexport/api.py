@@ -224,6 +224,8 @@ def _capture_module(
         )
     else:
         requested_dims = dim_names.named_dims(dynamic_shapes, bound)
+    if options.dynamic_axes is not None or options.auto_dims:
+        dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)
     input_names = signature.graph_input_names(options.input_names, slots)
     with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
         program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(

@@ -36,6 +36,7 @@ __all__ = [
     "graph_input_names",
     "graph_io",
     "input_name_slots",
+    "keyed_as_torch_export",
     "leaf_name",
     "no_graph_value",
     "output_values",
@@ -100,6 +101,27 @@ def _describe_path(path: Sequence[Any]) -> str:
 def bind_arguments(forward: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Map the forward signature's parameter names to the values given (defaults omitted)."""
     return {name: value for name, value in _bind(forward, args, kwargs).items() if value is not _NOT_PASSED}
+
+
+def keyed_as_torch_export(forward: Any, shapes: dict[str, Any]) -> dict[str, Any]:
+    """``shapes`` keyed as :func:`bind_arguments` keys the arguments (``t_0, t_1`` for ``*t``)
+    re-keyed as torch.export reads a dynamic_shapes dict: a ``*t`` parameter's entries as one
+    tuple under ``t``."""
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return shapes
+    variadic = next((p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    if variadic is None:
+        return shapes
+    prefix = f"{variadic}_"
+    regrouped: dict[str, Any] = {}
+    for key, value in shapes.items():  # in signature order, so the entries of *t are in order
+        if key.startswith(prefix) and key[len(prefix):].isdigit():
+            regrouped[variadic] = (*regrouped.get(variadic, ()), value)
+        else:
+            regrouped[key] = value
+    return regrouped
 
 
 def _bind(forward: Any, args: tuple, kwargs: dict) -> dict[str, Any]:

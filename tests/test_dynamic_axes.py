@@ -10,7 +10,7 @@ import torch
 
 import dynexport
 from dynexport.translate import OUTPUT_DIMS_KEY
-from tests.equivalence import assert_exports_equivalent
+from tests.equivalence import assert_close, assert_exports_equivalent
 
 
 def dims(value) -> list:
@@ -244,3 +244,14 @@ def test_default_names_step_aside_for_taken_ones():
 def test_a_name_the_user_gives_twice_is_an_error(model, names, match):
     with pytest.raises(ValueError, match=match):
         dynexport.export(model, (torch.randn(2, 3),), **names)
+
+
+def test_dynamic_axes_on_a_function_of_star_args():
+    def add(*t):
+        return t[0] + t[1]
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    program = dynexport.export(add, (x, y), input_names=["a", "b"], dynamic_axes={"a": {0: "n"}, "b": {0: "n"}})
+    assert [value.shape.dims[0] for value in program.model.graph.inputs] == ["n", "n"]
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    assert_close(program(x, y), x + y)
