@@ -1,4 +1,4 @@
-"""Property-based equivalence: every op in the spec table (tests/property/specs.py), exported as
+"""Property-based equivalence: every op in the spec table (tests/property/specs/), exported as
 a one-op model and run in onnxruntime (or onnx's reference evaluator where onnxruntime has no
 kernel), matches eager PyTorch on hypothesis-drawn shapes, dtypes, values and arguments; dynamic
 dims are rerun at grown sizes.

@@ -1,0 +1,89 @@
+"""Property specs: LSTM, GRU and RNN cells (dynexport/ops/recurrent.py)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from tests.property.specs.common import F32, LOW_PRECISION_SUM, OpSpec, composite
+from tests.property.strategies import FLOATS, Domain, tensors
+
+
+def _recurrent(kind: str):
+    gates = {"lstm": 4, "gru": 3}[kind]
+
+    @composite
+    def sample(draw, dtype):
+        steps, batch, size, hidden = (
+            draw(st.integers(1, 4)),
+            draw(st.integers(1, 3)),
+            draw(st.integers(1, 3)),
+            draw(st.integers(1, 3)),
+        )
+        x = draw(tensors([steps, batch, size], dtype, Domain(-2, 2)))
+        states = [draw(tensors([1, batch, hidden], dtype, Domain(-1, 1))) for _ in range(2 if kind == "lstm" else 1)]
+        weights = [
+            draw(tensors(shape, dtype, Domain(-1, 1)))
+            for shape in ([gates * hidden, size], [gates * hidden, hidden], [gates * hidden], [gates * hidden])
+        ]
+        # The weights are constants of the one-op model, as a module's parameters are.
+        return (x, *states), {"weights": weights}
+
+    return sample
+
+
+def _lstm(x, h, c, weights):
+    return torch.lstm(x, (h, c), weights, True, 1, 0.0, False, False, False)
+
+
+def _gru(x, h, weights):
+    return torch.gru(x, h, weights, True, 1, 0.0, False, False, False)
+
+
+def _cell(kind: str):
+    gates = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}[kind]
+
+    @composite
+    def sample(draw, dtype):
+        size, hidden = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+        batch = draw(st.sampled_from([[], [1], [3]]))  # [] : one unbatched step
+        x = draw(tensors([*batch, size], dtype, Domain(-2, 2)))
+        states = [draw(tensors([*batch, hidden], dtype, Domain(-1, 1))) for _ in range(2 if kind == "lstm" else 1)]
+        shapes = [[gates * hidden, size], [gates * hidden, hidden]] + draw(
+            st.sampled_from([[], [[gates * hidden]] * 2])
+        )
+        weights = [draw(tensors(shape, dtype, Domain(-1, 1))) for shape in shapes]
+        return (x, *states), {"weights": weights}
+
+    return sample
+
+
+def _lstm_cell(x, h, c, weights):
+    return torch.lstm_cell(x, (h, c), *weights)
+
+
+def _one_state_cell(op):
+    return lambda x, h, weights: op(x, h, *weights)
+
+
+SPECS: list[OpSpec] = [
+    # float32 only: onnxruntime's LSTM and GRU have no float64 kernels.
+    OpSpec("lstm.input", _lstm, _recurrent("lstm"), F32, tolerances={torch.float32: (1e-4, 1e-5)}),
+    OpSpec("gru.input", _gru, _recurrent("gru"), F32, tolerances={torch.float32: (1e-4, 1e-5)}),
+    OpSpec("lstm_cell.default", _lstm_cell, _cell("lstm"), FLOATS, tolerances=LOW_PRECISION_SUM),
+    OpSpec("gru_cell.default", _one_state_cell(torch.gru_cell), _cell("gru"), FLOATS, tolerances=LOW_PRECISION_SUM),
+    OpSpec(
+        "rnn_tanh_cell.default",
+        _one_state_cell(torch.rnn_tanh_cell),
+        _cell("rnn_tanh"),
+        FLOATS,
+        tolerances=LOW_PRECISION_SUM,
+    ),
+    OpSpec(
+        "rnn_relu_cell.default",
+        _one_state_cell(torch.rnn_relu_cell),
+        _cell("rnn_relu"),
+        FLOATS,
+        tolerances=LOW_PRECISION_SUM,
+    ),
+]
