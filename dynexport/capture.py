@@ -41,6 +41,7 @@ from torch.export._draft_export import FailureType
 from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
+from dynexport.pinned_dims import check_dims_not_pinned
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
@@ -149,11 +150,14 @@ def capture(
     for name, strategy in STRATEGIES.items():
         try:
             with _size_oblivious(oblivious), recurrent_ops_kept_whole(), _fake_quantize_meta_kernels():
-                return strategy(module, args, kwargs, dynamic_shapes), name
+                program = strategy(module, args, kwargs, dynamic_shapes)
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
             if _is_user_error(error):
                 break
+        else:
+            check_dims_not_pinned(program, module, args, kwargs, name)
+            return program, name
     # A scripted function run by torch.export fixes the sizes it reads (`range(x.size(0))`): a
     # violated constraint that the TorchScript front end, which keeps the size symbolic, avoids.
     last = list(reasons.values())[-1]

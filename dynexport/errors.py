@@ -55,9 +55,12 @@ class CaptureError(ExportError):
 
 class DimSpecializedError(CaptureError):
     """The model fixes dims the user declared dynamic: ``dims`` maps each dim name to the size it
-    is fixed to, ``source`` is the model line that fixes one (None when torch does not say)."""
+    is fixed to, ``source`` is the model line that fixes one (None when torch does not say),
+    ``because`` what fixes them when it is not a violated constraint (torch.export's guards)."""
 
-    def __init__(self, dims: dict[str, int], source: str | None, reasons: dict[str, BaseException]):
+    def __init__(
+        self, dims: dict[str, int], source: str | None, reasons: dict[str, BaseException], because: str | None = None
+    ):
         self.reasons = reasons
         self.dims = dims
         self.source = source
@@ -73,9 +76,8 @@ class DimSpecializedError(CaptureError):
                 " An example size of 0 or 1 lets model code that tests the size (`if batch == 1`) fix "
                 "it: export with an example size of 2 or more."
             )
-        ExportError.__init__(
-            self, _located(f"The model fixes dims declared dynamic to the example's sizes: {fixed}", source, hint)
-        )
+        headline = f"The model fixes dims declared dynamic to the example's sizes: {fixed}"
+        ExportError.__init__(self, _located(headline + (f" ({because})" if because else ""), source, hint))
 
 
 def _model_call(message: list[str]) -> str | None:

@@ -236,3 +236,18 @@ def test_given_draft_program_with_problems_is_refused_and_a_clean_one_exported()
     program = dynexport.export(clean, ())
     x = torch.randn(3)
     assert_close(program(x), torch.relu(x))
+
+
+class _Pairs(torch.nn.Module):
+    def forward(self, x, y):
+        return x.view(x.shape[0], -1, 2) + y.view(y.shape[0], -1, 2)
+
+
+def test_guards_that_admit_other_sizes_keep_the_dims_dynamic():
+    # torch.export guards x.size(1) % 2 == 0, x.size(0) == y.size(0), ...: other sizes satisfy
+    # them, so the dims are not pinned; only pinned dims are refused (tests/ops/test_shape.py).
+    x, y = torch.randn(2, 8), torch.randn(2, 8)
+    assert_exports_equivalent(
+        _Pairs(), (x, y), input_names=["x", "y"], dynamic_axes={"x": [0, 1], "y": [0, 1]},
+        resized=[(torch.randn(3, 12), torch.randn(3, 12)), (torch.randn(5, 4), torch.randn(5, 4))],
+    )
