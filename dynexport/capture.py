@@ -41,7 +41,7 @@ from torch.export._draft_export import FailureType
 from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
-from dynexport.pinned_dims import check_dims_not_pinned
+from dynexport.pinned_dims import warn_if_dims_pinned
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
@@ -156,7 +156,7 @@ def capture(
             if _is_user_error(error):
                 break
         else:
-            check_dims_not_pinned(program, module, args, kwargs, name)
+            warn_if_dims_pinned(program, module, args, kwargs)
             return program, name
     # A scripted function run by torch.export fixes the sizes it reads (`range(x.size(0))`): a
     # violated constraint that the TorchScript front end, which keeps the size symbolic, avoids.

@@ -55,12 +55,9 @@ class CaptureError(ExportError):
 
 class DimSpecializedError(CaptureError):
     """The model fixes dims the user declared dynamic: ``dims`` maps each dim name to the size it
-    is fixed to, ``source`` is the model line that fixes one (None when torch does not say),
-    ``because`` what fixes them when it is not a violated constraint (torch.export's guards)."""
+    is fixed to, ``source`` is the model line that fixes one (None when torch does not say)."""
 
-    def __init__(
-        self, dims: dict[str, int], source: str | None, reasons: dict[str, BaseException], because: str | None = None
-    ):
+    def __init__(self, dims: dict[str, int], source: str | None, reasons: dict[str, BaseException]):
         self.reasons = reasons
         self.dims = dims
         self.source = source
@@ -76,8 +73,9 @@ class DimSpecializedError(CaptureError):
                 " An example size of 0 or 1 lets model code that tests the size (`if batch == 1`) fix "
                 "it: export with an example size of 2 or more."
             )
-        headline = f"The model fixes dims declared dynamic to the example's sizes: {fixed}"
-        ExportError.__init__(self, _located(headline + (f" ({because})" if because else ""), source, hint))
+        ExportError.__init__(
+            self, _located(f"The model fixes dims declared dynamic to the example's sizes: {fixed}", source, hint)
+        )
 
 
 def _model_call(message: list[str]) -> str | None:

@@ -1,19 +1,22 @@
-"""Refuse a captured program whose guards hold a dynamic dim at its example size.
+"""Warn when a captured program's guards hold a dynamic dim at its example size.
 
 torch.export keeps, beside the graph, the guards its shape reasoning assumed
 (``ExportedProgram._guards_code``, checked by ``program.module()``): ``x.size()[0] % 2 == 0`` after
 a ``view(-1, 2)``. Most admit a range of sizes; some admit only the example's, without a
-constraint violation, a range in ``range_constraints`` or an assert in the graph: ``view(-1, 2)``
-then ``view(1, -1)`` leaves ``x.size()[0] // 2 == 1``, and the graph, whose second view torch
-recorded as a no-op, is right for that one size. Each dynamic symbol is tried at other sizes
-within its range, alone and with the others scaled or shifted alike; a symbol no other size
-satisfies the guards for is pinned, and capture refuses the program naming it and the guards.
+constraint violation, a range in ``range_constraints`` or an assert in the graph: a size derived
+from a dynamic dim that is 1 at the example (``x.view(-1, 2)`` of 2 elements, the halves of
+``glu``) is specialised to 1, and the shapes after it are traced as static. The graph may then
+be wrong at other sizes (``view(-1, 2).view(1, -1)``: torch records the second view as a no-op)
+or right but typed with the example's sizes. Each dynamic symbol is tried at other sizes within
+its range, alone and with the others scaled or shifted alike; a symbol no other size satisfies
+the guards for is pinned, and a warning names it, the guards and the fix.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from typing import Any
 
 import sympy
@@ -21,17 +24,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from dynexport.call_convention import placeholders, user_input_specs
-from dynexport.errors import DimSpecializedError
 
-__all__ = ["check_dims_not_pinned"]
+__all__ = ["warn_if_dims_pinned"]
 
 
-def check_dims_not_pinned(
-    program: torch.export.ExportedProgram, module: torch.nn.Module, args: tuple, kwargs: dict, strategy: str
-) -> None:
-    """Raise :class:`DimSpecializedError` when the guards of ``program`` (captured from
-    ``module`` at ``args``/``kwargs`` by ``strategy``) admit a dynamic dim at its example size
-    only."""
+def warn_if_dims_pinned(program: torch.export.ExportedProgram, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Warn when the guards of ``program`` (captured from ``module`` at ``args``/``kwargs``)
+    admit a dynamic dim at its example size only."""
     guards = list(getattr(program, "_guards_code", None) or ())
     leaves, tree = pytree.tree_flatten((tuple(args), dict(kwargs)))
     names, shapes = _leaf_shapes(program, leaves)
@@ -60,9 +59,14 @@ def check_dims_not_pinned(
     }
     if not pinned:
         return
-    dims = {_dim_text(symbol, names, shapes): size for symbol, size in pinned.items()}
-    because = f"torch.export's guards admit no other size: {'; '.join(guards)}"
-    raise DimSpecializedError(dims, None, {strategy: ValueError(because)}, because=because)
+    dims = ", ".join(f"{_dim_text(symbol, names, shapes)} = {size}" for symbol, size in pinned.items())
+    warnings.warn(
+        f"torch.export's guards admit no other size than the example's for {dims} ({'; '.join(guards)}): "
+        "a size derived from it was 1 at the example and traced as static, so the graph may be wrong "
+        "at other sizes. Export with a larger example size on that dim (4 or more keeps halves and "
+        "other derived sizes above 1), or declare the dim static.",
+        stacklevel=5,  # capture <- dynamic-shape refinement <- export's stage <- export <- the user's call
+    )
 
 
 def _leaf_shapes(program: torch.export.ExportedProgram, leaves: list[Any]) -> tuple[list[str], list[tuple | None]]:

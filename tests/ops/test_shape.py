@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dynexport
-from dynexport.errors import DimSpecializedError, TranslationError
+from dynexport.errors import TranslationError
 from tests.equivalence import assert_exports_equivalent, op_histogram
 
 B = torch.export.Dim("batch")
@@ -133,12 +133,23 @@ class _ViewTwice(torch.nn.Module):
         return input.view(-1, 2).view(1, -1)
 
 
-def test_view_of_a_dynamic_dim_whose_guards_admit_only_the_example_is_refused():
-    # PyTorch's own ONNX test (test_view_dynamic_zero_dim), exported at 2: torch.export's guards
-    # (`size // 2 == 1`, not a range nor an assert) hold the graph, whose second view torch
-    # recorded as a no-op, at that size; it used to return [1, 2] for 6 elements.
-    refused = r"input 'input' dim 0 = 2 \(torch.export's guards admit no other size"
-    with pytest.raises(DimSpecializedError, match=refused):
+@pytest.mark.xfail(
+    strict=True,
+    reason="capture: torch.export fixes (s // 2) == 1 by a shape guard that is neither a range nor an "
+    "assert in the program (the input must be 2 long), and the second view's metadata repeats the "
+    "first's: the graph is right only at the example (export warns, test below)",
+)
+def test_view_of_a_dynamic_dim_at_other_sizes_including_zero():
+    # PyTorch's own ONNX test (test_view_dynamic_zero_dim): exported at 2, run at 0 and 6.
+    assert_exports_equivalent(
+        _ViewTwice(), (torch.ones(2),), input_names=["input_1"], dynamic_axes={"input_1": [0]},
+        resized=[(torch.empty(0),), (torch.ones(6),)],
+    )
+
+
+def test_view_of_a_dynamic_dim_whose_guards_admit_only_the_example_warns():
+    pinned = r"guards admit no other size than the example's for input 'input' dim 0 = 2"
+    with pytest.warns(UserWarning, match=pinned):
         dynexport.export(_ViewTwice(), (torch.ones(2),), input_names=["input_1"], dynamic_axes={"input_1": [0]})
 
 
