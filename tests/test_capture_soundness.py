@@ -18,20 +18,7 @@ import dynexport
 from dynexport.capture import UnsoundCapture
 from dynexport.errors import CaptureError
 from tests.equivalence import BATCH, assert_close, assert_exports_equivalent, op_histogram
-
-
-@torch.jit.script
-def loop(x, y):
-    for i in range(int(y)):
-        x = x + i
-    return x
-
-
-class LoopModel2(torch.nn.Module):
-    """The seed torch.onnx docs' model: a module calling a scripted loop."""
-
-    def forward(self, x, y):
-        return loop(x, y)
+from tests.seed_models import LoopModel2, loop
 
 
 @torch.jit.script

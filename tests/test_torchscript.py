@@ -14,6 +14,7 @@ import dynexport
 from dynexport import torchscript
 from dynexport.errors import TorchScriptConversionError
 from tests.equivalence import assert_close, assert_exports_equivalent, op_histogram
+from tests.seed_models import LoopModel2, loop
 
 # --- The seed examples, as the old torch.onnx docs wrote them. ---------------------------------
 
@@ -23,18 +24,6 @@ class LoopModel(torch.nn.Module):
         for i in range(y):
             x = x + i
         return x
-
-
-@torch.jit.script
-def loop(x, y):
-    for i in range(int(y)):
-        x = x + i
-    return x
-
-
-class LoopModel2(torch.nn.Module):
-    def forward(self, x, y):
-        return loop(x, y)
 
 
 class ListLoopModel(torch.nn.Module):
