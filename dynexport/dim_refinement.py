@@ -34,6 +34,7 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 from torch.export.dynamic_shapes import _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
 
 from dynexport.errors import CaptureError, DimSpecializedError
@@ -92,7 +93,7 @@ def capture_refining_dims(
             return program, strategy, refinements, dynamic_shapes
         except CaptureError as error:
             unrefined = error
-            message = _suggested_fixes_message(error)
+            message = _suggested_fixes_message(error, dynamic_shapes)
             if message is None:
                 raise
             # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
@@ -176,18 +177,67 @@ def derived_dim_roots(
     return roots
 
 
-def _suggested_fixes_message(error: CaptureError) -> str | None:
-    """torch.export's constraint-violation message when it suggests fixes, else None."""
+def _suggested_fixes_message(error: CaptureError, dynamic_shapes: Any) -> str | None:
+    """torch.export's constraint-violation message when it suggests fixes, or the minimums that
+    the guards it names imply (:func:`_minimums_from_guards`) in the same form; else None."""
     from torch._dynamo.exc import UserError, UserErrorType
 
     for reason in error.reasons.values():
-        if (
-            isinstance(reason, UserError)
-            and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
-            and "Suggested fixes:" in reason.msg
-        ):
-            return reason.msg
+        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION:
+            if "Suggested fixes:" in reason.msg:
+                return reason.msg
+            return _minimums_from_guards(reason.msg, dynamic_shapes)
     return None
+
+
+# "Not all values of w = L['x'].size()[3] in the specified range satisfy the generated guard
+# (1 + (((-1) + L['x'].size()[3]) // 2)) != 1."
+_UNSATISFIED_GUARD = re.compile(r"Not all values of (\w+) = (\S+) in the specified range.*? satisfy the generated guard (.+)\.\s*$")
+# A guard is tried at every size up to this one.
+_GUARD_SEARCH_LIMIT = 4096
+
+
+def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
+    """torch.export names guards a dim's whole range does not satisfy without suggesting a fix
+    when a guard only excludes small sizes (a stride-2 convolution's output ``(h - 1) // 2 + 1 !=
+    1``). The smallest size from which every such guard of the dim holds becomes its minimum, as a
+    "Suggested fixes:" message; torch checks the refined range again when capture is retried."""
+    declared = _get_dim_name_mapping(dynamic_shapes)
+    guards: dict[str, list[tuple[str, str]]] = {}
+    for line in message.splitlines():
+        match = _UNSATISFIED_GUARD.search(line.strip())
+        if match and match.group(1) in declared:
+            guards.setdefault(match.group(1), []).append((match.group(2), match.group(3)))
+    fixes = []
+    for name, conditions in guards.items():
+        dim = declared[name]
+        upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
+        minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), upper)
+        if minimum is None:
+            return None
+        maximum = "" if dim.max == int_oo else f", max={int(dim.max)}"
+        fixes.append(f"{name} = Dim('{name}', min={minimum}{maximum})")
+    return "Suggested fixes:\n" + "\n".join(fixes) if fixes else None
+
+
+def _smallest_size_from_which_all_hold(conditions: list[tuple[str, str]], lower: int, upper: int) -> int | None:
+    """The smallest ``m`` in ``[lower, upper]`` such that every ``(source, guard)`` holds with the
+    dim's ``source`` (``L['x'].size()[3]``) at each size from ``m`` to ``upper``; None when a guard
+    reads another size or fails near ``upper``."""
+    minimum = None
+    for size in range(upper, lower - 1, -1):
+        for source, guard in conditions:
+            expression = guard.replace(source, str(size))
+            if "L[" in expression:
+                return None
+            try:
+                holds = bool(eval(expression, {"__builtins__": {}}))  # noqa: S307 (torch's guard text)
+            except Exception:
+                return None
+            if not holds:
+                return minimum
+        minimum = size
+    return minimum
 
 
 def _refined(message: str, dynamic_shapes: Any) -> Any:

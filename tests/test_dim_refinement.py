@@ -108,6 +108,22 @@ def _shifted_sum(x, y):
     return x + y[1:]
 
 
+def test_guards_without_a_suggested_fix_give_the_dim_a_minimum(torchvision):
+    # torchvision's resnet18 with plain Dims: torch names guards such as (h - 1) // 32 + 1 != 1
+    # (the last feature map is not 1x1) and suggests no fix; the smallest size from which they
+    # hold becomes the minimum, and torch checks the refined range again.
+    model = torchvision.models.resnet18(weights=None).eval()
+    dims = ({0: torch.export.Dim("batch"), 2: torch.export.Dim("h"), 3: torch.export.Dim("w")},)
+    with pytest.warns(UserWarning, match=r"h: min=33"):
+        program = dynexport.export(model, (torch.randn(2, 3, 64, 64),), dynamic_shapes=dims)
+    assert json.loads(program.model.metadata_props[DIM_REFINEMENTS_KEY]) == {"w": "min=33", "h": "min=33"}
+    for shape in [(2, 3, 96, 80), (1, 3, 33, 200)]:
+        x = torch.randn(shape)
+        assert_close(program(x), model(x), atol=1e-4)
+    with pytest.raises(ValueError, match=r"dim 2 is 32, outside the range h >= 33"):
+        program(torch.randn(1, 3, 32, 64))
+
+
 def test_equality_between_two_dims():
     with pytest.warns(UserWarning, match=r"b = a \+ 1 \(from the model\)"):
         program = assert_exports_equivalent(
