@@ -156,7 +156,7 @@ def export(
         destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None,
     )
     timer = PhaseTimer(record.timings)
-    with report_stage.reporting(options.report_file, record), caches_flattened((options.args, options.kwargs)):
+    with report_stage.reporting(options.report_file, record), caches_flattened():
         captured = _capture(model, options, timer, record)
         plan = _plan(captured, options, timer, record)
         with timer.phase("translate"):

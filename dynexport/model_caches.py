@@ -1,12 +1,12 @@
 """transformers' ``DynamicCache`` as an export input or output.
 
 torch.export walks inputs and outputs with pytree, and transformers does not register its caches
-there. While an export whose arguments hold a ``DynamicCache`` runs, it is a pytree node with two
-children, ``key_cache`` and ``value_cache`` (each a list of one tensor per layer): graph inputs
-are named ``cache_key_cache_0``, ..., and ``dynamic_shapes`` gives the cache as
-``[[key specs per layer], [value specs per layer]]``. The registration is undone afterwards, so
-the export leaves pytree as it found it; run the ONNX model on a cache inside
-:func:`caches_flattened` too.
+there. While an export runs (and while an ``ONNXProgram`` is called), ``DynamicCache`` is a
+pytree node with two children, ``key_cache`` and ``value_cache`` (each a list of one tensor per
+layer): graph inputs are named ``cache_key_cache_0``, ..., outputs after their path in the
+returned structure, and ``dynamic_shapes`` gives the cache as ``[[key specs per layer], [value
+specs per layer]]``. The registration is undone afterwards, so dynexport leaves pytree as it found
+it.
 """
 
 from __future__ import annotations

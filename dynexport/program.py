@@ -22,6 +22,7 @@ from dynexport import files, runtime
 from dynexport.call_convention import OutputLayout, flatten_call, is_graph_input, user_input_specs
 from dynexport.graph_text import format_graph, value_text
 from dynexport.input_guards import InputGuards
+from dynexport.model_caches import caches_flattened
 from dynexport.signature import split_legacy_args
 from dynexport.translate import BUFFER_UPDATES_KEY
 from dynexport.verification import VerificationReport, verify_program
@@ -183,14 +184,15 @@ class ONNXProgram:
         """
         if self._session is None:
             self._session = runtime.inference_session(self.model_proto.SerializeToString())
-        feeds = self.input_feeds(*args, **kwargs)
-        feeds.update({name: runtime.to_numpy(value) for name, value in self.buffers.items()})
-        outputs = runtime.run_session(self._session, feeds, self.model.graph.outputs)
-        if self.buffer_updates:
-            by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
-            for buffer, output in self.buffer_updates.items():
-                self.buffers[buffer] = by_name[output].clone()
-        return self.output_structure(outputs)
+        with caches_flattened():  # a transformers cache among the inputs or outputs
+            feeds = self.input_feeds(*args, **kwargs)
+            feeds.update({name: runtime.to_numpy(value) for name, value in self.buffers.items()})
+            outputs = runtime.run_session(self._session, feeds, self.model.graph.outputs)
+            if self.buffer_updates:
+                by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
+                for buffer, output in self.buffer_updates.items():
+                    self.buffers[buffer] = by_name[output].clone()
+            return self.output_structure(outputs)
 
     @functools.cached_property
     def buffer_updates(self) -> dict[str, str]:

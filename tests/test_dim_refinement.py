@@ -15,7 +15,6 @@ from torch.utils._sympy.numbers import int_oo
 import dynexport
 from dynexport.dim_refinement import DIM_REFINEMENTS_KEY, capture_refining_dims
 from dynexport.errors import CaptureError, DimSpecializedError
-from dynexport.model_caches import caches_flattened
 from tests.equivalence import assert_close, assert_exports_equivalent
 
 Dim = torch.export.Dim
@@ -280,8 +279,26 @@ def test_decoder_with_a_populated_dynamic_cache(family, mask_length, refinement)
     for sizes in [(2, 5, 3), (3, 9, 1), (1, 2, 6)]:
         with torch.no_grad():
             expected = model(**_decoder_call(model, *sizes))
-        with caches_flattened():
-            actual = program(**_decoder_call(model, *sizes))
+        actual = program(**_decoder_call(model, *sizes))  # takes and returns DynamicCache objects
         assert_close(actual.logits, expected.logits, atol=1e-4, where=f"logits at {sizes}")
         for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers):
             assert_close((got.keys, got.values), (want.keys, want.values), atol=1e-4, where=f"cache at {sizes}")
+
+
+def test_a_decoder_returning_its_cache_with_the_defaults():
+    # GPT-2 called with input ids only, as torch.onnx's legacy users export it: use_cache=True
+    # returns a DynamicCache, which the export and the program's calls flatten.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    program = dynexport.export(
+        model, (torch.randint(0, 100, (2, 8)),), input_names=["input_ids"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}},
+    )
+    ids = torch.randint(0, 100, (3, 20))
+    with torch.no_grad():
+        expected = model(ids)
+    actual = program(ids)
+    assert_close(actual.logits, expected.logits, atol=1e-4)
+    assert isinstance(actual.past_key_values, transformers.DynamicCache)
+    assert_close(actual.past_key_values.layers[1].values, expected.past_key_values.layers[1].values, atol=1e-4)
