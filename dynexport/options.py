@@ -20,7 +20,7 @@ from dynexport.translate import TranslationOptions
 __all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "ExportOptions", "check_opset"]
 
 DEFAULT_OPSET = 20
-SUPPORTED_OPSETS = range(18, 24)
+SUPPORTED_OPSETS = range(13, 24)
 
 
 def check_opset(opset_version: Any) -> int:

@@ -8,6 +8,7 @@ input set, and compares each output with eager PyTorch under dtype-aware toleran
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from dynexport.verification import (
 
 __all__ = [
     "BATCH",
+    "TESTED_OPSET",
     "grown",
     "assert_batch_dynamic_equivalent",
     "assert_spatial_dynamic_equivalent",
@@ -39,6 +41,10 @@ __all__ = [
 ]
 
 BATCH = torch.export.Dim("batch")
+
+# The opset :func:`assert_exports_equivalent` exports at when a test names none (None: dynexport's
+# default); tests/ops and tests/property run every test at the default and at 17.
+TESTED_OPSET: contextvars.ContextVar[int | None] = contextvars.ContextVar("TESTED_OPSET", default=None)
 
 
 def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, where: str = "") -> None:
@@ -143,6 +149,8 @@ def assert_exports_equivalent(
     if isinstance(args, torch.Tensor):
         args = (args,)
     kwargs = dict(kwargs or {})
+    if TESTED_OPSET.get() is not None:
+        export_options.setdefault("opset_version", TESTED_OPSET.get())
     program = dynexport.export(model, args, kwargs=kwargs, **export_options)
     onnx.checker.check_model(program.model_proto, full_check=full_check)
     run = _runner(program, runtime)
