@@ -6,9 +6,10 @@
    (onnx's reference evaluator, size-limited), ``remove_no_ops``, ``collapse_chains``,
    ``deduplicate_initializers``, ``eliminate_common_subexpressions``.
 3. Fusions: ``fuse_gemm``, ``fuse_conv_batchnorm`` (into Conv, ConvTranspose and the Gemms
-   just made), ``fuse_clip``, ``fuse_pad``, ``full_rank_resize``, ``fuse_layer_norm``,
-   ``fuse_instance_norm``, ``fuse_gelu`` (opset 20), ``fuse_rms_norm`` and ``fuse_attention``
-   (opset 23).
+   just made), ``fuse_clip``, ``fuse_pad``, ``full_rank_resize``, ``fuse_layer_norm`` (opset
+   17), ``fuse_instance_norm``, ``fuse_gelu`` (opset 20), ``fuse_rms_norm`` and
+   ``fuse_attention`` (opset 23): each emits only ops of the model's opset, in that opset's
+   form.
 4. ``remove_dead_code``, then ``fold_constants`` once more (what the fusions left computable
    from constants), ``remove_dead_code``, ``make_names_unique``.
 
@@ -21,13 +22,15 @@ on folding) are skipped. docs/optimizer.md describes each pass.
 
 from __future__ import annotations
 
+import functools
+
 import onnx_ir as ir
 
 from dynexport.passes.onnx.collapse_chains import collapse_chains
 from dynexport.passes.onnx.common_subexpressions import eliminate_common_subexpressions
 from dynexport.passes.onnx.dead_code import remove_dead_code
 from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
-from dynexport.passes.onnx.fold_constants import fold_constants as fold_constant_nodes
+from dynexport.passes.onnx.fold_constants import fold_constants as fold_constants_at
 from dynexport.passes.onnx.fold_shapes import fold_shapes
 from dynexport.passes.onnx.fuse_clip import fuse_clip
 from dynexport.passes.onnx.fuse_attention import fuse_attention
@@ -46,6 +49,8 @@ from dynexport.passes.onnx.remove_no_ops import remove_no_ops
 __all__ = ["make_names_unique", "optimize_model", "remove_dead_code"]
 
 _MAX_ROUNDS = 4
+# Fusions whose result depends on the opset: each emits only ops that exist at it, in its form.
+_OPSET_DEPENDENT_FUSIONS = (fuse_layer_norm, fuse_instance_norm, fuse_gelu, fuse_rms_norm, fuse_attention)
 
 
 def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_clip: bool = True) -> None:
@@ -54,6 +59,9 @@ def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_cl
     clamps to constant bounds as Max and Min, whose NaN propagation the ONNX standard defines
     (Clip's it leaves open; onnxruntime's Clip propagates NaN too)."""
     graph = model.graph
+    # Subgraphs import no opsets of their own: every graph is at the model's opset.
+    opset = model.opset_imports.get("", 1)
+    fold_constant_nodes = functools.partial(fold_constants_at, opset=opset)
     # Outermost first: removing dead code runs innermost first (reversed), so that an outer value
     # read only by a dead node of a subgraph is dead by the time its own graph is cleaned.
     graphs = [graph, *graph.subgraphs()]
@@ -73,11 +81,7 @@ def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_cl
         *([fuse_clip] if clamps_as_clip else []),
         fuse_pad,
         full_rank_resize,
-        fuse_layer_norm,
-        fuse_instance_norm,
-        fuse_gelu,
-        fuse_rms_norm,
-        fuse_attention,
+        *(functools.partial(fuse, opset=opset) for fuse in _OPSET_DEPENDENT_FUSIONS),
     ]
     if sum(fuse(each) for each in graphs for fuse in fusions):
         _remove_dead_code(graphs)

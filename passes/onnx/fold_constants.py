@@ -25,8 +25,9 @@ __all__ = ["SMALL_BYTES", "fold_constants"]
 SMALL_BYTES = 1024
 
 
-def fold_constants(graph: ir.Graph, *, small_bytes: int = SMALL_BYTES) -> int:
-    """Fold every foldable node of ``graph``; return how many nodes were folded.
+def fold_constants(graph: ir.Graph, *, opset: int, small_bytes: int = SMALL_BYTES) -> int:
+    """Fold every foldable node of ``graph`` (of a model at ``opset``, whose form of each op
+    the evaluation reads); return how many nodes were folded.
 
     One forward sweep evaluates every node computable from constants, so chains fold whole.
     The size rule is then applied to each connected region of evaluated nodes: a region folds
@@ -34,7 +35,6 @@ def fold_constants(graph: ir.Graph, *, small_bytes: int = SMALL_BYTES) -> int:
     (an LSTM weight sliced into gates and concatenated back, a weight scaled and reshaped).
     Otherwise its nodes fold one by one, each paid for by the inputs that die with it alone.
     """
-    opset = graph.opset_imports.get("", 20)
     results: dict[ir.Value, np.ndarray] = {}
     evaluated: list[ir.Node] = []
     folded = 0

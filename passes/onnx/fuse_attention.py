@@ -20,9 +20,10 @@ from dynexport.passes.onnx.values import (
 __all__ = ["fuse_attention"]
 
 
-def fuse_attention(graph: ir.Graph) -> int:
-    """Replace every attention pattern in ``graph``; return how many (none below opset 23)."""
-    if graph.opset_imports.get("", 0) < 23:
+def fuse_attention(graph: ir.Graph, *, opset: int) -> int:
+    """Replace every attention pattern in ``graph`` (of a model at ``opset``); return how many
+    (none below opset 23)."""
+    if opset < 23:
         return 0
     fused = 0
     for softmax in nodes_of(graph, "Softmax"):

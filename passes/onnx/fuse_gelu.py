@@ -17,9 +17,10 @@ _SQRT_2 = math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def fuse_gelu(graph: ir.Graph) -> int:
-    """Replace every Gelu formula in ``graph``; return how many (none below opset 20)."""
-    if graph.opset_imports.get("", 0) < 20:
+def fuse_gelu(graph: ir.Graph, *, opset: int) -> int:
+    """Replace every Gelu formula in ``graph`` (of a model at ``opset``); return how many (none
+    below opset 20)."""
+    if opset < 20:
         return 0
     fused = 0
     for node in list(graph):

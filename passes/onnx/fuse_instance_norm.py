@@ -19,7 +19,14 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from dynexport.passes.onnx.values import add_initializer, constant_array, insert_replacement, nodes_of, single_consumer
+from dynexport.passes.onnx.values import (
+    add_initializer,
+    constant_array,
+    insert_replacement,
+    nodes_of,
+    reduce_mean,
+    single_consumer,
+)
 
 __all__ = ["fuse_instance_norm"]
 
@@ -27,9 +34,10 @@ __all__ = ["fuse_instance_norm"]
 _MAX_SCALE_BYTES = 64 * 1024
 
 
-def fuse_instance_norm(graph: ir.Graph) -> int:
+def fuse_instance_norm(graph: ir.Graph, *, opset: int) -> int:
     """Give each eligible LayerNormalization a full scale, or rewrite it (with its channel
-    affine) as centered InstanceNormalization; return how many."""
+    affine) as centered InstanceNormalization (ReduceMean in the form of ``opset``); return how
+    many."""
     fused = 0
     for norm in nodes_of(graph, "LayerNormalization"):
         x, scale = norm.inputs[0], constant_array(norm.inputs[1])
@@ -43,11 +51,11 @@ def fuse_instance_norm(graph: ir.Graph) -> int:
             norm.replace_input_with(1, full)
             fused += 1
         elif axis == 2 and rank >= 3 and _is_filled(norm.inputs[1], 1.0):
-            fused += _as_instance_norm(graph, norm)
+            fused += _as_instance_norm(graph, norm, opset)
     return fused
 
 
-def _as_instance_norm(graph: ir.Graph, norm: ir.Node) -> bool:
+def _as_instance_norm(graph: ir.Graph, norm: ir.Node, opset: int) -> bool:
     x = norm.inputs[0]
     rank, channels = len(x.shape), x.shape[1]
     if not isinstance(channels, int) or any(v.uses() or v.is_graph_output() for v in norm.outputs[1:]):
@@ -62,8 +70,7 @@ def _as_instance_norm(graph: ir.Graph, norm: ir.Node) -> bool:
     if affine is not None:
         last, shift = affine
     epsilon = norm.attributes["epsilon"].as_float() if "epsilon" in norm.attributes else 1e-5
-    axes = add_initializer(graph, np.arange(2, rank, dtype=np.int64), "instance_norm_axes")
-    mean = ir.Node("", "ReduceMean", [x, axes], [ir.AttrInt64("keepdims", 1)])
+    mean = reduce_mean(graph, x, list(range(2, rank)), opset)
     centered = ir.Node("", "Sub", [x, mean.outputs[0]])
     parameters = [
         add_initializer(graph, scale, "instance_norm_scale"),

@@ -1,4 +1,4 @@
-"""The layer-norm formula over the last axis -> LayerNormalization:
+"""The layer-norm formula over the last axis -> LayerNormalization (opset 17):
 ``(x - mean(x)) / sqrt(mean((x - mean(x))**2) + eps) * gamma + beta``."""
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ from dynexport.passes.onnx.values import insert_replacement, nodes_of, producer
 __all__ = ["fuse_layer_norm"]
 
 
-def fuse_layer_norm(graph: ir.Graph) -> int:
-    """Replace every layer-norm formula in ``graph``; return how many."""
+def fuse_layer_norm(graph: ir.Graph, *, opset: int) -> int:
+    """Replace every layer-norm formula in ``graph`` (of a model at ``opset``); return how many
+    (none below opset 17)."""
+    if opset < 17:
+        return 0
     fused = 0
     for divide in nodes_of(graph, "Div"):
         matched = _match(divide)

@@ -17,9 +17,10 @@ from dynexport.passes.onnx.values import constant_scalar, insert_replacement, no
 __all__ = ["fuse_rms_norm"]
 
 
-def fuse_rms_norm(graph: ir.Graph) -> int:
-    """Replace every RMS-norm formula in ``graph``; return how many (none below opset 23)."""
-    if graph.opset_imports.get("", 0) < 23:
+def fuse_rms_norm(graph: ir.Graph, *, opset: int) -> int:
+    """Replace every RMS-norm formula in ``graph`` (of a model at ``opset``); return how many
+    (none below opset 23)."""
+    if opset < 23:
         return 0
     fused = 0
     for sqrt in nodes_of(graph, "Sqrt"):

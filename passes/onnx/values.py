@@ -15,6 +15,7 @@ __all__ = [
     "insert_replacement",
     "nodes_of",
     "producer",
+    "reduce_mean",
     "replace_value",
     "single_consumer",
 ]
@@ -51,6 +52,15 @@ def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
     value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)
     return value
+
+
+def reduce_mean(graph: ir.Graph, x: ir.Value, axes: list[int], opset: int) -> ir.Node:
+    """A ReduceMean of ``x`` over ``axes`` keeping dims, not yet in the graph: axes as an input
+    from opset 18, as an attribute before."""
+    keepdims = ir.AttrInt64("keepdims", 1)
+    if opset < 18:
+        return ir.Node("", "ReduceMean", [x], [ir.AttrInt64s("axes", axes), keepdims])
+    return ir.Node("", "ReduceMean", [x, add_initializer(graph, np.array(axes, np.int64), "mean_axes")], [keepdims])
 
 
 def replace_value(old: ir.Value, new: ir.Value) -> bool:
