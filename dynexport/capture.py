@@ -42,6 +42,7 @@ from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
 from dynexport.pinned_dims import warn_if_dims_pinned
+from dynexport.quantized_modules import quantized_modules_as_float
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
@@ -149,7 +150,12 @@ def capture(
     )
     for name, strategy in STRATEGIES.items():
         try:
-            with _size_oblivious(oblivious), recurrent_ops_kept_whole(), _fake_quantize_meta_kernels():
+            with (
+                _size_oblivious(oblivious),
+                recurrent_ops_kept_whole(),
+                _fake_quantize_meta_kernels(),
+                quantized_modules_as_float(module),
+            ):
                 program = strategy(module, args, kwargs, dynamic_shapes)
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error

@@ -1,0 +1,717 @@
+"""Quantized and quantization-aware models made capturable, for the capture only.
+
+torch.export cannot trace PyTorch's quantized tensors (its fake tensors have no quantized
+kernels) nor the packed weights of ``torch.ao.nn.quantized`` modules, and a QAT model's
+``FakeQuantize`` modules branch on their observer flags and read their scale as data. While
+:func:`quantized_modules_as_float` is active:
+
+- every quantized tensor is represented by its dequantized float value, tagged with its scale,
+  zero point and dtype in a side table keyed by the tensor object;
+- each quantized module is swapped for a float twin: the float computation on dequantized inputs
+  and weights (int8 weights stay int8 behind a ``dequantize_per_channel``/``_per_tensor``),
+  followed by ``quantized_decomposed`` quantize -> dequantize with the module's output scale and
+  zero point. Those ops become QuantizeLinear/DequantizeLinear (dynexport/ops/quantization.py);
+- functions called on quantized tensors (views, pooling, ``mean``, ``cat``, ``interpolate``,
+  activations, ``torch.quantize_per_tensor``, ``dequantize``) are computed in float and quantized
+  again where PyTorch's quantized kernel requantizes, with the output parameters that kernel
+  gives (the input's, or the fixed ones of ``sigmoid``/``tanh``/``hardsigmoid``); any other
+  function with a quantized tensor argument is refused, naming it;
+- each ``FakeQuantize`` module is swapped for fake quantization with its current scale and zero
+  point as constants (what ``convert`` would freeze).
+
+The user's modules are put back when the scope ends, and torch is left unchanged.
+
+PyTorch's quantized kernels accumulate in integers and requantize once, the exported graph
+computes in float: an output can differ from eager by one quantization step of that output
+where the two round a value that lies within float error of a rounding tie (averaging kernels
+also round their ties their own way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.ao.nn.intrinsic.quantized as nniq
+import torch.ao.nn.quantized as nnq
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.quantized_decomposed)
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch.ao.quantization.fake_quantize import FakeQuantizeBase
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+__all__ = ["QuantizedCaptureError", "quantized_modules_as_float", "uses_quantization"]
+
+quantized_decomposed = torch.ops.quantized_decomposed
+
+_STORAGE = {
+    torch.quint8: (torch.uint8, 0, 255),
+    torch.qint8: (torch.int8, -128, 127),
+    torch.qint32: (torch.int32, -(2**31), 2**31 - 1),
+}
+
+
+class QuantizedCaptureError(RuntimeError):
+    """A quantized tensor or module that dynexport cannot represent in float soundly."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """How a quantized tensor maps to floats: per tensor (``axis`` None; scale and zero point
+    Python numbers, or 0-d tensors where the model holds them as buffers) or per channel."""
+
+    scale: float | torch.Tensor
+    zero_point: int | torch.Tensor
+    dtype: torch.dtype
+    axis: int | None = None
+
+    def quantize_dequantize(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` rounded to this grid, saturated to the dtype's range, as floats."""
+        storage, low, high = _storage(self.dtype)
+        x = x.float()
+        if self.axis is not None:
+            q = quantized_decomposed.quantize_per_channel(x, self.scale, self.zero_point, self.axis, low, high, storage)
+            return quantized_decomposed.dequantize_per_channel(
+                q, self.scale, self.zero_point, self.axis, low, high, storage
+            )
+        per_tensor = self._overload("quantize")
+        q = per_tensor(x, self.scale, self.zero_point, low, high, storage)
+        return self._overload("dequantize")(q, self.scale, self.zero_point, low, high, storage)
+
+    def integers(self, x: torch.Tensor) -> torch.Tensor:
+        """The stored integers of the quantized tensor whose float value is ``x``."""
+        storage, low, high = _storage(self.dtype)
+        if self.axis is not None:
+            return quantized_decomposed.quantize_per_channel(x, self.scale, self.zero_point, self.axis, low, high, storage)
+        return self._overload("quantize")(x, self.scale, self.zero_point, low, high, storage)
+
+    def _overload(self, kind: str):
+        packet = getattr(quantized_decomposed, f"{kind}_per_tensor")
+        return packet.tensor if isinstance(self.scale, torch.Tensor) else packet.default
+
+
+def _storage(dtype: torch.dtype) -> tuple[torch.dtype, int, int]:
+    if dtype not in _STORAGE:
+        raise QuantizedCaptureError(f"quantized dtype {dtype} has no QuantizeLinear form (quint8, qint8 or qint32)")
+    return _STORAGE[dtype]
+
+
+def _weight_qparams(weight: torch.Tensor) -> tuple[torch.Tensor, QParams]:
+    """A quantized weight's stored integers and parameters."""
+    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        qparams = QParams(weight.q_scale(), weight.q_zero_point(), weight.dtype)
+    elif weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        qparams = QParams(
+            weight.q_per_channel_scales().float(),
+            weight.q_per_channel_zero_points(),
+            weight.dtype,
+            weight.q_per_channel_axis(),
+        )
+    else:
+        raise QuantizedCaptureError(f"weights quantized {weight.qscheme()} have no QuantizeLinear form")
+    return weight.int_repr(), qparams
+
+
+# -- the side table and the functions on quantized tensors -------------------------------------
+
+
+class QuantizedTensors(TorchFunctionMode):
+    """The float values that stand for quantized tensors, each with its :class:`QParams`, and the
+    torch functions called on them."""
+
+    def __init__(self):
+        super().__init__()
+        self._qparams: dict[int, tuple[torch.Tensor, QParams]] = {}
+        self._twin_depth = 0
+
+    def mark(self, value: torch.Tensor, qparams: QParams) -> torch.Tensor:
+        self._qparams[id(value)] = (value, qparams)
+        return value
+
+    def qparams(self, value: Any) -> QParams | None:
+        entry = self._qparams.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else None
+
+    def quantized_input(self, value: torch.Tensor, module: torch.nn.Module) -> QParams:
+        qparams = self.qparams(value)
+        if qparams is None:
+            raise QuantizedCaptureError(
+                f"{type(module).__name__} takes a quantized tensor and was given a float one (PyTorch "
+                "fails the same way): put a QuantStub before it"
+            )
+        return qparams
+
+    @contextlib.contextmanager
+    def inside_twin(self) -> Iterator[None]:
+        """A twin module's own float computation: its functions pass through untouched."""
+        self._twin_depth += 1
+        try:
+            yield
+        finally:
+            self._twin_depth -= 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._twin_depth:
+            return func(*args, **kwargs)
+        constructor = _CONSTRUCTORS.get(func)
+        if constructor is not None:
+            return constructor(self, *args, **kwargs)
+        quantized = [self.qparams(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        quantized = [q for q in quantized if q is not None]
+        if not quantized:
+            return func(*args, **kwargs)
+        rule = _RULES.get(func)
+        if rule is not None:
+            return rule(self, quantized[0], func, args, kwargs)
+        result = func(*args, **kwargs)
+        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(result)):
+            raise QuantizedCaptureError(
+                f"{_name(func)} on a quantized tensor: dynexport does not know how PyTorch's "
+                "quantized kernel rounds it; dequantize the tensor before it (DeQuantStub or "
+                "x.dequantize()) or use a quantized module"
+            )
+        return result  # sizes, dims and other metadata
+
+    def mark_floats(self, result: Any, qparams: QParams) -> Any:
+        for leaf in pytree.tree_leaves(result):
+            if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                self.mark(leaf, qparams)
+        return result
+
+
+def _name(func: Callable) -> str:
+    module = getattr(func, "__module__", None) or ""
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    prefix = {"torch._C._VariableFunctions": "torch", "torch._tensor": "Tensor"}.get(module, module)
+    return f"{prefix}.{qualname}" if prefix else qualname
+
+
+def _on_grid(tensors: QuantizedTensors, qparams, func, args, kwargs):
+    """Functions whose results hold input values (views, relu, max pooling, cat): PyTorch keeps
+    the (first) input's parameters, and the values are on its grid already."""
+    return tensors.mark_floats(func(*args, **kwargs), qparams)
+
+
+def _requantized(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):
+    """Functions whose quantized kernels compute new values in the input's parameters."""
+    if qparams.axis is not None:
+        raise QuantizedCaptureError(f"{_name(func)} on a per-channel quantized tensor has no quantized kernel")
+    return tensors.mark(qparams.quantize_dequantize(func(*args, **kwargs)), qparams)
+
+
+# The quantized kernels of these give fixed parameters that depend only on the dtype.
+_FIXED_QPARAMS = {
+    "sigmoid": {torch.quint8: (1.0 / 256, 0), torch.qint8: (1.0 / 256, -128)},
+    "hardsigmoid": {torch.quint8: (1.0 / 256, 0), torch.qint8: (1.0 / 256, -128)},
+    "tanh": {torch.quint8: (2.0 / 256, 128), torch.qint8: (2.0 / 256, 0)},
+}
+
+
+def _fixed(kind: str):
+    def rule(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):
+        if qparams.dtype not in _FIXED_QPARAMS[kind]:
+            raise QuantizedCaptureError(f"{_name(func)} on a {qparams.dtype} tensor has no quantized kernel")
+        scale, zero_point = _FIXED_QPARAMS[kind][qparams.dtype]
+        output = QParams(scale, zero_point, qparams.dtype)
+        return tensors.mark(output.quantize_dequantize(func(*args, **kwargs)), output)
+
+    return rule
+
+
+def _dequantize(tensors: QuantizedTensors, qparams, func, args, kwargs):
+    (value,) = args
+    return torch.ops.aten.alias(value)  # the same floats, no longer standing for a quantized tensor
+
+
+def _integers(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):
+    return qparams.integers(args[0])
+
+
+def _number(name: str):
+    def rule(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):
+        value = getattr(qparams, name)
+        if isinstance(value, torch.Tensor) or qparams.axis is not None:
+            raise QuantizedCaptureError(
+                f"{_name(func)}: the quantization parameter is data of the traced program, not a number"
+            )
+        return value
+
+    return rule
+
+
+def _is_quantized(tensors: QuantizedTensors, qparams, func, args, kwargs):
+    return True
+
+
+def _quantize_per_tensor(tensors: QuantizedTensors, input, scale, zero_point, dtype):
+    if isinstance(input, (list, tuple)):
+        return [_quantize_per_tensor(tensors, x, s, z, dtype) for x, s, z in zip(input, scale, zero_point)]
+    qparams = QParams(_scalar(scale), _scalar(zero_point), dtype)
+    return tensors.mark(qparams.quantize_dequantize(input), qparams)
+
+
+def _quantize_per_channel(tensors: QuantizedTensors, input, scales, zero_points, axis, dtype):
+    qparams = QParams(scales.float(), zero_points, dtype, axis)
+    return tensors.mark(qparams.quantize_dequantize(input), qparams)
+
+
+def _scalar(value: Any) -> float | int | torch.Tensor:
+    """A scale or zero point as the model gives it: a number, or a one-element tensor as 0-d."""
+    return value.reshape(()) if isinstance(value, torch.Tensor) else value
+
+
+_CONSTRUCTORS = {torch.quantize_per_tensor: _quantize_per_tensor, torch.quantize_per_channel: _quantize_per_channel}
+
+
+def _functions(owner: Any, names: str) -> list[Callable]:
+    return [getattr(owner, name) for name in names.split() if hasattr(owner, name)]
+
+
+_TENSOR = torch.Tensor
+_RULES: dict[Any, Callable] = {}
+for _function in [
+    *_functions(
+        _TENSOR,
+        "view view_as reshape reshape_as flatten permute transpose t squeeze unsqueeze contiguous clone detach "
+        "__getitem__ select narrow expand expand_as repeat chunk split unbind relu relu_ flip",
+    ),
+    *_functions(
+        torch,
+        "flatten reshape permute transpose squeeze unsqueeze chunk split unbind relu relu_ cat concat "
+        "concatenate stack select narrow flip",
+    ),
+    *_functions(
+        F,
+        "relu relu_ max_pool1d max_pool2d max_pool3d adaptive_max_pool1d adaptive_max_pool2d dropout "
+        "dropout1d dropout2d dropout3d pixel_shuffle pixel_unshuffle pad",
+    ),
+]:
+    _RULES[_function] = _on_grid
+for _function in [
+    *_functions(_TENSOR, "mean clamp clamp_ clip hardtanh"),
+    *_functions(torch, "mean clamp clamp_ clip"),
+    *_functions(
+        F,
+        "avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d "
+        "interpolate upsample upsample_nearest upsample_bilinear hardtanh hardtanh_ relu6 leaky_relu leaky_relu_",
+    ),
+]:
+    _RULES[_function] = _requantized
+for _kind, _owners in {"sigmoid": (_TENSOR, torch, F), "tanh": (_TENSOR, torch, F), "hardsigmoid": (F,)}.items():
+    for _owner in _owners:
+        _RULES[getattr(_owner, _kind)] = _fixed(_kind)
+_RULES.update(
+    {
+        _TENSOR.dequantize: _dequantize,
+        torch.dequantize: _dequantize,
+        _TENSOR.int_repr: _integers,
+        _TENSOR.q_scale: _number("scale"),
+        _TENSOR.q_zero_point: _number("zero_point"),
+        _TENSOR.is_quantized.__get__: _is_quantized,
+    }
+)
+
+
+# -- float twins of the quantized modules -------------------------------------------------------
+
+
+class _Twin(torch.nn.Module):
+    """A quantized module's float computation, for the capture."""
+
+    def __init__(self, tensors: QuantizedTensors, original: torch.nn.Module):
+        super().__init__()
+        self._tensors = tensors
+        self._original_type = type(original).__name__
+
+    def _output(self, value: torch.Tensor, scale: float, zero_point: int, dtype: torch.dtype) -> torch.Tensor:
+        qparams = QParams(float(scale), int(zero_point), dtype)
+        return self._tensors.mark(qparams.quantize_dequantize(value), qparams)
+
+    def _register_weight(self, weight: torch.Tensor) -> None:
+        """The int8 weight as a buffer, dequantized by a node of the graph (QDQ on an int8
+        initializer, which onnxruntime fuses into QLinear operators)."""
+        integers, self._weight_qparams = _weight_qparams(weight)
+        self.register_buffer("weight", integers)
+        if self._weight_qparams.axis is not None:
+            self.register_buffer("weight_scale", self._weight_qparams.scale)
+            self.register_buffer("weight_zero_point", self._weight_qparams.zero_point)
+
+    def _weight(self) -> torch.Tensor:
+        qparams = self._weight_qparams
+        if qparams.axis is not None:
+            qparams = dataclasses.replace(qparams, scale=self.weight_scale, zero_point=self.weight_zero_point)
+        storage, low, high = _storage(qparams.dtype)
+        if qparams.axis is not None:
+            return quantized_decomposed.dequantize_per_channel(
+                self.weight, qparams.scale, qparams.zero_point, qparams.axis, low, high, storage
+            )
+        return quantized_decomposed.dequantize_per_tensor(self.weight, qparams.scale, qparams.zero_point, low, high, storage)
+
+    def extra_repr(self) -> str:
+        return f"float twin of {self._original_type}"
+
+
+class _Quantize(_Twin):
+    def __init__(self, tensors, original: nnq.Quantize):
+        super().__init__(tensors, original)
+        self.qparams = QParams(float(original.scale), int(original.zero_point), original.dtype)
+
+    def forward(self, x):
+        with self._tensors.inside_twin():
+            return self._tensors.mark(self.qparams.quantize_dequantize(x), self.qparams)
+
+
+class _DeQuantize(_Twin):
+    def forward(self, x):
+        if self._tensors.qparams(x) is None:
+            return x
+        with self._tensors.inside_twin():
+            return torch.ops.aten.alias(x)  # the same floats, no longer standing for a quantized tensor
+
+
+_ACTIVATIONS: dict[type, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]] = {
+    nniq.LinearReLU: lambda module, y: F.relu(y),
+    nniq.LinearLeakyReLU: lambda module, y: F.leaky_relu(y, module.negative_slope),
+    nniq.LinearTanh: lambda module, y: torch.tanh(y),
+    nniq.ConvReLU1d: lambda module, y: F.relu(y),
+    nniq.ConvReLU2d: lambda module, y: F.relu(y),
+    nniq.ConvReLU3d: lambda module, y: F.relu(y),
+    nniq.ConvAddReLU2d: lambda module, y: F.relu(y),
+    nniq.BNReLU2d: lambda module, y: F.relu(y),
+    nniq.BNReLU3d: lambda module, y: F.relu(y),
+}
+
+
+def _activation(original: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    activation = _ACTIVATIONS.get(type(original))
+    if activation is None:
+        return lambda y: y
+    return lambda y: activation(original, y)
+
+
+class _Linear(_Twin):
+    def __init__(self, tensors, original: nnq.Linear):
+        super().__init__(tensors, original)
+        weight, bias = original._weight_bias()
+        self._register_weight(weight)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+        self.scale, self.zero_point = original.scale, original.zero_point
+        self.activation = _activation(original)
+
+    def forward(self, x):
+        qparams = self._tensors.quantized_input(x, self)
+        with self._tensors.inside_twin():
+            y = self.activation(F.linear(x, self._weight(), self.bias))
+            return self._output(y, self.scale, self.zero_point, qparams.dtype)
+
+
+class _Conv(_Twin):
+    def __init__(self, tensors, original):
+        super().__init__(tensors, original)
+        self._register_weight(original.weight())
+        bias = original.bias()
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+        self.stride, self.dilation, self.groups = original.stride, original.dilation, original.groups
+        self.transposed, self.output_padding = original.transposed, original.output_padding
+        self.padding_mode, self.padding = original.padding_mode, original.padding
+        self.scale, self.zero_point = original.scale, original.zero_point
+        self.activation = _activation(original)
+        self.dims = len(self.stride)
+
+    def forward(self, x, extra_input=None):
+        qparams = self._tensors.quantized_input(x, self)
+        with self._tensors.inside_twin():
+            padding = self.padding
+            if self.padding_mode != "zeros":
+                x = F.pad(x, [p for p in reversed(self.padding) for _ in range(2)], mode=self.padding_mode)
+                padding = 0
+            if self.transposed:
+                convolution = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.dims - 1]
+                y = convolution(
+                    x, self._weight(), self.bias, self.stride, padding, self.output_padding, self.groups, self.dilation
+                )
+            else:
+                convolution = (F.conv1d, F.conv2d, F.conv3d)[self.dims - 1]
+                y = convolution(x, self._weight(), self.bias, self.stride, padding, self.dilation, self.groups)
+            if extra_input is not None:
+                y = y + extra_input
+            return self._output(self.activation(y), self.scale, self.zero_point, qparams.dtype)
+
+
+class _Elementwise(_Twin):
+    """Quantized activations and normalizations: the float module's function of the input,
+    quantized with the module's output parameters (ReLU6: the input's). The quantized module
+    stays a submodule: its float parameters (a norm's weight and statistics) are the twin's."""
+
+    def __init__(self, tensors, original, function: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]):
+        super().__init__(tensors, original)
+        self.module = original
+        self.function = function
+        scale = getattr(original, "scale", getattr(original, "output_scale", None))
+        zero_point = getattr(original, "zero_point", getattr(original, "output_zero_point", None))
+        self.output = None if scale is None else (float(scale), int(zero_point))
+
+    def forward(self, x):
+        qparams = self._tensors.quantized_input(x, self)
+        with self._tensors.inside_twin():
+            y = self.function(self.module, x)
+            if self.output is None:
+                return self._tensors.mark(qparams.quantize_dequantize(y), qparams)
+            return self._output(y, *self.output, qparams.dtype)
+
+
+def _batch_norm(module, x):
+    return F.batch_norm(x, module.running_mean, module.running_var, module.weight, module.bias, False, 0.0, module.eps)
+
+
+_ELEMENTWISE: dict[type, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]] = {
+    nnq.ReLU6: lambda module, x: F.relu6(x),
+    nnq.Hardswish: lambda module, x: F.hardswish(x),
+    nnq.ELU: lambda module, x: F.elu(x, module.alpha),
+    nnq.LeakyReLU: lambda module, x: F.leaky_relu(x, module.negative_slope),
+    nnq.Sigmoid: lambda module, x: torch.sigmoid(x),
+    nnq.Softmax: lambda module, x: torch.softmax(x, module.dim),
+    nnq.BatchNorm2d: _batch_norm,
+    nnq.BatchNorm3d: _batch_norm,
+    nniq.BNReLU2d: lambda module, x: F.relu(_batch_norm(module, x)),
+    nniq.BNReLU3d: lambda module, x: F.relu(_batch_norm(module, x)),
+    nnq.LayerNorm: lambda module, x: F.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps),
+    nnq.GroupNorm: lambda module, x: F.group_norm(x, module.num_groups, module.weight, module.bias, module.eps),
+    **{
+        norm: lambda module, x: F.instance_norm(x, weight=module.weight, bias=module.bias, eps=module.eps)
+        for norm in (nnq.InstanceNorm1d, nnq.InstanceNorm2d, nnq.InstanceNorm3d)
+    },
+}
+
+
+class _Dropout(_Twin):
+    def forward(self, x):
+        return x
+
+
+class _Functional(_Twin):
+    """``QFunctional``: float arithmetic on the dequantized operands, quantized with the module's
+    output parameters (``add_scalar``/``mul_scalar``: with those PyTorch's kernel derives from
+    the input's)."""
+
+    def __init__(self, tensors, original: nnq.QFunctional):
+        super().__init__(tensors, original)
+        self.scale, self.zero_point = original.scale, original.zero_point
+
+    def _result(self, value: torch.Tensor, operand: torch.Tensor) -> torch.Tensor:
+        qparams = self._tensors.quantized_input(operand, self)
+        return self._output(value, self.scale, self.zero_point, qparams.dtype)
+
+    def forward(self, x):
+        raise RuntimeError("QFunctional is not meant to be called directly: use its methods (add, mul, cat, ...)")
+
+    def add(self, x, y):
+        with self._tensors.inside_twin():
+            return self._result(x + y, x)
+
+    def add_relu(self, x, y):
+        with self._tensors.inside_twin():
+            return self._result(F.relu(x + y), x)
+
+    def mul(self, x, y):
+        with self._tensors.inside_twin():
+            return self._result(x * y, x)
+
+    def matmul(self, x, y):
+        with self._tensors.inside_twin():
+            return self._result(torch.matmul(x, y), x)
+
+    def cat(self, x, dim=0):
+        with self._tensors.inside_twin():
+            return self._result(torch.cat(x, dim=dim), x[0])
+
+    def add_scalar(self, x, y):
+        return self._scalar_op(torch.ops.quantized.add_scalar, x, y, torch.add)
+
+    def mul_scalar(self, x, y):
+        return self._scalar_op(torch.ops.quantized.mul_scalar, x, y, torch.mul)
+
+    def _scalar_op(self, kernel, x, y, float_op):
+        qparams = self._tensors.quantized_input(x, self)
+        if isinstance(qparams.scale, torch.Tensor):
+            raise QuantizedCaptureError(f"QFunctional.{kernel.__name__} needs its input's scale as a number")
+        # The kernel's output parameters depend only on the input's and on the scalar: ask it,
+        # in eager PyTorch, outside the capture's modes.
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            probe = kernel(torch.quantize_per_tensor(torch.zeros(1), qparams.scale, qparams.zero_point, qparams.dtype), y)
+            scale, zero_point = probe.q_scale(), probe.q_zero_point()
+        with self._tensors.inside_twin():
+            return self._output(float_op(x, y), scale, zero_point, qparams.dtype)
+
+
+_TWINS: dict[type, Callable[[QuantizedTensors, torch.nn.Module], _Twin]] = {
+    nnq.Quantize: _Quantize,
+    nnq.DeQuantize: _DeQuantize,
+    nnq.Linear: _Linear,
+    nniq.LinearReLU: _Linear,
+    nniq.LinearLeakyReLU: _Linear,
+    nniq.LinearTanh: _Linear,
+    **{
+        conv: _Conv
+        for conv in (
+            nnq.Conv1d, nnq.Conv2d, nnq.Conv3d, nnq.ConvTranspose1d, nnq.ConvTranspose2d, nnq.ConvTranspose3d,
+            nniq.ConvReLU1d, nniq.ConvReLU2d, nniq.ConvReLU3d, nniq.ConvAdd2d, nniq.ConvAddReLU2d,
+        )
+    },
+    nnq.Dropout: _Dropout,
+    nnq.QFunctional: _Functional,
+    **{kind: (lambda kind: lambda tensors, m: _Elementwise(tensors, m, _ELEMENTWISE[kind]))(kind) for kind in _ELEMENTWISE},
+}
+
+
+# -- quantization-aware training -----------------------------------------------------------------
+
+
+class _FrozenFakeQuantize(torch.nn.Module):
+    """A FakeQuantize module with its current scale and zero point as constants."""
+
+    def __init__(self, original: FakeQuantizeBase):
+        super().__init__()
+        self.enabled = bool(original.fake_quant_enabled[0] == 1)
+        self.quant_min, self.quant_max = _fake_quantize_range(original)
+        self.axis = original.ch_axis if original.is_per_channel else None
+        scale, zero_point = original.scale.detach(), original.zero_point.detach()
+        if self.axis is None:
+            self.scale, self.zero_point = float(scale), int(zero_point)
+        else:
+            self.register_buffer("scale", scale.float().clone())
+            self.register_buffer("zero_point", zero_point.int().clone())
+
+    def forward(self, x):
+        if not self.enabled:
+            return x
+        if self.axis is None:
+            return torch.fake_quantize_per_tensor_affine(x, self.scale, self.zero_point, self.quant_min, self.quant_max)
+        return torch.fake_quantize_per_channel_affine(
+            x, self.scale, self.zero_point, self.axis, self.quant_min, self.quant_max
+        )
+
+    def extra_repr(self) -> str:
+        return f"frozen fake quantization, range [{self.quant_min}, {self.quant_max}], axis {self.axis}"
+
+
+def _fake_quantize_range(module: FakeQuantizeBase) -> tuple[int, int]:
+    quant_min = getattr(module, "quant_min", None)
+    quant_max = getattr(module, "quant_max", None)
+    if quant_min is None or quant_max is None:
+        observer = module.activation_post_process
+        quant_min, quant_max = observer.quant_min, observer.quant_max
+    return int(quant_min), int(quant_max)
+
+
+def _frozen_fake_quantize(module: FakeQuantizeBase) -> torch.nn.Module:
+    if not hasattr(module, "scale") or not hasattr(module, "is_per_channel"):
+        raise QuantizedCaptureError(
+            f"{type(module).__name__}: dynexport exports FakeQuantize modules that hold their scale and "
+            "zero point (FakeQuantize, FusedMovingAvgObsFakeQuantize, FixedQParamsFakeQuantize)"
+        )
+    if module.zero_point.dtype.is_floating_point:
+        raise QuantizedCaptureError(
+            f"{type(module).__name__} has a fractional zero point, which QuantizeLinear cannot express"
+        )
+    return _FrozenFakeQuantize(module)
+
+
+# -- the scope -----------------------------------------------------------------------------------
+
+
+_QUANTIZED_NAMES = frozenset({"quantize_per_tensor", "quantize_per_channel", "dequantize"})
+
+
+def uses_quantization(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds quantized or FakeQuantize modules, or a forward of its modules
+    makes quantized tensors (``torch.quantize_per_tensor``, as FX's converted graphs do)."""
+    for submodule in module.modules():
+        if isinstance(submodule, FakeQuantizeBase) or type(submodule) in _TWINS or _has_quantized_attributes(submodule):
+            return True
+        code = getattr(type(submodule).forward, "__code__", None)
+        if code is not None and _QUANTIZED_NAMES & set(code.co_names):
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def quantized_modules_as_float(module: torch.nn.Module) -> Iterator[None]:
+    """Within the scope, ``module``'s quantized and FakeQuantize submodules are float twins and
+    quantized tensors are their float values (the module docstring says how); everything is
+    put back when it ends.
+
+    Raises:
+        QuantizedCaptureError: a quantized module with no float twin.
+    """
+    if not uses_quantization(module):
+        yield
+        return
+    tensors = QuantizedTensors()
+    swaps = _planned_swaps(module, tensors)
+    try:
+        for parent, name, _, twin in swaps:
+            setattr(parent, name, twin)
+        with tensors:
+            yield
+    finally:
+        for parent, name, original, _ in reversed(swaps):
+            setattr(parent, name, original)
+
+
+def _planned_swaps(module: torch.nn.Module, tensors: QuantizedTensors) -> list[tuple[torch.nn.Module, str, Any, Any]]:
+    """(parent, name, module, twin) for each module to swap, found from ``module`` down (not
+    into the modules swapped); a module reached by two paths gets one twin."""
+    twins: dict[int, torch.nn.Module] = {}
+    swaps = []
+    pending = [module]
+    while pending:
+        parent = pending.pop()
+        for name, child in parent.named_children():
+            if id(child) not in twins:
+                twin = _twin(child, tensors)
+                if twin is None:
+                    pending.append(child)
+                    continue
+                twins[id(child)] = twin
+            swaps.append((parent, name, child, twins[id(child)]))
+    observing = [child for _, _, child, _ in swaps if isinstance(child, FakeQuantizeBase) and child.observer_enabled[0] == 1]
+    if observing:
+        warnings.warn(
+            f"{len(observing)} FakeQuantize module(s) still observe (observer_enabled): PyTorch updates "
+            "their scale and zero point at every call, the export uses their current values as "
+            "constants, as torch.ao.quantization.convert would. Call "
+            "model.apply(torch.ao.quantization.disable_observer) to make PyTorch compute the same",
+            stacklevel=5,
+        )
+    return swaps
+
+
+def _twin(child: torch.nn.Module, tensors: QuantizedTensors) -> torch.nn.Module | None:
+    if isinstance(child, FakeQuantizeBase):
+        return _frozen_fake_quantize(child)
+    make = _TWINS.get(type(child))
+    if make is not None:
+        return make(tensors, child)
+    if _has_quantized_attributes(child):
+        raise QuantizedCaptureError(
+            f"{type(child).__name__} ({type(child).__module__}) has no float form in dynexport yet: "
+            "leave it in float (qconfig None) or dequantize around it"
+        )
+    return None
+
+
+def _has_quantized_attributes(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds packed weights or quantized tensors, which torch.export cannot
+    trace (float modules of the quantized packages, such as reference modules and
+    ``nnq.MaxPool2d``, hold none)."""
+    return any(
+        isinstance(value, torch.ScriptObject) or (isinstance(value, torch.Tensor) and value.is_quantized)
+        for value in vars(module).values()
+    )
