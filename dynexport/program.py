@@ -7,6 +7,7 @@ The program is a façade: files are written by :mod:`dynexport.files`, models ru
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from dynexport.call_convention import OutputLayout, flatten_call, is_graph_input
 from dynexport.graph_text import format_graph, value_text
 from dynexport.input_guards import InputGuards
 from dynexport.model_caches import caches_flattened
+from dynexport.quantize import WeightQuantization, quantization_of, quantize_model, verify_quantized
 from dynexport.signature import split_legacy_args
 from dynexport.translate import BUFFER_UPDATES_KEY
 from dynexport.verification import VerificationReport, verify_program
@@ -142,6 +144,67 @@ class ONNXProgram:
         self._changed()
         return self
 
+    def quantize_weights(
+        self,
+        bits: int = 4,
+        *,
+        block_size: int = 32,
+        target: str = "onnxruntime",
+        accuracy_level: int = 0,
+        symmetric: bool = True,
+        embedding: bool = False,
+        lm_head: bool = True,
+        algorithm: str = "rtn",
+    ) -> ONNXProgram:
+        """A new program whose weight products (MatMul and Gemm by a constant 2-D weight) store
+        their weights as ``bits``-bit integers with one scale per ``block_size`` weights along
+        the input features; this program stays float. See docs/llm.md for the graphs.
+
+        Args:
+            bits: 4 or 8.
+            block_size: 16, 32, 64, 128 or 256.
+            target: ``"onnxruntime"`` (com.microsoft ``MatMulNBits``, ``GatherBlockQuantized``)
+                or ``"portable"`` (``DequantizeLinear`` then the float op: blocked from opset 21,
+                int8 with one scale per output feature below; int4 needs opset 21).
+            accuracy_level: ``MatMulNBits``' lowest precision for the activations (0 unset,
+                1 fp32, 2 fp16, 3 bf16, 4 int8: fastest on CPU); onnxruntime target only.
+            symmetric: signed integers without zero points; False adds one per block.
+            embedding: also quantize the token embedding table.
+            lm_head: also quantize output projections (a weight product that is a graph output).
+            algorithm: a weight quantizer registered with
+                :func:`dynexport.quantize.register_weight_quantizer` (``"rtn"``: round to nearest).
+
+        Returns:
+            The quantized program. Its ``verify()`` checks the graph against the same graph with
+            the dequantized weights and reports the accuracy cost against the float model.
+
+        Raises:
+            ValueError, TypeError: a bad argument, a form the model's opset cannot express, or
+                no weight to quantize.
+        """
+        config = WeightQuantization(
+            bits=bits, block_size=block_size, target=target, accuracy_level=accuracy_level,
+            symmetric=symmetric, embedding=embedding, lm_head=lm_head, algorithm=algorithm,
+        )
+        files.require_weights(self.model, "quantize the weights")
+        model = self.model.clone()
+        quantize_model(model, config)
+        return self.with_model(model)
+
+    def with_model(self, model: ir.Model, *, session_options: Any = None) -> ONNXProgram:
+        """A program around ``model`` that is called, checked and verified as this one is (same
+        exported program, input checks and output structure); for a transformed copy of
+        :attr:`model` that keeps its inputs and outputs. ``session_options`` (an
+        ``onnxruntime.SessionOptions``) builds its session now, with those options."""
+        program = copy.copy(self)
+        program.model = model
+        program.verification = None
+        program.buffers = {}
+        program._changed()
+        if session_options is not None:
+            program._session = runtime.inference_session(program.model_proto.SerializeToString(), session_options)
+        return program
+
     # -- files ------------------------------------------------------------------------------
 
     def save(
@@ -214,8 +277,20 @@ class ONNXProgram:
         """Run PyTorch and onnxruntime on the same inputs and compare every output.
 
         See :func:`dynexport.verification.verify_program`; the report is also kept in
-        ``self.verification``.
+        ``self.verification``. A program with quantized weights is checked against its graph
+        with the dequantized weights instead, and ``model`` (the float model) gives the
+        report's ``accuracy`` (:func:`dynexport.quantize.verify_quantized`).
         """
+        if quantization_of(self.model) is not None:
+            if compare_intermediates:
+                raise ValueError(
+                    "compare_intermediates compares with PyTorch's float values, which quantized weights change; "
+                    "verify the float program instead"
+                )
+            self.verification = verify_quantized(
+                self, args, kwargs, model=model, resized=resized, rtol=rtol, atol=atol
+            )
+            return self.verification
         self.verification = verify_program(
             self, args, kwargs, model=model, resized=resized,
             compare_intermediates=compare_intermediates, rtol=rtol, atol=atol,

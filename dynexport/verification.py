@@ -103,6 +103,8 @@ class VerificationReport:
     divergence: Divergence | None = None
     intermediates_compared: int = 0
     program: ONNXProgram | None = dataclasses.field(default=None, repr=False)
+    # Quantized weights: their cost against the float model (dynexport.quantize.AccuracyCost).
+    accuracy: Any = None
 
     @property
     def passed(self) -> bool:
@@ -127,6 +129,8 @@ class VerificationReport:
 
     def summary(self) -> str:
         lines = [self.table()]
+        if self.accuracy is not None:
+            lines.append(f"quantized weights against the float model: {self.accuracy}")
         if self.intermediates_compared:
             lines.append(
                 str(self.divergence) if self.divergence

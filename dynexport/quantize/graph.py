@@ -1,0 +1,461 @@
+"""The graph rewrite: each product of an activation and a constant weight (``MatMul``, ``Gemm``)
+and, if asked, each embedding lookup (``Gather`` of a constant table) of an onnx_ir model
+becomes its quantized form; :func:`dequantized_model` reads those forms back into float weights.
+
+Forms, by target:
+
+- ``onnxruntime``: com.microsoft ``MatMulNBits`` (weight ``[N, blocks, block_size * bits / 8]``
+  uint8, codes packed low bits first along K; scales ``[N * blocks]``; zero points packed the
+  same way, ``[N * ceil(blocks * bits / 8)]``; a Gemm's 1-D bias as its bias input) and
+  ``GatherBlockQuantized`` (table ``[V, H * bits / 8]`` uint8, scales ``[V, blocks]``). Without
+  zero points both ops take ``2^(bits-1)`` as the zero point, so symmetric codes are stored
+  shifted up by it.
+- ``portable``: ``DequantizeLinear`` of an int4/int8 (uint4/uint8 with zero points) initializer
+  then the float op. From opset 21 the scales are blocked (``block_size`` attribute); below it
+  (int8 only) there is one scale per output feature (per vocabulary row for a table).
+
+Only the main graph is rewritten; weights of If branches and Loop bodies stay float.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+import torch
+
+from dynexport.passes.onnx import remove_dead_code
+from dynexport.passes.onnx.values import add_initializer, constant_array, insert_replacement, producer
+from dynexport.quantize.weights import QuantizedWeight, WeightQuantization, weight_quantizer
+
+__all__ = ["MS_DOMAIN", "QUANTIZATION_KEY", "dequantized_model", "quantization_of", "quantize_model"]
+
+QUANTIZATION_KEY = "pkg.dynexport.weight_quantization"
+MS_DOMAIN = "com.microsoft"
+BLOCKED_DEQUANTIZE_OPSET = 21
+
+_FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+# Nodes between an output projection and the graph output that only move or relabel its values.
+_PASS_THROUGH = frozenset({"Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _WeightProduct:
+    """``activation @ W.T (+ bias)`` with W ``[N, K]`` read from ``weight`` (stored ``[N, K]``
+    when ``transposed``, else ``[K, N]``)."""
+
+    node: ir.Node
+    activation: ir.Value
+    weight: ir.Value
+    transposed: bool
+    bias: ir.Value | None
+
+
+def quantization_of(model: ir.Model) -> dict | None:
+    """The :class:`WeightQuantization` fields a model was quantized with, or None."""
+    text = model.metadata_props.get(QUANTIZATION_KEY)
+    return json.loads(text) if text else None
+
+
+def quantize_model(model: ir.Model, config: WeightQuantization) -> int:
+    """Rewrite ``model`` in place; return how many weight tensors were quantized.
+
+    Raises:
+        ValueError: the model is already quantized, the target cannot express ``config`` at the
+            model's opset, or there is no weight to quantize.
+    """
+    if quantization_of(model) is not None:
+        raise ValueError("the model's weights are already quantized; quantize the float program instead")
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    blocked = config.target == "onnxruntime" or opset >= BLOCKED_DEQUANTIZE_OPSET
+    if not blocked and config.bits == 4:
+        raise ValueError(
+            f"int4 weights in the portable target need DequantizeLinear with int4 and block_size, "
+            f"from opset {BLOCKED_DEQUANTIZE_OPSET}; the model is at opset {opset}. Export with "
+            f"opset_version={BLOCKED_DEQUANTIZE_OPSET} or higher, use bits=8 (one scale per output "
+            "feature below opset 21) or target='onnxruntime'"
+        )
+    if not blocked:
+        warnings.warn(
+            f"opset {opset} has no blocked DequantizeLinear (opset {BLOCKED_DEQUANTIZE_OPSET}): int8 weights get "
+            f"one scale per output feature instead of one per {config.block_size} weights",
+            stacklevel=3,
+        )
+    graph = model.graph
+    products = [p for p in _weight_products(graph, config.target) if config.lm_head or not _is_output_projection(p)]
+    tables = list(_embedding_tables(graph)) if config.embedding else []
+    if not products and not tables:
+        raise ValueError(
+            "the model has no weight to quantize: no MatMul or Gemm multiplies an activation by a constant "
+            "2-D float weight" + ("" if config.embedding else " (embeddings are left out unless embedding=True)")
+            + ("" if config.lm_head else " (output projections are left out with lm_head=False)")
+        )
+    rewrite = _Rewriter(graph, config, blocked)
+    for product in products:
+        rewrite.product(product)
+    for gather in tables:
+        rewrite.table(gather)
+    remove_dead_code(graph)
+    if config.target == "onnxruntime":
+        model.opset_imports[MS_DOMAIN] = 1
+    model.metadata_props[QUANTIZATION_KEY] = json.dumps({**config.metadata(), "blocked": blocked})
+    return len(rewrite.quantized)
+
+
+def _weight_products(graph: ir.Graph, target: str):
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        if node.op_type == "MatMul":
+            activation, weight = node.inputs
+            bias, transposed = None, False
+        elif node.op_type == "Gemm" and _plain_gemm(node):
+            activation, weight = node.inputs[:2]
+            bias = node.inputs[2] if len(node.inputs) > 2 else None
+            transposed = _int_attribute(node, "transB", 0) == 1
+        else:
+            continue
+        transpose = producer(weight, "Transpose")
+        if transpose is not None and list(transpose.attributes["perm"].as_ints()) == [1, 0]:
+            weight, transposed = transpose.inputs[0], not transposed
+        if _constant_matrix(weight) and activation.shape is not None and len(activation.shape) >= 2:
+            yield _WeightProduct(node, activation, weight, transposed, bias)
+
+
+def _plain_gemm(node: ir.Node) -> bool:
+    """A Gemm computing ``A @ op(B) + C``: no transposed A, alpha and beta 1."""
+    alpha = node.attributes.get("alpha")
+    beta = node.attributes.get("beta")
+    return (
+        _int_attribute(node, "transA", 0) == 0
+        and (alpha is None or alpha.as_float() == 1.0)
+        and (beta is None or beta.as_float() == 1.0)
+    )
+
+
+def _int_attribute(node: ir.Node, name: str, default: int) -> int:
+    attribute = node.attributes.get(name)
+    return default if attribute is None else attribute.as_int()
+
+
+def _constant_matrix(value: ir.Value) -> bool:
+    return (
+        value.const_value is not None and not value.is_graph_input()
+        and value.dtype in _FLOAT_TYPES and len(value.const_value.shape) == 2
+    )
+
+
+def _is_output_projection(product: _WeightProduct) -> bool:
+    """The product reaches a graph output through nodes that only move its values."""
+    value = product.node.outputs[0]
+    while not value.is_graph_output():
+        uses = list(value.uses())
+        if len(uses) != 1 or uses[0].node.op_type not in _PASS_THROUGH:
+            return False
+        value = uses[0].node.outputs[0]
+    return True
+
+
+def _embedding_tables(graph: ir.Graph):
+    for node in list(graph):
+        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and _int_attribute(node, "axis", 0) == 0:
+            if _constant_matrix(node.inputs[0]):
+                yield node
+
+
+class _Rewriter:
+    """Rewrites products and lookups one at a time; a weight read by several nodes in the same
+    orientation is quantized and stored once."""
+
+    def __init__(self, graph: ir.Graph, config: WeightQuantization, blocked: bool):
+        self.graph = graph
+        self.config = config
+        self.blocked = blocked
+        self.quantizer = weight_quantizer(config.algorithm)
+        self.quantized: dict[tuple[str, bool], QuantizedWeight] = {}
+        self.stored: dict[tuple[str, bool, str], tuple[ir.Value | None, ...]] = {}
+
+    def weight(self, value: ir.Value, transposed: bool) -> QuantizedWeight:
+        """The weight ``[N, K]`` quantized along K (once per initializer and orientation)."""
+        key = (value.name, transposed)
+        if key not in self.quantized:
+            matrix = torch.from_numpy(np.asarray(value.const_value.numpy(), dtype=np.float32))
+            matrix = matrix if transposed else matrix.T
+            block_size = self.config.block_size if self.blocked else matrix.shape[1]
+            self.quantized[key] = self.quantizer(
+                matrix.contiguous(), bits=self.config.bits, block_size=block_size, symmetric=self.config.symmetric
+            )
+        return self.quantized[key]
+
+    def initializers(self, value: ir.Value, transposed: bool, form: str, arrays) -> tuple[ir.Value | None, ...]:
+        key = (value.name, transposed, form)
+        if key not in self.stored:
+            self.stored[key] = tuple(
+                None if array is None else add_initializer(self.graph, array, f"{value.name}.{form}.{part}")
+                for part, array in zip(("quantized", "scales", "zero_points"), arrays(self.weight(value, transposed)))
+            )
+        return self.stored[key]
+
+    # -- weight products -----------------------------------------------------------------------
+
+    def product(self, product: _WeightProduct) -> None:
+        dtype = product.weight.dtype
+        if self.config.target == "onnxruntime":
+            arrays = lambda q: matmul_nbits_arrays(q, dtype)  # noqa: E731
+            weight, scales, zero_points = self.initializers(product.weight, product.transposed, "nbits", arrays)
+            n, k = self.weight(product.weight, product.transposed).values.shape
+            bias = product.bias if _is_vector(product.bias, n) else None
+            attributes = dict(K=k, N=n, bits=self.config.bits, block_size=self.config.block_size)
+            if self.config.accuracy_level:
+                attributes["accuracy_level"] = self.config.accuracy_level
+            inputs = [product.activation, weight, scales, zero_points, None, bias]
+            while inputs[-1] is None:
+                inputs.pop()
+            nodes = [ir.Node(MS_DOMAIN, "MatMulNBits", inputs, _attributes(attributes))]
+        else:
+            arrays = lambda q: dequantize_linear_arrays(q, dtype, self.blocked, transposed=True)  # noqa: E731
+            stored = self.initializers(product.weight, product.transposed, "dq", arrays)
+            # DequantizeLinear gives the weight as MatMul reads it: [K, N].
+            nodes = self._dequantize(stored, axis=0, dtype=dtype)
+            nodes.append(ir.Node("", "MatMul", [product.activation, nodes[-1].outputs[0]]))
+            bias = None
+        if product.bias is not None and bias is None:
+            nodes.append(ir.Node("", "Add", [nodes[-1].outputs[0], product.bias]))
+        self._replace(product.node, nodes)
+
+    # -- embedding tables ----------------------------------------------------------------------
+
+    def table(self, gather: ir.Node) -> None:
+        table, indices = gather.inputs
+        dtype = table.dtype
+        if self.config.target == "onnxruntime":
+            arrays = lambda q: gather_block_quantized_arrays(q, dtype)  # noqa: E731
+            data, scales, zero_points = self.initializers(table, True, "gbq", arrays)
+            attributes = dict(gather_axis=0, quantize_axis=1, block_size=self.config.block_size, bits=self.config.bits)
+            inputs = [data, indices, scales] + ([zero_points] if zero_points is not None else [])
+            nodes = [ir.Node(MS_DOMAIN, "GatherBlockQuantized", inputs, _attributes(attributes))]
+        else:
+            arrays = lambda q: dequantize_linear_arrays(q, dtype, self.blocked, transposed=False)  # noqa: E731
+            stored = self.initializers(table, True, "table_dq", arrays)
+            nodes = self._dequantize(stored, axis=1, dtype=dtype)
+            nodes.append(ir.Node("", "Gather", [nodes[-1].outputs[0], indices], _attributes(dict(axis=0))))
+        self._replace(gather, nodes)
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _dequantize(self, stored: tuple[ir.Value | None, ...], *, axis: int, dtype: ir.DataType) -> list[ir.Node]:
+        """DequantizeLinear of a stored weight, blocked along ``axis`` (from opset 21), else
+        with one scale per index of the other axis; cast when its scales cannot be ``dtype``."""
+        weight, scales, zero_points = stored
+        inputs = [weight, scales] + ([zero_points] if zero_points is not None else [])
+        if self.blocked:
+            attributes = dict(axis=axis, block_size=self.config.block_size)
+        else:
+            attributes = dict(axis=1 - axis)
+        nodes = [ir.Node("", "DequantizeLinear", inputs, _attributes(attributes))]
+        if scales.dtype != dtype:
+            nodes.append(ir.Node("", "Cast", [nodes[0].outputs[0]], _attributes(dict(to=dtype))))
+        for node in nodes:
+            node.outputs[0].dtype = dtype if node.op_type == "Cast" else scales.dtype
+            node.outputs[0].shape = ir.Shape(weight.shape)
+        return nodes
+
+    def _replace(self, old: ir.Node, nodes: list[ir.Node]) -> None:
+        for node in nodes[:-1]:
+            node.metadata_props.update(old.metadata_props)
+            self.graph.insert_before(old, node)
+        if not insert_replacement(self.graph, old, nodes[-1], old.outputs[0]):
+            raise AssertionError(f"could not replace {old.op_type} node {old.name}")
+        self.graph.remove(old, safe=True)
+
+
+def _is_vector(value: ir.Value | None, length: int) -> bool:
+    return value is not None and value.shape is not None and list(value.shape) == [length]
+
+
+def _attributes(values: dict) -> list[ir.Attr]:
+    return [
+        ir.AttrInt64(name, int(value)) if isinstance(value, (int, ir.DataType)) else ir.AttrFloat32(name, value)
+        for name, value in values.items()
+    ]
+
+
+# -- storage forms: quantized weight -> arrays, and arrays -> float weight ----------------------
+
+
+def _pack_low_first(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned ``bits``-wide codes along the last axis, packed into bytes low bits first."""
+    codes = codes.astype(np.uint8)
+    if bits == 8:
+        return codes
+    if codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), np.uint8)], axis=-1)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _unpack_low_first(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    packed = packed.astype(np.uint8)
+    if bits == 8:
+        return packed[..., :count].astype(np.int32)
+    codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+    return codes[..., :count].astype(np.int32)
+
+
+def _unsigned_codes(q: QuantizedWeight, padded_k: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The codes as onnxruntime's uint8 forms store them (symmetric ones shifted up by the
+    default zero point ``2^(bits-1)``), K padded with the zero point, and the zero points."""
+    n, k = q.values.shape
+    blocks = padded_k // q.block_size
+    if q.zero_points is None:
+        zero_points = np.full((n, blocks), 2 ** (q.bits - 1), np.int32)
+        codes = q.values.numpy() + 2 ** (q.bits - 1)
+    else:
+        zero_points = q.zero_points.numpy()
+        codes = q.values.numpy()
+    padded = np.repeat(zero_points, q.block_size, axis=1)
+    padded[:, :k] = codes
+    return padded, None if q.zero_points is None else zero_points
+
+
+def _float_array(tensor: torch.Tensor, dtype: ir.DataType) -> np.ndarray:
+    return tensor.numpy().astype(dtype.numpy())
+
+
+def matmul_nbits_arrays(q: QuantizedWeight, dtype: ir.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """MatMulNBits' B ``[N, blocks, blob]``, scales ``[N * blocks]``, packed zero points."""
+    n, k = q.values.shape
+    blocks = q.scales.shape[1]
+    codes, zero_points = _unsigned_codes(q, blocks * q.block_size)
+    weight = _pack_low_first(codes.reshape(n, blocks, q.block_size), q.bits)
+    packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits).reshape(-1)
+    return weight, _float_array(q.scales, dtype).reshape(-1), packed_zero_points
+
+
+def gather_block_quantized_arrays(q: QuantizedWeight, dtype: ir.DataType):
+    """GatherBlockQuantized's table ``[V, H * bits / 8]``, scales ``[V, blocks]``, packed zero points."""
+    v, h = q.values.shape
+    codes, zero_points = _unsigned_codes(q, q.scales.shape[1] * q.block_size)
+    table = _pack_low_first(codes[:, :h], q.bits)
+    packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits)
+    return table, _float_array(q.scales, dtype), packed_zero_points
+
+
+def dequantize_linear_arrays(q: QuantizedWeight, dtype: ir.DataType, blocked: bool, *, transposed: bool):
+    """DequantizeLinear's weight, scales and zero points: ``[K, N]`` when ``transposed`` (a
+    MatMul's right operand), else ``[N, K]`` (a table); blocked along K, or one scale per N."""
+    integer = {(4, True): ml_dtypes.int4, (4, False): ml_dtypes.uint4, (8, True): np.int8, (8, False): np.uint8}[
+        (q.bits, q.symmetric)
+    ]
+    # Below opset 19 DequantizeLinear's scales are float32 only.
+    scale_dtype = dtype if blocked else ir.DataType.FLOAT
+    arrays = [
+        q.values.numpy().astype(integer),
+        _float_array(q.scales, scale_dtype),
+        None if q.zero_points is None else q.zero_points.numpy().astype(integer),
+    ]
+    if not blocked:
+        arrays[1:] = [None if a is None else a[:, 0] for a in arrays[1:]]
+    if transposed:
+        arrays = [None if a is None else np.ascontiguousarray(a.T) for a in arrays]
+    return tuple(arrays)
+
+
+def _matmul_nbits_weight(node: ir.Node) -> np.ndarray:
+    """The float ``[N, K]`` a MatMulNBits node's packed inputs stand for."""
+    k, n = _int_attribute(node, "K", 0), _int_attribute(node, "N", 0)
+    bits, block_size = _int_attribute(node, "bits", 4), _int_attribute(node, "block_size", 0)
+    packed = constant_array(node.inputs[1])
+    blocks = packed.shape[1]
+    codes = _unpack_low_first(packed, bits, block_size).reshape(n, blocks * block_size)
+    zero_points = _optional_input(node, 3)
+    if zero_points is None:
+        zero_points = np.full((n, blocks), 2 ** (bits - 1), np.int32)
+    else:
+        zero_points = _unpack_low_first(constant_array(zero_points).reshape(n, -1), bits, blocks)
+    scales = constant_array(node.inputs[2]).reshape(n, blocks).astype(np.float64)
+    weight = (codes - np.repeat(zero_points, block_size, axis=1)) * np.repeat(scales, block_size, axis=1)
+    return weight[:, :k]
+
+
+def _gather_block_quantized_table(node: ir.Node) -> np.ndarray:
+    bits, block_size = _int_attribute(node, "bits", 4), _int_attribute(node, "block_size", 0)
+    scales = constant_array(node.inputs[2]).astype(np.float64)
+    h = constant_array(node.inputs[0]).shape[1] * 8 // bits
+    codes = _unpack_low_first(constant_array(node.inputs[0]), bits, h)
+    zero_points = _optional_input(node, 3)
+    if zero_points is None:
+        zero_points = np.full(scales.shape, 2 ** (bits - 1), np.int32)
+    else:
+        zero_points = _unpack_low_first(constant_array(zero_points), bits, scales.shape[1])
+    expand = lambda per_block: np.repeat(per_block, block_size, axis=1)[:, :h]  # noqa: E731
+    return (codes - expand(zero_points)) * expand(scales)
+
+
+def _dequantize_linear(node: ir.Node) -> np.ndarray:
+    weight = constant_array(node.inputs[0]).astype(np.int32)
+    scales = constant_array(node.inputs[1]).astype(np.float64)
+    zero_points = _optional_input(node, 2)
+    zero_points = np.zeros(scales.shape, np.int32) if zero_points is None else constant_array(zero_points).astype(np.int32)
+    axis = _int_attribute(node, "axis", 1)
+    block_size = _int_attribute(node, "block_size", 0)
+    if block_size:
+        expand = lambda per_block: np.repeat(per_block, block_size, axis=axis).take(  # noqa: E731
+            range(weight.shape[axis]), axis=axis
+        )
+    else:
+        shape = [1] * weight.ndim
+        shape[axis] = -1
+        expand = lambda per_index: per_index.reshape(shape)  # noqa: E731
+    return (weight - expand(zero_points)) * expand(scales)
+
+
+def _optional_input(node: ir.Node, index: int) -> ir.Value | None:
+    return node.inputs[index] if len(node.inputs) > index else None
+
+
+def dequantized_model(model: ir.Model) -> ir.Model:
+    """A copy of a quantized ``model`` computing in float with the weights its quantized
+    initializers stand for, dequantized here in float64 from the stored bytes (read by this
+    module's own unpacking, not onnxruntime's): ``MatMulNBits`` becomes ``MatMul`` (+ ``Add``
+    of its bias), ``GatherBlockQuantized`` becomes ``Gather``, a ``DequantizeLinear`` of
+    constants becomes the constant it computes. Running both models on the same inputs checks
+    the stored forms against onnxruntime's kernels: they agree up to float rounding."""
+    copy = model.clone()
+    graph = copy.graph
+    for node in list(graph):
+        if node.domain == MS_DOMAIN and node.op_type == "MatMulNBits":
+            weight = _matmul_nbits_weight(node)
+            dtype = node.inputs[0].dtype
+            transposed = add_initializer(graph, weight.T.astype(dtype.numpy()), f"{node.inputs[1].name}.dequantized")
+            nodes = [ir.Node("", "MatMul", [node.inputs[0], transposed])]
+            bias = _optional_input(node, 5)
+            if bias is not None:
+                nodes.append(ir.Node("", "Add", [nodes[0].outputs[0], bias]))
+        elif node.domain == MS_DOMAIN and node.op_type == "GatherBlockQuantized":
+            table = _gather_block_quantized_table(node)
+            dtype = node.inputs[2].dtype
+            table = add_initializer(graph, table.astype(dtype.numpy()), f"{node.inputs[0].name}.dequantized")
+            nodes = [ir.Node("", "Gather", [table, node.inputs[1]], _attributes(dict(axis=0)))]
+        elif node.op_type == "DequantizeLinear" and all(
+            v is None or constant_array(v) is not None for v in node.inputs
+        ):
+            dequantized = _dequantize_linear(node).astype(node.inputs[1].dtype.numpy())
+            value = add_initializer(graph, dequantized, f"{node.inputs[0].name}.dequantized")
+            node.outputs[0].replace_all_uses_with(value)
+            graph.remove(node, safe=True)
+            continue
+        else:
+            continue
+        for extra in nodes[:-1]:
+            graph.insert_before(node, extra)
+        insert_replacement(graph, node, nodes[-1], node.outputs[0])
+        graph.remove(node, safe=True)
+    remove_dead_code(graph)
+    if not any(node.domain == MS_DOMAIN for node in graph):
+        copy.opset_imports.pop(MS_DOMAIN, None)
+    del copy.metadata_props[QUANTIZATION_KEY]
+    return copy

@@ -1,0 +1,198 @@
+"""What a weight quantization is asked to do (:class:`WeightQuantization`), and the algorithms
+that turn a float weight into integers and per-block scales (:class:`QuantizedWeight`).
+
+Algorithms are looked up by name in a small registry: ``"rtn"`` (round to nearest) is built in;
+:func:`register_weight_quantizer` adds others (GPTQ, HQQ, ...) without touching the graph
+rewrite, which only reads the :class:`QuantizedWeight` an algorithm returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+
+__all__ = [
+    "QuantizedWeight",
+    "WeightQuantization",
+    "WeightQuantizer",
+    "register_weight_quantizer",
+    "round_to_nearest",
+    "weight_quantizer",
+]
+
+BITS = (4, 8)
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+TARGETS = ("onnxruntime", "portable")
+# MatMulNBits' accuracy_level: the lowest precision A may be computed in (1 fp32, 2 fp16,
+# 3 bf16, 4 int8); 0 leaves it to onnxruntime (A's own float type).
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight ``[N, K]`` (N output features, K input features) as integers and per-block
+    scales along K: ``weight[n, k] ≈ (values[n, k] - zero_points[n, k // block_size]) *
+    scales[n, k // block_size]``.
+
+    Attributes:
+        values: int32 ``[N, K]``; in ``[-2^(bits-1), 2^(bits-1) - 1]`` when ``zero_points`` is
+            None (symmetric), else in ``[0, 2^bits - 1]``.
+        scales: float32 ``[N, ceil(K / block_size)]``.
+        zero_points: int32 like ``scales`` (asymmetric), or None.
+        bits, block_size: as quantized; a block of ``K`` means one scale per output feature.
+    """
+
+    values: torch.Tensor
+    scales: torch.Tensor
+    zero_points: torch.Tensor | None
+    bits: int
+    block_size: int
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero_points is None
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight ``[N, K]`` these integers stand for."""
+        k = self.values.shape[1]
+        expand = lambda per_block: per_block.repeat_interleave(self.block_size, dim=1)[:, :k]  # noqa: E731
+        shifted = self.values if self.zero_points is None else self.values - expand(self.zero_points)
+        return shifted.to(torch.float32) * expand(self.scales)
+
+
+class WeightQuantizer(Protocol):
+    """An algorithm: a float weight ``[N, K]`` to a :class:`QuantizedWeight` blocked along K."""
+
+    def __call__(self, weight: torch.Tensor, *, bits: int, block_size: int, symmetric: bool) -> QuantizedWeight: ...
+
+
+_QUANTIZERS: dict[str, WeightQuantizer] = {}
+
+
+def register_weight_quantizer(name: str) -> Callable[[WeightQuantizer], WeightQuantizer]:
+    """Register an algorithm under ``name`` (the ``algorithm=`` of :class:`WeightQuantization`)."""
+
+    def register(quantizer: WeightQuantizer) -> WeightQuantizer:
+        if name in _QUANTIZERS:
+            raise ValueError(f"a weight quantizer named {name!r} is already registered")
+        _QUANTIZERS[name] = quantizer
+        return quantizer
+
+    return register
+
+
+def weight_quantizer(name: str) -> WeightQuantizer:
+    """The algorithm registered under ``name``."""
+    if name not in _QUANTIZERS:
+        raise ValueError(f"algorithm={name!r} is not a registered weight quantizer; choose one of {sorted(_QUANTIZERS)}")
+    return _QUANTIZERS[name]
+
+
+@register_weight_quantizer("rtn")
+def round_to_nearest(weight: torch.Tensor, *, bits: int, block_size: int, symmetric: bool) -> QuantizedWeight:
+    """Round to nearest. Symmetric: ``scale = max|w| / (2^(bits-1) - 1)`` per block, values
+    signed. Asymmetric: the block's range (widened to hold 0) over ``2^bits - 1`` levels, with
+    the integer zero point that represents 0.0 exactly."""
+    n, k = weight.shape
+    blocks = -(-k // block_size)
+    padded = torch.zeros(n, blocks * block_size, dtype=torch.float32)
+    padded[:, :k] = weight.to(torch.float32)
+    grouped = padded.view(n, blocks, block_size)
+    if symmetric:
+        largest = 2 ** (bits - 1) - 1
+        scales = grouped.abs().amax(dim=2) / largest
+        divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
+        values = torch.round(grouped / divisor[..., None]).clamp(-largest - 1, largest)
+        zero_points = None
+    else:
+        largest = 2**bits - 1
+        low = grouped.amin(dim=2).clamp(max=0.0)
+        high = grouped.amax(dim=2).clamp(min=0.0)
+        scales = (high - low) / largest
+        divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
+        zero_points = torch.round(-low / divisor).clamp(0, largest)
+        values = (torch.round(grouped / divisor[..., None]) + zero_points[..., None]).clamp(0, largest)
+        zero_points = zero_points.to(torch.int32)
+    values = values.view(n, blocks * block_size)[:, :k].to(torch.int32).contiguous()
+    return QuantizedWeight(values, scales.contiguous(), zero_points, bits, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightQuantization:
+    """Which weights to store as integers, in which form.
+
+    Args:
+        bits: 4 or 8.
+        block_size: weights per scale along the input features: 16, 32, 64, 128 or 256.
+        target: ``"onnxruntime"`` (com.microsoft ``MatMulNBits``, ``GatherBlockQuantized``) or
+            ``"portable"`` (standard ``DequantizeLinear``: blocked int4/int8 from opset 21, one
+            int8 scale per output feature below it; int4 needs opset 21).
+        accuracy_level: the onnxruntime target's ``MatMulNBits`` attribute: the lowest precision
+            the activations may be computed in (0 unset: A's float type, 1 fp32, 2 fp16,
+            3 bf16, 4 int8: fastest on CPU, activations quantized per block at run time).
+        symmetric: signed integers and no zero points; False adds a zero point per block.
+        embedding: also quantize the token embedding (a ``Gather`` of a constant table).
+        lm_head: also quantize output projections (a weight product that is a graph output:
+            an LM's logits, a classifier's last layer).
+        algorithm: a name registered with :func:`register_weight_quantizer` (``"rtn"``).
+    """
+
+    bits: int = 4
+    block_size: int = 32
+    target: str = "onnxruntime"
+    accuracy_level: int = 0
+    symmetric: bool = True
+    embedding: bool = False
+    lm_head: bool = True
+    algorithm: str = "rtn"
+
+    def __post_init__(self):
+        for name in ("bits", "block_size", "accuracy_level"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if self.bits not in BITS:
+            raise ValueError(f"bits={self.bits} is not supported; choose 4 or 8")
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(
+                f"block_size={self.block_size} is not supported; choose a power of two from 16 to 256 "
+                f"({', '.join(map(str, BLOCK_SIZES))})"
+            )
+        if self.target not in TARGETS:
+            raise ValueError(f"target={self.target!r} is not supported; choose 'onnxruntime' or 'portable'")
+        if self.accuracy_level not in ACCURACY_LEVELS:
+            raise ValueError(f"accuracy_level={self.accuracy_level} is not supported; choose 0 to 4")
+        if self.accuracy_level and self.target != "onnxruntime":
+            raise ValueError(
+                "accuracy_level is an attribute of onnxruntime's MatMulNBits; the portable target has none "
+                "(leave it 0 or use target='onnxruntime')"
+            )
+        for name in ("symmetric", "embedding", "lm_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.algorithm, str):
+            raise TypeError(f"algorithm must be the name of a registered weight quantizer, got {self.algorithm!r}")
+        weight_quantizer(self.algorithm)
+
+    @classmethod
+    def of(cls, spec: WeightQuantization | Mapping[str, Any]) -> WeightQuantization:
+        """``spec`` as a WeightQuantization: itself, or built from a dict of its fields."""
+        if isinstance(spec, WeightQuantization):
+            return spec
+        if not isinstance(spec, Mapping):
+            raise TypeError(
+                f"quantize_weights must be a dynexport.WeightQuantization or a dict of its fields, got {spec!r}"
+            )
+        unknown = sorted(set(spec) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(
+                f"quantize_weights has unknown fields {unknown}; WeightQuantization takes "
+                f"{[f.name for f in dataclasses.fields(cls)]}"
+            )
+        return cls(**spec)
+
+    def metadata(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
