@@ -8,7 +8,7 @@ import math
 
 import onnx_ir as ir
 
-from dynexport.ops._helpers import ints, scalar_like
+from dynexport.ops._helpers import ints, reduce, scalar_like
 
 __all__ = ["FORMS", "atan", "erf"]
 
@@ -17,7 +17,7 @@ def _series(ctx, x: ir.Value, exponents: list[int], coefficients: list[float]) -
     """sum_n coefficients[n] * x ** exponents[n], the terms along a new last axis."""
     powers = ctx.op.Pow(ctx.op.Unsqueeze(x, ints(ctx, [-1])), ctx.constant([float(e) for e in exponents], ir.DataType.DOUBLE))
     terms = ctx.op.Mul(powers, ctx.constant(coefficients, ir.DataType.DOUBLE))
-    return ctx.op.ReduceSum(terms, ints(ctx, [-1]), keepdims=0)
+    return reduce(ctx, "ReduceSum", terms, [-1], keepdims=False)
 
 
 def _signed(ctx, x: ir.Value, magnitude: ir.Value) -> ir.Value:

@@ -29,8 +29,10 @@ __all__ = [
     "normalize_dim",
     "normalize_dims",
     "only_first_output_used",
+    "pad",
     "per_dim",
     "rank",
+    "reduce",
     "run_batched",
     "scalar",
     "scalar_like",
@@ -79,6 +81,22 @@ def is_floating(x: ir.Value) -> bool:
 def ints(ctx, values: Sequence[int]) -> ir.Value:
     """A 1-D int64 constant."""
     return ctx.constant(list(values), ir.DataType.INT64)
+
+
+# ReduceSum takes its axes as an input from opset 13, the other reductions from opset 18 (an
+# attribute before).
+_AXES_INPUT_SINCE = {"ReduceSum": 13}
+
+
+def reduce(ctx, op_type: str, x: ir.Value, axes: Sequence[int] | None = None, keepdims: bool = True) -> ir.Value:
+    """The ONNX reduction ``op_type`` (``"ReduceMax"``) of ``x`` over ``axes`` (None: every
+    axis), in the form of the target opset."""
+    reduction = getattr(ctx.op, op_type)
+    if axes is None:
+        return reduction(x, keepdims=int(keepdims))
+    if ctx.opset >= _AXES_INPUT_SINCE.get(op_type, 18):
+        return reduction(x, ints(ctx, axes), keepdims=int(keepdims))
+    return reduction(x, axes=[int(a) for a in axes], keepdims=int(keepdims))
 
 
 def scalar_like(ctx, value: float | int | bool, like: ir.Value) -> ir.Value:
@@ -210,7 +228,28 @@ def size_of_dims(ctx, x: ir.Value, start: int, end: int) -> int | ir.Value:
     sizes = x.shape[start:end]
     if all(isinstance(size, int) for size in sizes):
         return math.prod(sizes)
-    return ctx.op.ReduceProd(ctx.op.Shape(x, start=start, end=end), keepdims=0)
+    return reduce(ctx, "ReduceProd", ctx.op.Shape(x, start=start, end=end), keepdims=False)
+
+
+def pad(
+    ctx,
+    x: ir.Value,
+    pads: Sequence[int | ir.Value],
+    axes: Sequence[int] | None = None,
+    value: ir.Value | None = None,
+    mode: str = "constant",
+) -> ir.Value:
+    """ONNX Pad of ``x``: ``pads`` holds the begins, then the ends, of ``axes`` (None: every
+    axis), as ints or int64 scalars. Pad takes ``axes`` as an input from opset 18; before it the
+    pads name every axis."""
+    if axes is None:
+        return ctx.op.Pad(x, shape_tensor(ctx, pads), value, mode=mode)
+    if ctx.opset >= 18:
+        return ctx.op.Pad(x, shape_tensor(ctx, pads), value, ints(ctx, axes), mode=mode)
+    begins, ends = [0] * rank(x), [0] * rank(x)
+    for axis, begin, end in zip(axes, pads[: len(axes)], pads[len(axes) :]):
+        begins[axis], ends[axis] = begin, end
+    return ctx.op.Pad(x, shape_tensor(ctx, begins + ends), value, mode=mode)
 
 
 def per_dim(value: int | Sequence[int], n: int) -> list[int]:

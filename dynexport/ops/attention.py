@@ -15,6 +15,7 @@ from dynexport.ops._helpers import (
     cast,
     ints,
     rank,
+    reduce,
     scalar,
     shape_tensor,
     size_of,
@@ -74,7 +75,7 @@ def scaled_dot_product_flash_attention_for_cpu(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
 ):
     scores = _scores(ctx, query, key, attn_mask, is_causal, scale)
-    logsumexp = ctx.op.ReduceLogSumExp(scores, ints(ctx, [-1]), keepdims=0)
+    logsumexp = reduce(ctx, "ReduceLogSumExp", scores, [-1], keepdims=False)
     return _attend(ctx, scores, value, masked=attn_mask is not None), cast(ctx, logsumexp, ir.DataType.FLOAT)
 
 
@@ -115,7 +116,7 @@ def _attend(ctx, scores, value, *, masked: bool) -> ir.Value:
     if masked:
         # PyTorch gives a fully masked query row zero weights, not Softmax's NaNs.
         blocked = ctx.op.Equal(
-            ctx.op.ReduceMax(scores, ints(ctx, [-1]), keepdims=1), ctx.constant(-math.inf, scores.dtype)
+            reduce(ctx, "ReduceMax", scores, [-1]), ctx.constant(-math.inf, scores.dtype)
         )
         weights = ctx.op.Where(blocked, ctx.constant(0.0, scores.dtype), weights)
     return ctx.op.MatMul(weights, value)

@@ -10,7 +10,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import FLOATING
-from dynexport.ops._helpers import argument, cast, ints, rank, scalar_like, shape_tensor, size_of
+from dynexport.ops._helpers import argument, cast, ints, rank, reduce, scalar_like, shape_tensor, size_of
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -171,7 +171,7 @@ def einsum(ctx, equation, tensors, *, path=None):
     # A one-operand integer reduction ("i->") sums into int64, as PyTorch's sum does.
     result = _einsum(ctx, inputs + arrow + output, *tensors)
     if summed:
-        result = ctx.op.ReduceSum(result, ints(ctx, list(range(ellipsis_rank))), keepdims=0)
+        result = reduce(ctx, "ReduceSum", result, list(range(ellipsis_rank)), keepdims=False)
     return cast(ctx, result, ctx.out_dtype)
 
 

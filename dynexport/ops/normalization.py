@@ -11,6 +11,7 @@ from dynexport.ops._helpers import (
     ints,
     only_first_output_used,
     rank,
+    reduce,
     scalar_like,
     shape_tensor,
     size_of,
@@ -163,8 +164,8 @@ def rms_norm(ctx, input, normalized_shape, weight=None, eps=None):
 def rms_norm_composed(ctx, input, normalized_shape, weight=None, eps=None):
     dtype = ir.DataType.FLOAT if input.dtype in _LOW_PRECISION else input.dtype
     x = cast(ctx, input, dtype)
-    axes = ints(ctx, list(range(rank(input) - len(normalized_shape), rank(input))))
-    mean_square = ctx.op.ReduceMean(ctx.op.Mul(x, x), axes)
+    axes = list(range(rank(input) - len(normalized_shape), rank(input)))
+    mean_square = reduce(ctx, "ReduceMean", ctx.op.Mul(x, x), axes)
     rms = ctx.op.Sqrt(ctx.op.Add(mean_square, ctx.constant(_rms_eps(input, eps), dtype)))
     normalized = ctx.op.Div(x, rms)
     if weight is not None:

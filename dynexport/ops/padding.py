@@ -2,7 +2,7 @@
 
 PyTorch lists pads from the last dim backwards, (left, right) per dim; negative pads crop, in
 every mode, before reflecting, replicating or wrapping. ONNX Pad does the same with its ``axes``
-input naming the padded dims.
+naming the padded dims (``_helpers.pad`` writes them in the form of the target opset).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import computed_in, ints, rank, scalar, shape_tensor, size_of, with_shape
+from dynexport.ops._helpers import computed_in, ints, rank, scalar, size_of, with_shape
+from dynexport.ops._helpers import pad as onnx_pad
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -20,10 +21,10 @@ _ONNX_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"
 _ENUM_MODES = ["reflect", "replicate", "circular", "constant"]
 
 
-def _pads(ctx, pad) -> tuple[ir.Value, ir.Value]:
-    """ONNX Pad's ``pads`` and ``axes`` inputs for a PyTorch pad list."""
+def _pads(x: ir.Value, pad) -> tuple[list, list[int]]:
+    """ONNX Pad's pads and axes for a PyTorch pad list."""
     lefts, rights = pad[0::2], pad[1::2]
-    return shape_tensor(ctx, [*lefts, *rights]), ints(ctx, [-1 - i for i in range(len(lefts))])
+    return [*lefts, *rights], [rank(x) - 1 - i for i in range(len(lefts))]
 
 
 def _fill(ctx, value, dtype: ir.DataType) -> ir.Value:
@@ -35,11 +36,10 @@ def _fill(ctx, value, dtype: ir.DataType) -> ir.Value:
 
 def _pad(ctx, self, pad, mode: str, value=None) -> ir.Value:
     if mode == "constant":
-        pads, axes = _pads(ctx, pad)
         # onnxruntime's Pad has no int16 kernel.
         return computed_in(
             ctx, self, {ir.DataType.INT16: ir.DataType.INT32},
-            lambda x: ctx.op.Pad(x, pads, _fill(ctx, value, x.dtype), axes, mode="constant"),
+            lambda x: onnx_pad(ctx, x, *_pads(x, pad), _fill(ctx, value, x.dtype)),
         )
     if mode == "replicate" and any(isinstance(p, int) and p < 0 for p in pad) and _static_ints(pad):
         return _replicate_by_gather(ctx, self, pad)
@@ -49,8 +49,7 @@ def _pad(ctx, self, pad, mode: str, value=None) -> ir.Value:
         pad = [p if not isinstance(p, int) else max(p, 0) for p in pad]
         if not any(pad):
             return self
-    pads, axes = _pads(ctx, pad)
-    return ctx.op.Pad(self, pads, None, axes, mode=_ONNX_MODES[mode])
+    return onnx_pad(ctx, self, *_pads(self, pad), mode=_ONNX_MODES[mode])
 
 
 def _static_ints(pad) -> bool:
@@ -86,7 +85,7 @@ def _crop(ctx, self, pad) -> ir.Value:
             starts.append(max(-left, 0))
             ends.append(right if right < 0 else 2**63 - 1)
             axes.append(-1 - i)
-    return ctx.op.Slice(self, ints(ctx, starts), ints(ctx, ends), ints(ctx, axes))
+    return with_shape(ctx.op.Slice(self, ints(ctx, starts), ints(ctx, ends), ints(ctx, axes)), [None] * rank(self))
 
 
 def _wrap_composed(ctx, self, pad) -> ir.Value:

@@ -16,6 +16,7 @@ from dynexport.ops._helpers import (
     only_first_output_used,
     per_dim,
     rank,
+    reduce,
     run_batched,
     size_of,
 )
@@ -90,7 +91,7 @@ def _drop_ceil_windows_in_padding(
 def _plane_size(ctx, spatial: Sequence, x: ir.Value) -> ir.Value:
     if all(isinstance(s, int) for s in spatial):
         return ctx.constant(math.prod(spatial), ir.DataType.INT64)
-    return ctx.op.ReduceProd(ctx.op.Shape(x, start=2), keepdims=0)
+    return reduce(ctx, "ReduceProd", ctx.op.Shape(x, start=2), keepdims=False)
 
 
 def _max_pool(ctx, self, n, window, dilations, ceil_mode, with_indices):
@@ -143,7 +144,7 @@ def _adaptive_max(ctx, x: ir.Value, output_size: list[int]) -> ir.Value:
         # Narrower bins repeat their last element, which leaves their maximum unchanged.
         positions = [[min(start + j, end - 1) for j in range(width)] for start, end in bins]
         positions = ctx.constant(torch.tensor(positions), ir.DataType.INT64)
-        y = ctx.op.ReduceMax(ctx.op.Gather(y, positions, axis=axis), ints(ctx, [axis + 1]), keepdims=0)
+        y = reduce(ctx, "ReduceMax", ctx.op.Gather(y, positions, axis=axis), [axis + 1], keepdims=False)
     return y
 
 

@@ -1,8 +1,9 @@
 """Reductions: sums, means, extrema and their indices, variance, logical and norm reductions.
 
-Every ONNX reduction here takes its axes as an input tensor (opset 18+). PyTorch's "every dim"
-(``dim=None`` or ``[]``) and 0-d inputs leave that input out: ONNX then reduces all axes, while
-an empty axes tensor would mean all axes or none depending on ``noop_with_empty_axes``.
+ONNX reductions are written by ``_helpers.reduce``, in the form of the target opset (axes as an
+input from opset 18, ReduceSum's from 13). PyTorch's "every dim" (``dim=None`` or ``[]``) and 0-d
+inputs leave the axes out: ONNX then reduces all axes, while empty axes would mean all axes or
+none depending on ``noop_with_empty_axes``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dynexport.ops._helpers import (
     normalize_dim,
     normalize_dims,
     rank,
+    reduce,
     scalar_like,
 )
 from dynexport.registry import translates
@@ -39,10 +41,10 @@ def _dims(self: ir.Value, dim) -> list[int]:
     return normalize_dims(dim, rank(self)) if rank(self) else []
 
 
-def _axes(ctx, self: ir.Value, dim) -> list[ir.Value]:
-    """The optional axes input of an ONNX reduction over ``dim``: none when every dim goes."""
+def _axes(self: ir.Value, dim) -> list[int] | None:
+    """The axes of an ONNX reduction over ``dim``: None when every dim goes."""
     dims = _dims(self, dim)
-    return [] if len(dims) == rank(self) else [ints(ctx, dims)]
+    return None if len(dims) == rank(self) else dims
 
 
 def _drop_reduced(ctx, value: ir.Value, self: ir.Value, dim) -> ir.Value:
@@ -71,7 +73,7 @@ def _count(ctx, self: ir.Value, dim) -> int | ir.Value:
         return math.prod(sizes)
     if len(dims) == rank(self):
         return ctx.op.Size(self)
-    return ctx.op.ReduceProd(ctx.op.Gather(ctx.op.Shape(self), ints(ctx, dims)), keepdims=0)
+    return reduce(ctx, "ReduceProd", ctx.op.Gather(ctx.op.Shape(self), ints(ctx, dims)), keepdims=False)
 
 
 def _never_empty(arg, dims: list[int]) -> bool:
@@ -107,7 +109,7 @@ def _nonzero(ctx, self: ir.Value) -> ir.Value:
 def sum(ctx, self, dim=None, keepdim=False, *, dtype=None):
     # ctx.out_dtype is dtype, else int64 for bool and integer inputs, as PyTorch sums them.
     x = _accumulator(ctx, self, ctx.out_dtype)
-    return cast(ctx, ctx.op.ReduceSum(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+    return cast(ctx, reduce(ctx, "ReduceSum", x, _axes(self, dim), keepdim), ctx.out_dtype)
 
 
 @translates(aten.cumsum.default)
@@ -153,7 +155,7 @@ def _prefixes(ctx, x: ir.Value, filler: float) -> tuple[ir.Value, ir.Value]:
 def _scan(ctx, op_type: str, prefixes: ir.Value, x: ir.Value) -> ir.Value:
     """``prefixes`` reduced over each row, shaped like ``x``: onnxruntime gives wrong shapes when
     it reduces an empty axis, and the reshape (of no elements then) corrects them."""
-    reduced = getattr(ctx.op, op_type)(prefixes, ints(ctx, [-1]), keepdims=0)
+    reduced = reduce(ctx, op_type, prefixes, [-1], keepdims=False)
     return ctx.op.Reshape(reduced, ctx.op.Shape(x), allowzero=1)
 
 
@@ -237,12 +239,12 @@ def cummin(ctx, self, dim):
 def mean(ctx, self, dim=None, keepdim=False, *, dtype=None):
     x = _accumulator(ctx, self, ctx.out_dtype)
     if _never_empty(ctx.node.args[0], _dims(self, dim)):
-        return cast(ctx, ctx.op.ReduceMean(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+        return cast(ctx, reduce(ctx, "ReduceMean", x, _axes(self, dim), keepdim), ctx.out_dtype)
     # Counted on x: onnxruntime's Size takes no bfloat16.
     count = _count(ctx, x, dim)
     # ReduceMean of no elements gives 0 where PyTorch's sum / count gives NaN: when the count
     # may be 0, divide explicitly.
-    total = ctx.op.ReduceSum(x, *_axes(ctx, self, dim), keepdims=int(keepdim))
+    total = reduce(ctx, "ReduceSum", x, _axes(self, dim), keepdim)
     count = ctx.constant(float(count), x.dtype) if isinstance(count, int) else cast(ctx, count, x.dtype)
     return cast(ctx, ctx.op.Div(total, count), ctx.out_dtype)
 
@@ -250,17 +252,17 @@ def mean(ctx, self, dim=None, keepdim=False, *, dtype=None):
 @translates(aten.prod.default, aten.prod.dim_int)
 def prod(ctx, self, dim=None, keepdim=False, *, dtype=None):
     x = _accumulator(ctx, self, ctx.out_dtype)
-    return cast(ctx, ctx.op.ReduceProd(x, *_axes(ctx, self, dim), keepdims=int(keepdim)), ctx.out_dtype)
+    return cast(ctx, reduce(ctx, "ReduceProd", x, _axes(self, dim), keepdim), ctx.out_dtype)
 
 
 @translates(aten.logsumexp.default)
 def logsumexp(ctx, self, dim, keepdim=False):
     x = _accumulator(ctx, self, ctx.out_dtype)
-    axes = _axes(ctx, self, dim)
-    peak = ctx.op.ReduceMax(x, *axes, keepdims=1)
+    axes = _axes(self, dim)
+    peak = reduce(ctx, "ReduceMax", x, axes)
     # Shifting an all-infinite slice by its peak would give inf - inf = NaN; shift it by 0.
     peak = ctx.op.Where(ctx.op.IsInf(peak), ctx.constant(0.0, peak.dtype), peak)
-    total = ctx.op.ReduceSum(ctx.op.Exp(ctx.op.Sub(x, peak)), *axes, keepdims=1)
+    total = reduce(ctx, "ReduceSum", ctx.op.Exp(ctx.op.Sub(x, peak)), axes)
     result = ctx.op.Add(ctx.op.Log(total), peak)
     result = result if keepdim else _drop_reduced(ctx, result, self, dim)
     return cast(ctx, result, ctx.out_dtype)
@@ -269,7 +271,7 @@ def logsumexp(ctx, self, dim, keepdim=False):
 @translates(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
 def count_nonzero(ctx, self, dim=None):
     flags = cast(ctx, _nonzero(ctx, self), ir.DataType.INT64)
-    return ctx.op.ReduceSum(flags, *_axes(ctx, self, dim), keepdims=0)
+    return reduce(ctx, "ReduceSum", flags, _axes(self, dim), keepdims=False)
 
 
 # -- extrema ------------------------------------------------------------------------------
@@ -277,12 +279,12 @@ def count_nonzero(ctx, self, dim=None):
 
 def _extremum(ctx, op_type: str, self: ir.Value, dim, keepdim: bool) -> ir.Value:
     x = cast(ctx, self, ir.DataType.INT32) if self.dtype in _NO_EXTREMUM else self
-    axes = _axes(ctx, self, dim)
-    result = getattr(ctx.op, op_type)(x, *axes, keepdims=int(keepdim))
+    axes = _axes(self, dim)
+    result = reduce(ctx, op_type, x, axes, keepdim)
     if is_floating(x):
         # onnxruntime's ReduceMax/ReduceMin skip NaN; PyTorch's extremum of a slice with NaN is NaN.
         flags = cast(ctx, ctx.op.IsNaN(x), ir.DataType.INT32)
-        has_nan = ctx.op.Greater(ctx.op.ReduceMax(flags, *axes, keepdims=int(keepdim)), ctx.constant(0, ir.DataType.INT32))
+        has_nan = ctx.op.Greater(reduce(ctx, "ReduceMax", flags, axes, keepdim), ctx.constant(0, ir.DataType.INT32))
         result = ctx.op.Where(has_nan, ctx.constant(math.nan, x.dtype), result)
     return cast(ctx, result, self.dtype)
 
@@ -303,7 +305,7 @@ def _arg_extremum(ctx, op_type: str, x: ir.Value, axis: int, keepdim: bool) -> i
     # PyTorch takes NaN as the extremum: the index of a slice's first NaN.
     flags = cast(ctx, ctx.op.IsNaN(x), ir.DataType.INT32)
     first_nan = ctx.op.ArgMax(flags, axis=axis, keepdims=int(keepdim), select_last_index=0)
-    has_nan = ctx.op.Greater(ctx.op.ReduceMax(flags, ints(ctx, [axis]), keepdims=int(keepdim)), ctx.constant(0, ir.DataType.INT32))
+    has_nan = ctx.op.Greater(reduce(ctx, "ReduceMax", flags, [axis], keepdim), ctx.constant(0, ir.DataType.INT32))
     return ctx.op.Where(has_nan, first_nan, index)
 
 
@@ -346,7 +348,7 @@ def _truth(ctx, op_type: str, self: ir.Value, dim, keepdim: bool) -> ir.Value:
     # As int32 flags; over no elements ReduceMax gives INT32_MIN and ReduceMin INT32_MAX, so
     # "> 0" makes an empty any() False and an empty all() True, as in PyTorch.
     flags = cast(ctx, _nonzero(ctx, self), ir.DataType.INT32)
-    reduced = getattr(ctx.op, op_type)(flags, *_axes(ctx, self, dim), keepdims=int(keepdim))
+    reduced = reduce(ctx, op_type, flags, _axes(self, dim), keepdim)
     return cast(ctx, ctx.op.Greater(reduced, ctx.constant(0, ir.DataType.INT32)), ctx.out_dtype)
 
 
@@ -366,9 +368,9 @@ def all(ctx, self, dim=None, keepdim=False):
 def _var_mean(ctx, self: ir.Value, dim, correction, keepdim: bool) -> tuple[ir.Value, ir.Value]:
     """Variance and mean in the accumulation dtype; PyTorch divides by max(N - correction, 0)."""
     x = _accumulator(ctx, self, self.dtype)
-    axes = _axes(ctx, self, dim)
-    mean = ctx.op.ReduceMean(x, *axes, keepdims=1)
-    squares = ctx.op.ReduceSumSquare(ctx.op.Sub(x, mean), *axes, keepdims=int(keepdim))
+    axes = _axes(self, dim)
+    mean = reduce(ctx, "ReduceMean", x, axes)
+    squares = reduce(ctx, "ReduceSumSquare", ctx.op.Sub(x, mean), axes, keepdim)
     count = _count(ctx, self, dim)
     if isinstance(count, int):
         dof = ctx.constant(float(max(count - correction, 0)), x.dtype)
@@ -438,23 +440,23 @@ def std_mean_default(ctx, self, unbiased=True):
 @translates(aten.linalg_vector_norm.default)
 def linalg_vector_norm(ctx, self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = _accumulator(ctx, self, ctx.out_dtype)
-    return cast(ctx, _vector_norm(ctx, x, ord, _axes(ctx, self, dim), int(keepdim)), ctx.out_dtype)
+    return cast(ctx, _vector_norm(ctx, x, ord, _axes(self, dim), keepdim), ctx.out_dtype)
 
 
-def _vector_norm(ctx, x: ir.Value, ord, axes: list[ir.Value], keepdims: int) -> ir.Value:
+def _vector_norm(ctx, x: ir.Value, ord, axes: list[int] | None, keepdims: bool) -> ir.Value:
     if ord == 2:
-        return ctx.op.ReduceL2(x, *axes, keepdims=keepdims)
+        return reduce(ctx, "ReduceL2", x, axes, keepdims)
     if ord == 1:
-        return ctx.op.ReduceL1(x, *axes, keepdims=keepdims)
+        return reduce(ctx, "ReduceL1", x, axes, keepdims)
     if ord in (math.inf, -math.inf):
-        extremum = (ctx.op.ReduceMax if ord > 0 else ctx.op.ReduceMin)(ctx.op.Abs(x), *axes, keepdims=keepdims)
+        extremum = reduce(ctx, "ReduceMax" if ord > 0 else "ReduceMin", ctx.op.Abs(x), axes, keepdims)
         # onnxruntime's ReduceMax/ReduceMin skip NaN; PyTorch's norm is NaN then.
-        nans = ctx.op.ReduceSum(cast(ctx, ctx.op.IsNaN(x), x.dtype), *axes, keepdims=keepdims)
+        nans = reduce(ctx, "ReduceSum", cast(ctx, ctx.op.IsNaN(x), x.dtype), axes, keepdims)
         return ctx.op.Where(ctx.op.Greater(nans, scalar_like(ctx, 0, x)), scalar_like(ctx, math.nan, x), extremum)
     if ord == 0:
-        return ctx.op.ReduceSum(cast(ctx, _nonzero(ctx, x), x.dtype), *axes, keepdims=keepdims)
+        return reduce(ctx, "ReduceSum", cast(ctx, _nonzero(ctx, x), x.dtype), axes, keepdims)
     powers = ctx.op.Pow(ctx.op.Abs(x), ctx.constant(float(ord), x.dtype))
-    total = ctx.op.ReduceSum(powers, *axes, keepdims=keepdims)
+    total = reduce(ctx, "ReduceSum", powers, axes, keepdims)
     return ctx.op.Pow(total, ctx.constant(1.0 / ord, x.dtype))
 
 
@@ -463,7 +465,7 @@ def cdist(ctx, x1, x2, p, compute_mode=None):
     # Every pair's difference, [..., P, R, M], then its p-norm over M.
     differences = ctx.op.Sub(ctx.op.Unsqueeze(x1, ints(ctx, [-2])), ctx.op.Unsqueeze(x2, ints(ctx, [-3])))
     x = _accumulator(ctx, differences, x1.dtype)
-    return cast(ctx, _vector_norm(ctx, x, p, [ints(ctx, [-1])], 0), x1.dtype)
+    return cast(ctx, _vector_norm(ctx, x, p, [-1], False), x1.dtype)
 
 
 @translates(aten._pdist_forward.default)
@@ -475,6 +477,6 @@ def pdist(ctx, self, p=2):
     pairs = ctx.op.NonZero(ctx.op.Less(ctx.op.Unsqueeze(rows, ints(ctx, [1])), ctx.op.Unsqueeze(rows, ints(ctx, [0]))))
     first, second = (ctx.op.Gather(self, ctx.op.Gather(pairs, k), axis=0) for k in (zero, one))
     differences = ctx.op.Sub(first, second)
-    norms = _vector_norm(ctx, _accumulator(ctx, differences, self.dtype), p, [ints(ctx, [-1])], 0)
+    norms = _vector_norm(ctx, _accumulator(ctx, differences, self.dtype), p, [-1], False)
     # onnxruntime reduces a single row's no pairs to shape [0, m]; the reshape corrects it.
     return cast(ctx, ctx.op.Reshape(norms, ctx.op.Shape(differences, end=1), allowzero=1), self.dtype)

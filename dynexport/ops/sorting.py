@@ -19,7 +19,9 @@ from dynexport.ops._helpers import (
     ints,
     is_floating,
     normalize_dim,
+    pad,
     rank,
+    reduce,
     shape_tensor,
     size_of,
     with_shape,
@@ -110,7 +112,7 @@ def _lower_median(ctx, self: ir.Value, axis: int, keepdim: bool) -> tuple[ir.Val
         return values, indices
     # A NaN anywhere makes the median NaN, found at the first NaN.
     nan = ctx.op.IsNaN(self)
-    has_nan = ctx.op.ReduceMax(cast(ctx, nan, ir.DataType.UINT8), ints(ctx, [axis]), keepdims=int(keepdim))
+    has_nan = reduce(ctx, "ReduceMax", cast(ctx, nan, ir.DataType.UINT8), [axis], keepdim)
     has_nan = cast(ctx, has_nan, ir.DataType.BOOL)
     first_nan = ctx.op.ArgMax(cast(ctx, nan, ir.DataType.UINT8), axis=axis, keepdims=int(keepdim), select_last_index=0)
     nan_value = ctx.constant(float("nan"), self.dtype)
@@ -141,7 +143,7 @@ def _lower_nanmedian(ctx, self: ir.Value, axis: int, keepdim: bool) -> tuple[ir.
     # NaN sorts last, so the lower median of a row's c non-NaN values is its ((c - 1) // 2)-th
     # smallest element; with c = 0, the first of its NaNs.
     values, indices = _top(ctx, self, size_of(ctx, self, axis), axis, largest=False)
-    counts = ctx.op.ReduceSum(cast(ctx, ctx.op.Not(ctx.op.IsNaN(self)), _INT64), ints(ctx, [axis]), keepdims=1)
+    counts = reduce(ctx, "ReduceSum", cast(ctx, ctx.op.Not(ctx.op.IsNaN(self)), _INT64), [axis])
     zero, one, two = (ctx.constant(n, _INT64) for n in (0, 1, 2))
     middle = ctx.op.Div(ctx.op.Max(ctx.op.Sub(counts, one), zero), two)
     values, indices = (ctx.op.GatherElements(t, middle, axis=axis) for t in (values, indices))
@@ -171,8 +173,8 @@ def _end_of_longest_run(ctx, ordered: ir.Value, size, axis: int) -> ir.Value:
     preceding = ctx.op.Slice(ordered, ints(ctx, [0]), ctx.op.Sub(shape_tensor(ctx, [size]), ints(ctx, [1])), axes)
     # A NaN equals nothing, so every NaN is a run of its own.
     repeated = ctx.op.Equal(_equality_key(ctx, following), _equality_key(ctx, preceding))
-    run_starts = cast(ctx, ctx.op.Not(repeated), _INT64)
-    runs = ctx.op.CumSum(ctx.op.Pad(run_starts, ints(ctx, [1, 0]), None, axes), ctx.constant(axis, _INT64))
+    run_starts = with_shape(cast(ctx, ctx.op.Not(repeated), _INT64), [None] * rank(ordered))
+    runs = ctx.op.CumSum(pad(ctx, run_starts, [1, 0], [axis]), ctx.constant(axis, _INT64))
     zeros, ones = (ctx.op.Expand(ctx.constant(n, _INT64), ctx.op.Shape(runs)) for n in (0, 1))
     lengths = ctx.op.ScatterElements(zeros, runs, ones, axis=axis, reduction="add")
     longest = ctx.op.ArgMax(lengths, axis=axis, keepdims=1, select_last_index=0)
@@ -191,7 +193,7 @@ def mode(ctx, self, dim=-1, keepdim=False):
     # index order), PyTorch's choice for short rows; which one it takes is not specified. (Its CPU
     # kernel sorts NaN arbitrarily, so for a row with NaN its mode may differ.)
     values, indices = _top(ctx, self, size, axis, largest=False)
-    last = _end_of_longest_run(ctx, values, size, axis)
+    last = _end_of_longest_run(ctx, with_shape(values, self.shape), size, axis)
     values, indices = (ctx.op.GatherElements(t, last, axis=axis) for t in (values, indices))
     if not keepdim:
         values, indices = (ctx.op.Squeeze(t, ints(ctx, [axis])) for t in (values, indices))
@@ -217,7 +219,7 @@ def count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_in
     if is_floating(values):
         # NaN sorts after everything in PyTorch: it goes past every boundary.
         below = ctx.op.Or(below, ctx.op.IsNaN(columns))
-    counts = ctx.op.ReduceSum(cast(ctx, below, _INT64), ints(ctx, [-1]), keepdims=0)
+    counts = reduce(ctx, "ReduceSum", cast(ctx, below, _INT64), [-1], keepdims=False)
     # onnxruntime shapes a reduction over an empty axis wrongly; the reshape corrects it.
     counts = ctx.op.Reshape(counts, ctx.op.Shape(values), allowzero=1)
     return cast(ctx, counts, ir.DataType.INT32 if out_int32 else _INT64)
@@ -242,7 +244,7 @@ def _repeated_indices(ctx, repeats: ir.Value) -> ir.Value:
     among the running totals of ``repeats``."""
     repeats = cast(ctx, repeats, _INT64)
     ends = with_shape(ctx.op.CumSum(repeats, ctx.constant(0, _INT64)), [None])
-    total = ctx.op.ReduceSum(repeats, keepdims=0)
+    total = reduce(ctx, "ReduceSum", repeats, keepdims=False)
     positions = with_shape(ctx.op.Range(ctx.constant(0, _INT64), total, ctx.constant(1, _INT64)), [None])
     return count_below(ctx, ends, positions, right=True, out_int32=False)
 

@@ -7,7 +7,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.errors import TranslationError, source_line
-from dynexport.ops._helpers import bfloat16_to_float, cast, ints, normalize_dim, rank
+from dynexport.ops._helpers import bfloat16_to_float, cast, ints, normalize_dim, rank, reduce
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -71,7 +71,7 @@ def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim
         )
     )
     others = [d for d in range(1 if dim is None else rank(self)) if d != axis]
-    changed = ctx.op.ReduceMax(cast(ctx, differs, _INT64), ints(ctx, others), keepdims=0) if others else differs
+    changed = reduce(ctx, "ReduceMax", cast(ctx, differs, _INT64), others, keepdims=False) if others else differs
     changed = cast(ctx, changed, ir.DataType.BOOL)
     # The first slice starts a run; Slice keeps an empty input empty.
     starts = ctx.op.Slice(ctx.op.Concat(ctx.constant([True], ir.DataType.BOOL), changed, axis=0), ints(ctx, [0]), length)
