@@ -27,6 +27,7 @@ from torch.func import functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from dynexport.decompositions.fused import FUSED_DECOMPOSITIONS
+from dynexport.decompositions.recurrent import recurrent_ops_kept_whole
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 
 __all__ = [
@@ -36,57 +37,6 @@ __all__ = [
     "recurrent_ops_kept_whole",
     "trace_decomposition",
 ]
-
-aten = torch.ops.aten
-
-def _recurrent_output_shapes(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A kernel for ``aten.lstm.input`` / ``aten.gru.input`` that gives fake tensors outputs of
-    the right shapes without running ``original``, torch's time loop (whose step count would
-    fix the sequence length); real tensors still run ``original``."""
-
-    def kernel(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-        if not isinstance(input, torch._subclasses.FakeTensor):
-            return original(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        states = hx if isinstance(hx, (list, tuple)) else [hx]
-        directions = 2 if bidirectional else 1
-        # The sizes torch's kernel checks against the first layer's weights: said here, so that
-        # torch.export relates (or fixes) the input and hidden sizes as it would.
-        gates = 4 if len(states) == 2 else 3  # LSTM's (h, c) or GRU's h
-        torch._check(input.shape[-1] == params[0].shape[-1])
-        torch._check(states[0].shape[-1] == params[1].shape[-1])
-        torch._check(states[-1].shape[-1] * gates == params[0].shape[0])
-        for state in states:
-            torch._check(state.shape[1] == input.shape[0 if batch_first else 1])
-        output = input.new_empty([*input.shape[:-1], directions * states[0].shape[-1]])
-        return (output, *(state.new_empty(state.shape) for state in states))
-
-    return kernel
-
-
-@contextlib.contextmanager
-def recurrent_ops_kept_whole():
-    """While capturing, keep ``aten.lstm.input`` and ``aten.gru.input`` whole with a symbolic
-    sequence length: torch.export records them as nodes but computes their outputs with torch's
-    decomposition, an unrolled Python loop over the time steps."""
-    swapped = []
-    for op in (aten.lstm.input, aten.gru.input):
-        for key in (
-            torch._C.DispatchKey.Autograd,
-            torch._C.DispatchKey.CompositeImplicitAutograd,
-            torch._C.DispatchKey.Meta,
-        ):
-            original = op.py_kernels.get(key)
-            if original is not None:
-                swapped.append((op, key, original))
-                op.py_kernels[key] = _recurrent_output_shapes(original)
-        op._dispatch_cache.clear()
-    try:
-        yield
-    finally:
-        for op, key, original in swapped:
-            op.py_kernels[key] = original
-            op._dispatch_cache.clear()
-
 
 @functools.cache
 def _core_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:

@@ -1,39 +1,62 @@
-"""Recurrent layers: ``aten.lstm`` and ``aten.gru`` as ONNX LSTM and GRU, one node per layer.
+"""Recurrent layers: ``aten.lstm``, ``aten.gru``, ``aten.rnn_tanh`` and ``aten.rnn_relu`` as ONNX
+LSTM, GRU and RNN, one node per layer, on padded and on packed sequences.
 
 The alternative, torch's decomposition, unrolls the time loop into one cell per step.
 PyTorch stacks the gates of its weights as (input, forget, cell, output) for LSTM and
 (reset, update, new) for GRU; ONNX wants (input, output, forget, cell) and (update, reset,
 hidden), so each weight's gate blocks are reordered.
+
+A packed sequence (``pack_padded_sequence``) holds the valid steps of its sequences time-major:
+the steps at time 0 of every sequence (sorted longest first), then those at time 1, and so on,
+with ``batch_sizes[t]`` the number of sequences longer than ``t``. Its operators (packing, each
+recurrent op, padding) are translated one by one, each exactly: a recurrent op on packed data
+scatters it back to padded (time, batch, features) form, runs one ONNX node per layer with
+``sequence_lens`` (the lengths read back from ``batch_sizes``), and gathers the valid steps of
+its output back into packed form.
 """
 
 from __future__ import annotations
 
+import onnx_ir as ir
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from dynexport.ops._helpers import argument, ints
+from dynexport.decompositions import recurrent  # noqa: F401  (defines dynexport::pad_packed_sequence)
+from dynexport.errors import TranslationError, source_line
+from dynexport.ops._helpers import argument, cast, ints, reduce, shape_tensor
 from dynexport.registry import translates
 
 aten = torch.ops.aten
+dynexport_ops = torch.ops.dynexport
 
 _LSTM_GATES = (0, 3, 1, 2)  # ONNX i, o, f, c from PyTorch i, f, g, o
 _GRU_GATES = (1, 0, 2)  # ONNX z, r, h from PyTorch r, z, n
+_RNN_GATES = (0,)
 
 
-def _inference_without_projection(node: torch.fx.Node) -> bool:
-    # LSTM projections (proj_size) have no ONNX counterpart; dropout only acts in training.
+def _unsupported_reason(node: torch.fx.Node) -> str | None:
+    """Why ONNX's recurrent ops cannot compute ``node``, or None when they can."""
     states = argument(node, "hx")
     states = states if isinstance(states, (list, tuple)) else [states]
-    same_sizes = states[0].meta["val"].shape[-1] == states[-1].meta["val"].shape[-1]
+    if states[0].meta["val"].shape[-1] != states[-1].meta["val"].shape[-1]:
+        return "LSTM projections (proj_size > 0) have no ONNX counterpart"
+    if argument(node, "train") and argument(node, "dropout") > 0:
+        return "dropout between layers acts in training mode, and ONNX's recurrent ops have none"
     # ONNX takes the hidden size as an attribute, and the gate blocks are sliced at fixed rows.
     static = all(is_concrete_int(v.meta["val"].shape[0]) for v in argument(node, "params")) and is_concrete_int(
         states[0].meta["val"].shape[-1]
     )
-    return same_sizes and static and not (argument(node, "train") and argument(node, "dropout") > 0)
+    return None if static else "the hidden size is symbolic, and ONNX takes it as an attribute"
+
+
+def _inference_without_projection(node: torch.fx.Node) -> bool:
+    return _unsupported_reason(node) is None
 
 
 def _reordered(ctx, weight, gates: tuple[int, ...]):
     """``weight``'s gate blocks (along dim 0) in ``gates`` order."""
+    if len(gates) == 1:
+        return weight
     size = weight.shape[0] // len(gates)
     blocks = [ctx.op.Slice(weight, ints(ctx, [g * size]), ints(ctx, [(g + 1) * size]), ints(ctx, [0])) for g in gates]
     return ctx.op.Concat(*blocks, axis=0)
@@ -45,7 +68,7 @@ def _stacked(ctx, weights):
 
 
 def _layer_weights(ctx, params, layer: int, directions: int, has_biases: bool, gates: tuple[int, ...]):
-    """The W, R and B inputs of ONNX LSTM/GRU for one layer (B is None without biases)."""
+    """The W, R and B inputs of ONNX LSTM/GRU/RNN for one layer (B is None without biases)."""
     per_direction = 4 if has_biases else 2
     chunks = [params[(layer * directions + d) * per_direction:][:per_direction] for d in range(directions)]
     input_weights = _stacked(ctx, [_reordered(ctx, c[0], gates) for c in chunks])
@@ -70,31 +93,54 @@ def _sequence_output(ctx, y, directions: int, hidden: int):
     return ctx.op.Reshape(y, ints(ctx, [0, 0, directions * hidden]))
 
 
-def _run_layers(ctx, op_name, input, states, params, has_biases, num_layers, bidirectional, batch_first, gates):
-    """Feed ``input`` through ``num_layers`` ONNX ``op_name`` nodes; returns the sequence output
-    and, per state, the final states of every layer concatenated as PyTorch returns them."""
+def _attributes(ctx) -> dict:
+    """The attributes that set ONNX's recurrent op to compute as PyTorch's ``ctx.node`` does."""
+    target = ctx.node.target
+    if target in (aten.gru.input, aten.gru.data):
+        return {"linear_before_reset": 1}  # PyTorch applies the reset gate after the recurrent product
+    if target in (aten.rnn_relu.input, aten.rnn_relu.data):
+        return {"activations": ["Relu"] * (2 if argument(ctx.node, "bidirectional") else 1)}
+    return {}
+
+
+def _run_layers(ctx, op_name, x, states, params, has_biases, num_layers, bidirectional, gates, sequence_lens=None):
+    """Feed the time-major ``x`` through ``num_layers`` ONNX ``op_name`` nodes; returns the
+    time-major output and, per state, the final states of every layer concatenated as PyTorch
+    returns them."""
     directions = 2 if bidirectional else 1
     hidden = states[0].shape[-1]
     direction = "bidirectional" if bidirectional else "forward"
-    x = ctx.op.Transpose(input, perm=[1, 0, 2]) if batch_first else input
+    attributes = _attributes(ctx)
     finals: list[list] = [[] for _ in states]
     for layer in range(num_layers):
         weights = _layer_weights(ctx, params, layer, directions, has_biases, gates)
         initial = [_layer_states(ctx, s, layer, num_layers, directions) for s in states]
-        extra = {"linear_before_reset": 1} if op_name == "GRU" else {}
         outputs = getattr(ctx.op, op_name)(
-            x, *weights, None, *initial, hidden_size=hidden, direction=direction, _outputs=1 + len(states), **extra
+            x, *weights, sequence_lens, *initial, hidden_size=hidden, direction=direction,
+            _outputs=1 + len(states), **attributes,
         )
         x = _sequence_output(ctx, outputs[0], directions, hidden)
         for final, value in zip(finals, outputs[1:]):
             final.append(value)
-    output = ctx.op.Transpose(x, perm=[1, 0, 2]) if batch_first else x
-    return output, [f[0] if len(f) == 1 else ctx.op.Concat(*f, axis=0) for f in finals]
+    return x, [f[0] if len(f) == 1 else ctx.op.Concat(*f, axis=0) for f in finals]
+
+
+def _time_major(ctx, x, batch_first: bool, rank: int = 3):
+    """``x`` with its first two dims swapped when ``batch_first`` (the swap is its own inverse)."""
+    if not batch_first:
+        return x
+    return ctx.op.Transpose(x, perm=[1, 0, *range(2, rank)])
+
+
+def _padded_layers(ctx, op_name, input, states, params, has_biases, num_layers, bidirectional, batch_first, gates):
+    x = _time_major(ctx, input, batch_first)
+    output, finals = _run_layers(ctx, op_name, x, states, params, has_biases, num_layers, bidirectional, gates)
+    return _time_major(ctx, output, batch_first), finals
 
 
 @translates(aten.lstm.input, checker=_inference_without_projection)
 def lstm(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    output, (h_n, c_n) = _run_layers(
+    output, (h_n, c_n) = _padded_layers(
         ctx, "LSTM", input, hx, params, has_biases, num_layers, bidirectional, batch_first, _LSTM_GATES
     )
     return output, h_n, c_n
@@ -102,10 +148,108 @@ def lstm(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirec
 
 @translates(aten.gru.input, checker=_inference_without_projection)
 def gru(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    output, (h_n,) = _run_layers(
+    output, (h_n,) = _padded_layers(
         ctx, "GRU", input, [hx], params, has_biases, num_layers, bidirectional, batch_first, _GRU_GATES
     )
     return output, h_n
+
+
+@translates(aten.rnn_tanh.input, aten.rnn_relu.input, checker=_inference_without_projection)
+def rnn(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    output, (h_n,) = _padded_layers(
+        ctx, "RNN", input, [hx], params, has_biases, num_layers, bidirectional, batch_first, _RNN_GATES
+    )
+    return output, h_n
+
+
+# -- packed sequences ---------------------------------------------------------------------
+
+
+def _valid_steps(ctx, batch_sizes):
+    """The (steps, batch) mask of a packed sequence's valid steps: sequence ``b`` has a step at
+    time ``t`` when ``b < batch_sizes[t]`` (the sequences are sorted longest first)."""
+    batch = ctx.op.Gather(batch_sizes, ctx.constant(0, batch_sizes.dtype), axis=0)
+    sequences = ctx.op.Range(ctx.constant(0, batch_sizes.dtype), batch, ctx.constant(1, batch_sizes.dtype))
+    return ctx.op.Less(ctx.op.Unsqueeze(sequences, ints(ctx, [0])), ctx.op.Unsqueeze(batch_sizes, ints(ctx, [1])))
+
+
+def _positions(ctx, valid):
+    """The (time, sequence) coordinates of the True entries of ``valid`` in time-major order: the
+    padded position of each row of the packed data (GatherND's and ScatterND's indices)."""
+    return ctx.op.Transpose(ctx.op.NonZero(valid), perm=[1, 0])
+
+
+def _lengths(ctx, valid, dtype: ir.DataType):
+    """Each sequence's length: its number of valid steps."""
+    return reduce(ctx, "ReduceSum", cast(ctx, valid, dtype), [0], keepdims=False)
+
+
+def _padded(ctx, data, valid, leading_shape, fill):
+    """The packed ``data`` scattered into a (*leading_shape, *features) tensor of ``fill``s."""
+    shape = ctx.op.Concat(leading_shape, ctx.op.Shape(data, start=1), axis=0)
+    return ctx.op.ScatterND(ctx.op.Expand(fill, shape), _positions(ctx, valid), data)
+
+
+@translates(aten._pack_padded_sequence.default)
+def _pack_padded_sequence(ctx, input, lengths, batch_first):
+    padded = _time_major(ctx, input, batch_first, len(input.shape))
+    zero, one = ctx.constant(0, lengths.dtype), ctx.constant(1, lengths.dtype)
+    times = ctx.op.Range(zero, reduce(ctx, "ReduceMax", lengths, keepdims=False), one)
+    valid = ctx.op.Less(ctx.op.Unsqueeze(times, ints(ctx, [1])), ctx.op.Unsqueeze(lengths, ints(ctx, [0])))
+    data = ctx.op.GatherND(padded, _positions(ctx, valid))
+    batch_sizes = reduce(ctx, "ReduceSum", cast(ctx, valid, ir.DataType.INT64), [1], keepdims=False)
+    return data, batch_sizes
+
+
+_UNSUPPORTED_HINT = (
+    "pass the padded tensor to the module instead of a PackedSequence (a projection or dropout "
+    "then unrolls the time steps, static in number), or export the model in eval mode"
+)
+
+
+def _packed_layers(ctx, op_name, data, batch_sizes, states, params, has_biases, num_layers, bidirectional, gates):
+    reason = _unsupported_reason(ctx.node)
+    if reason is not None:
+        raise TranslationError(str(ctx.node.target), source_line(ctx.node), reason, _UNSUPPORTED_HINT)
+    valid = _valid_steps(ctx, batch_sizes)
+    x = _padded(ctx, data, valid, ctx.op.Shape(valid), ctx.constant(0, data.dtype))
+    sequence_lens = _lengths(ctx, valid, ir.DataType.INT32)
+    output, finals = _run_layers(
+        ctx, op_name, x, states, params, has_biases, num_layers, bidirectional, gates, sequence_lens
+    )
+    return ctx.op.GatherND(output, _positions(ctx, valid)), finals
+
+
+@translates(aten.lstm.data)
+def lstm_data(ctx, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+    output, (h_n, c_n) = _packed_layers(
+        ctx, "LSTM", data, batch_sizes, hx, params, has_biases, num_layers, bidirectional, _LSTM_GATES
+    )
+    return output, h_n, c_n
+
+
+@translates(aten.gru.data)
+def gru_data(ctx, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+    output, (h_n,) = _packed_layers(
+        ctx, "GRU", data, batch_sizes, [hx], params, has_biases, num_layers, bidirectional, _GRU_GATES
+    )
+    return output, h_n
+
+
+@translates(aten.rnn_tanh.data, aten.rnn_relu.data)
+def rnn_data(ctx, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+    output, (h_n,) = _packed_layers(
+        ctx, "RNN", data, batch_sizes, [hx], params, has_biases, num_layers, bidirectional, _RNN_GATES
+    )
+    return output, h_n
+
+
+@translates(dynexport_ops.pad_packed_sequence.default)
+def pad_packed_sequence(ctx, data, batch_sizes, batch_first, padding_value, total_length, batch):
+    valid = _valid_steps(ctx, batch_sizes)
+    fill = ctx.constant(padding_value, data.dtype)
+    padded = _padded(ctx, data, valid, shape_tensor(ctx, [total_length, batch]), fill)
+    return _time_major(ctx, padded, batch_first, len(data.shape) + 1), _lengths(ctx, valid, ir.DataType.INT64)
 
 
 # -- single steps (nn.LSTMCell, nn.GRUCell, nn.RNNCell): the gate arithmetic itself ----------
