@@ -41,7 +41,7 @@ import dynexport
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_speed import Case, suite  # noqa: E402  (the same models, defined once)
 
-EXPORTERS = ("dynexport", "dynamo", "torchscript")
+EXPORTERS = ("dynexport", "dynexport_ort", "dynamo", "dynamo_ortopt", "torchscript")
 Dim = torch.export.Dim
 
 
@@ -184,6 +184,56 @@ def conv_suite(image_size: int) -> dict[str, Callable[[], Case]]:
     return models
 
 
+def realistic_suite() -> dict[str, Callable[[], Case]]:
+    """The models of the onnxruntime target's goal at their real sizes, random weights: BERT-base
+    (sequence 128), ViT-B/16 (224 px), Whisper-tiny's encoder (30 s of audio), and torchvision's
+    ResNet-50, MobileNetV2 and EfficientNet-B0 at 224 px (where torchvision loads)."""
+
+    def case(build: Callable[[], tuple]) -> Callable[[], Case]:
+        def make() -> Case:
+            torch.manual_seed(0)
+            model, args, kwargs, dynamic_shapes = build()
+            return Case(model.eval(), args, kwargs, dynamic_shapes)
+
+        return make
+
+    def bert() -> tuple:
+        import transformers
+
+        model = transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False)
+        text = {"input_ids": torch.randint(0, 30000, (1, 128)), "attention_mask": torch.ones(1, 128, dtype=torch.long)}
+        dims = {name: {0: Dim("batch"), 1: Dim("sequence", max=512)} for name in text}
+        return model, (), text, dims
+
+    def vit() -> tuple:
+        import transformers
+
+        model = transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False)
+        return model, (), {"pixel_values": torch.randn(1, 3, 224, 224)}, {"pixel_values": {0: Dim("batch")}}
+
+    def whisper_encoder() -> tuple:
+        import transformers
+
+        config = transformers.WhisperConfig(
+            d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536, num_mel_bins=80,
+        )
+        encoder = transformers.WhisperModel(config).get_encoder()
+        return encoder, (), {"input_features": torch.randn(1, 80, 3000)}, {"input_features": {0: Dim("batch")}}
+
+    models = {"bert_base": case(bert), "vit_b16": case(vit), "whisper_tiny_encoder": case(whisper_encoder)}
+    torchvision = _torchvision()
+    if torchvision is not None:
+        image = (torch.randn(1, 3, 224, 224),)
+        for name in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
+            models[name] = case(lambda name=name: (getattr(torchvision.models, name)(), image, {}, None))
+    return models
+
+
+# onnxruntime.transformers.optimizer's model type, heads and hidden size for the transformers of
+# the suite; any other model goes through it as "bert" with both detected.
+_ORT_OPTIMIZER_SHAPES = {"bert_base": ("bert", 12, 768), "vit_b16": ("vit", 12, 768), "whisper_tiny_encoder": ("bart", 6, 384)}
+
+
 # -- exporting and measuring ------------------------------------------------------------------
 
 
@@ -191,10 +241,29 @@ def _export_dynexport(case: Case, path: str) -> None:
     dynexport.export(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
 
 
+def _export_dynexport_ort(case: Case, path: str) -> None:
+    dynexport.export(
+        case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes, target="onnxruntime"
+    )
+
+
 def _export_dynamo(case: Case, path: str) -> None:
     torch.onnx.export(
         case.model, case.args, path, kwargs=case.kwargs, dynamo=True, dynamic_shapes=case.dynamic_shapes, verbose=False
     )
+
+
+def _export_dynamo_ort_optimized(case: Case, path: str, name: str) -> None:
+    """torch.onnx's graph through onnxruntime's transformers optimizer: how users get its
+    contrib fusions today."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    _export_dynamo(case, path)
+    model_type, heads, hidden = _ORT_OPTIMIZER_SHAPES.get(name, ("bert", 0, 0))
+    optimized = optimize_model(path, model_type=model_type, num_heads=heads, hidden_size=hidden, use_gpu=False)
+    for name_ in os.listdir(os.path.dirname(path)):
+        os.remove(os.path.join(os.path.dirname(path), name_))
+    optimized.save_model_to_file(path, use_external_data_format=False)
 
 
 def _export_torchscript(case: Case, path: str) -> None:
@@ -214,7 +283,9 @@ def _export_torchscript(case: Case, path: str) -> None:
 
 _EXPORT: dict[str, Callable[..., None]] = {
     "dynexport": _export_dynexport,
+    "dynexport_ort": _export_dynexport_ort,
     "dynamo": _export_dynamo,
+    "dynamo_ortopt": _export_dynamo_ort_optimized,
     "torchscript": _export_torchscript,
 }
 
@@ -278,7 +349,10 @@ def measure(name: str, factory: Callable[[], Case], exporters: list[str], rounds
         try:
             with warnings.catch_warnings(), _silenced():
                 warnings.simplefilter("ignore")
-                _EXPORT[exporter](case, path)
+                if exporter == "dynamo_ortopt":
+                    _export_dynamo_ort_optimized(case, path, name)
+                else:
+                    _EXPORT[exporter](case, path)
             proto = onnx.load(path)
             results[exporter] = {
                 "nodes": len(proto.graph.node),
@@ -299,53 +373,61 @@ def _cell(result: dict[str, Any]) -> str:
     return f"{result['nodes']:>6} {result['bytes'] / 1024:>8.1f}K {result['file'] / 1024:>8.1f}K {result['latency'] * 1e3:>7.3f}ms"
 
 
+# (ours, theirs): each pair whose ratios are printed and flagged when both were measured.
+_COMPARED = (("dynexport", "dynamo"), ("dynexport", "torchscript"), ("dynexport_ort", "dynamo_ortopt"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="interleaved timed runs per session")
     parser.add_argument("--models", help="comma-separated subset of the suite")
-    parser.add_argument("--exporters", default="dynexport,dynamo", help="comma-separated: " + ", ".join(EXPORTERS))
+    parser.add_argument(
+        "--exporters", default="dynexport,dynamo", help="comma-separated, in this order: " + ", ".join(EXPORTERS)
+    )
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--tolerance", type=float, default=0.05, help="latency ratio above 1 + this is flagged")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
-    models = {**suite(), **conv_suite(options.image_size)}
+    models = {**suite(), **conv_suite(options.image_size), **realistic_suite()}
     if options.models:
         unknown = set(options.models.split(",")) - set(models)
         if unknown:
             parser.error(f"unknown models {sorted(unknown)}; choose from {sorted(models)}")
         models = {name: models[name] for name in options.models.split(",")}
     exporters = options.exporters.split(",")
-    if exporters[0] != "dynexport" or not set(exporters) <= set(EXPORTERS):
-        parser.error(f"--exporters: dynexport first, then any of {EXPORTERS[1:]}")
-    theirs_all = exporters[1:]
+    if not set(exporters) <= set(EXPORTERS):
+        parser.error(f"--exporters: any of {EXPORTERS}")
+    pairs = [(ours, theirs) for ours, theirs in _COMPARED if ours in exporters and theirs in exporters]
 
     columns = f"{'nodes':>6} {'init':>9} {'file':>9} {'latency':>9}"
-    print(f"{'model':<20} " + " | ".join(f"{e:^36}" for e in exporters) + " | ours/theirs: nodes, latency")
+    print(f"{'model':<20} " + " | ".join(f"{e:^36}" for e in exporters) + " | nodes, latency: " + " ; ".join(
+        f"{ours}/{theirs}" for ours, theirs in pairs
+    ))
     print(f"{'':<20} " + " | ".join(f"{columns:>36}" for _ in exporters) + " |")
-    ratios: dict[str, list[float]] = {f"{k} {e}": [] for k in ("nodes", "latency") for e in theirs_all}
+    ratios: dict[tuple[str, str, str], list[float]] = {(k, *pair): [] for k in ("nodes", "latency") for pair in pairs}
     failures, flagged = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for name, factory in models.items():
             r = measure(name, factory, exporters, options.rounds, workdir)
             cells = " | ".join(f"{_cell(r[e]):>36}" for e in exporters)
             ratio_text, flags = [], []
-            for theirs in theirs_all:
-                if "error" in r["dynexport"] or "error" in r[theirs]:
+            for ours, theirs in pairs:
+                if "error" in r[ours] or "error" in r[theirs]:
                     ratio_text.append("-")
                     continue
-                nodes, latency = (r["dynexport"][k] / r[theirs][k] for k in ("nodes", "latency"))
-                ratios[f"nodes {theirs}"].append(nodes)
-                ratios[f"latency {theirs}"].append(latency)
+                nodes, latency = (r[ours][k] / r[theirs][k] for k in ("nodes", "latency"))
+                ratios["nodes", ours, theirs].append(nodes)
+                ratios["latency", ours, theirs].append(latency)
                 ratio_text.append(f"{nodes:.2f}, {latency:.2f}")
                 flags += [f"nodes>{theirs}"] * (nodes > 1) + [f"latency>{theirs}"] * (latency > 1 + options.tolerance)
             flag = f"  <- {' '.join(flags)}" if flags else ""
             print(f"{name:<20} {cells} | {' ; '.join(ratio_text)}{flag}", flush=True)
             flagged += [name] if flags else []
             failures += [f"{name} {e}: {r[e]['error']}" for e in exporters if "error" in r[e]]
-    for key, values in ratios.items():
+    for (key, ours, theirs), values in ratios.items():
         if values:
             geomean = math.exp(sum(math.log(v) for v in values) / len(values))
-            print(f"geometric mean ours/{key.split()[1]} {key.split()[0]}: {geomean:.3f} on {len(values)} models")
+            print(f"geometric mean {ours}/{theirs} {key}: {geomean:.3f} on {len(values)} models")
     print("flagged (re-measure with --models):", ",".join(flagged) or "none")
     for failure in failures:
         print("failed:", failure)

@@ -66,6 +66,8 @@ def export(
     example_inputs: Sequence[Any] | None = None,
     report: bool | str | os.PathLike = False,
     verify: bool = False,
+    target: str | None = None,
+    strict_clamps: bool = False,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
 
@@ -128,6 +130,13 @@ def export(
         verify: run the model in PyTorch and onnxruntime on ``args`` and compare the outputs
             (``program.verification``); raises ``VerificationError`` (after writing ``f``) when
             they differ.
+        target: None (default): the graph uses standard ONNX operators only and runs in any
+            runtime. ``"onnxruntime"``: the optimizer also writes onnxruntime's com.microsoft
+            operators (fused attention, skip layer norm, ...) where they are faster there; the
+            graph then runs in onnxruntime only (docs/optimizer.md lists them with measurements).
+        strict_clamps: keep hardtanh, relu6 and clamp to constant bounds as ``Max`` and ``Min``,
+            whose NaN propagation the ONNX standard defines, instead of the faster ``Clip``
+            (NaN-propagating in onnxruntime, left open by the standard; docs/optimizer.md).
 
     Returns:
         An :class:`ONNXProgram`.
@@ -150,6 +159,7 @@ def export(
         custom_translation_table=custom_translation_table, custom_opsets=custom_opsets,
         fallback=fallback, training=training, export_modules_as_functions=export_modules_as_functions,
         dynamo=dynamo, example_inputs=example_inputs, report=report, verify=verify,
+        target=target, strict_clamps=strict_clamps,
     )
     record = report_stage.ExportRecord(
         options.model_name, options.opset,
@@ -266,7 +276,10 @@ def _plan(
 def _optimize(onnx_model: Any, options: ExportOptions) -> None:
     if options.optimize:
         with _dataless_weights_hidden(onnx_model):
-            optimize_model(onnx_model, fold_constants=options.do_constant_folding)
+            optimize_model(
+                onnx_model, fold_constants=options.do_constant_folding, clamps_as_clip=not options.strict_clamps,
+                target=options.target,
+            )
 
 
 def _check_has_outputs(program: torch.export.ExportedProgram, model_name: str) -> None:

@@ -17,10 +17,12 @@ from dynexport.registry import TranslationTable, default_table
 from dynexport.report import default_report_path
 from dynexport.translate import TranslationOptions
 
-__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "ExportOptions", "check_opset"]
+__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "TARGETS", "ExportOptions", "check_opset"]
 
 DEFAULT_OPSET = 20
 SUPPORTED_OPSETS = range(13, 24)
+# None: standard ONNX operators only, for any runtime; "onnxruntime": also its com.microsoft ops.
+TARGETS = (None, "onnxruntime")
 
 
 def check_opset(opset_version: Any) -> int:
@@ -56,6 +58,8 @@ class ExportOptions:
     verbose: bool
     report_file: str | None
     translation: TranslationOptions
+    target: str | None = None
+    strict_clamps: bool = False
 
     @property
     def auto_dims(self) -> bool:
@@ -96,13 +100,15 @@ class ExportOptions:
         example_inputs: Any,
         report: Any,
         verify: Any,
+        target: Any = None,
+        strict_clamps: Any = False,
     ) -> ExportOptions:
         """Check every argument of :func:`dynexport.export` (types first), raising TypeError or
         ValueError naming the argument, and gather them."""
         for name, value in (
             ("export_params", export_params), ("keep_initializers_as_inputs", keep_initializers_as_inputs),
             ("do_constant_folding", do_constant_folding), ("optimize", optimize), ("dynamo", dynamo),
-            ("verify", verify),
+            ("verify", verify), ("strict_clamps", strict_clamps),
         ):
             _check_bool(name, value)
         if verbose is not None:
@@ -129,6 +135,11 @@ class ExportOptions:
                 f"input_names and output_names share {shared_names}; ONNX needs every input and output named apart"
             )
         opset = check_opset(opset_version)
+        if target not in TARGETS:
+            raise ValueError(
+                f"target={target!r} is not supported; use None (standard ONNX operators, any runtime) or "
+                "'onnxruntime' (also onnxruntime's com.microsoft operators where they are faster there)"
+            )
         if f is not None:
             files.check_destination(f)
         if fallback not in (None, "custom_domain"):
@@ -163,6 +174,7 @@ class ExportOptions:
             dynamic_axes=dynamic_axes, example_inputs=example_inputs, training=training, dynamo=dynamo,
             optimize=optimize, do_constant_folding=do_constant_folding, verify=verify, verbose=bool(verbose),
             report_file=_report_file(report, f, model_name), translation=translation,
+            target=target, strict_clamps=strict_clamps,
         )
 
 

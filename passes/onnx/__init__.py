@@ -40,24 +40,33 @@ from dynexport.passes.onnx.fuse_gemm import fuse_gemm
 from dynexport.passes.onnx.fuse_instance_norm import fuse_instance_norm
 from dynexport.passes.onnx.fuse_pad import fuse_pad
 from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
+from dynexport.passes.onnx.fuse_multi_head_attention import fuse_multi_head_attention
 from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
 from dynexport.passes.onnx.full_rank_resize import full_rank_resize
 from dynexport.passes.onnx.lift_constants import lift_constants
 from dynexport.passes.onnx.naming import make_names_unique
 from dynexport.passes.onnx.remove_no_ops import remove_no_ops
+from dynexport.passes.onnx.values import MICROSOFT_DOMAIN
 
 __all__ = ["make_names_unique", "optimize_model", "remove_dead_code"]
 
 _MAX_ROUNDS = 4
 # Fusions whose result depends on the opset: each emits only ops that exist at it, in its form.
 _OPSET_DEPENDENT_FUSIONS = (fuse_layer_norm, fuse_instance_norm, fuse_gelu, fuse_rms_norm, fuse_attention)
+# target="onnxruntime": fusions into com.microsoft operators, each kept because
+# benchmarks/graph_quality.py measures it faster in onnxruntime (docs/optimizer.md). They run
+# before the standard fusions, which would take some of the same patterns.
+_ONNXRUNTIME_FUSIONS = (fuse_multi_head_attention,)
 
 
-def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_clip: bool = True) -> None:
+def optimize_model(
+    model: ir.Model, *, fold_constants: bool = True, clamps_as_clip: bool = True, target: str | None = None
+) -> None:
     """Optimize ``model`` in place, its main graph and every subgraph (If branches, Loop and
     Scan bodies); ``fold_constants=False`` evaluates nothing; ``clamps_as_clip=False`` keeps
     clamps to constant bounds as Max and Min, whose NaN propagation the ONNX standard defines
-    (Clip's it leaves open; onnxruntime's Clip propagates NaN too)."""
+    (Clip's it leaves open; onnxruntime's Clip propagates NaN too); ``target="onnxruntime"``
+    also fuses into onnxruntime's com.microsoft operators where they are faster there."""
     graph = model.graph
     # Subgraphs import no opsets of their own: every graph is at the model's opset.
     opset = model.opset_imports.get("", 1)
@@ -75,7 +84,9 @@ def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_cl
         _remove_dead_code(graphs)
         if not changed:
             break
+    contrib = _ONNXRUNTIME_FUSIONS if target == "onnxruntime" else ()
     fusions = [
+        *(functools.partial(fuse, opset=opset) for fuse in contrib),
         fuse_gemm,
         *([fuse_conv_batchnorm] if fold_constants else []),
         *([fuse_clip] if clamps_as_clip else []),
@@ -89,6 +100,8 @@ def optimize_model(model: ir.Model, *, fold_constants: bool = True, clamps_as_cl
             for each in graphs:
                 fold_constant_nodes(each)
             _remove_dead_code(graphs)
+    if any(node.domain == MICROSOFT_DOMAIN for each in graphs for node in each):
+        model.opset_imports.setdefault(MICROSOFT_DOMAIN, 1)
     make_names_unique(graph)
 
 

@@ -24,7 +24,7 @@ from dynexport.passes.onnx.values import (
     constant_array,
     insert_replacement,
     nodes_of,
-    reduce_mean,
+    reduction,
     single_consumer,
 )
 
@@ -70,7 +70,7 @@ def _as_instance_norm(graph: ir.Graph, norm: ir.Node, opset: int) -> bool:
     if affine is not None:
         last, shift = affine
     epsilon = norm.attributes["epsilon"].as_float() if "epsilon" in norm.attributes else 1e-5
-    mean = reduce_mean(graph, x, list(range(2, rank)), opset)
+    mean = reduction(graph, "ReduceMean", x, list(range(2, rank)), opset)
     centered = ir.Node("", "Sub", [x, mean.outputs[0]])
     parameters = [
         add_initializer(graph, scale, "instance_norm_scale"),

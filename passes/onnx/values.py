@@ -8,6 +8,7 @@ import numpy as np
 import onnx_ir as ir
 
 __all__ = [
+    "MICROSOFT_DOMAIN",
     "NONDETERMINISTIC_OPS",
     "add_initializer",
     "constant_array",
@@ -15,10 +16,13 @@ __all__ = [
     "insert_replacement",
     "nodes_of",
     "producer",
-    "reduce_mean",
+    "reduction",
     "replace_value",
     "single_consumer",
 ]
+
+# onnxruntime's contrib operators, written only for target="onnxruntime".
+MICROSOFT_DOMAIN = "com.microsoft"
 
 # Ops whose result differs from run to run: never folded, never merged.
 NONDETERMINISTIC_OPS = frozenset(
@@ -54,13 +58,14 @@ def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
     return value
 
 
-def reduce_mean(graph: ir.Graph, x: ir.Value, axes: list[int], opset: int) -> ir.Node:
-    """A ReduceMean of ``x`` over ``axes`` keeping dims, not yet in the graph: axes as an input
-    from opset 18, as an attribute before."""
+def reduction(graph: ir.Graph, op_type: str, x: ir.Value, axes: list[int], opset: int) -> ir.Node:
+    """A ReduceMean, ReduceMax, ... of ``x`` over ``axes`` keeping dims, not yet in the graph:
+    axes as an input from opset 18, as an attribute before (ReduceSum, an input from 13, is not
+    for this)."""
     keepdims = ir.AttrInt64("keepdims", 1)
     if opset < 18:
-        return ir.Node("", "ReduceMean", [x], [ir.AttrInt64s("axes", axes), keepdims])
-    return ir.Node("", "ReduceMean", [x, add_initializer(graph, np.array(axes, np.int64), "mean_axes")], [keepdims])
+        return ir.Node("", op_type, [x], [ir.AttrInt64s("axes", axes), keepdims])
+    return ir.Node("", op_type, [x, add_initializer(graph, np.array(axes, np.int64), "reduced_axes")], [keepdims])
 
 
 def replace_value(old: ir.Value, new: ir.Value) -> bool:
