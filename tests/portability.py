@@ -33,9 +33,12 @@ def assert_portable(program: Any, export_options: Mapping[str, Any]) -> None:
 
 def requested_domains(model: onnx.ModelProto, export_options: Mapping[str, Any]) -> set[str]:
     """The custom domains an export with ``export_options`` asked for: ``custom_opsets``, the
-    domains of the model's functions (``export_modules_as_functions``) and, with
-    ``fallback="custom_domain"``, the ``pkg.torch.*`` domains of untranslated operators."""
+    domains of the model's functions (``export_modules_as_functions``), with
+    ``fallback="custom_domain"`` the ``pkg.torch.*`` domains of untranslated operators, and with
+    ``target="onnxruntime"`` onnxruntime's ``com.microsoft``."""
     domains = set(export_options.get("custom_opsets") or ())
+    if export_options.get("target") == "onnxruntime":
+        domains.add("com.microsoft")
     domains.update(function.domain for function in model.functions)
     if export_options.get("fallback") == "custom_domain":
         domains.update(opset.domain for opset in model.opset_import if opset.domain.startswith("pkg.torch."))

@@ -120,3 +120,5 @@ def test_requested_domains_come_from_the_export_options():
     assert spec_violations(program.model_proto, requested_domains(program.model_proto, {"fallback": "custom_domain"})) == []
     assert spec_violations(program.model_proto) != []
     assert requested_domains(program.model_proto, {"custom_opsets": {"my.domain": 2}}) == {"my.domain"}
+    assert requested_domains(onnx.ModelProto(), {"target": "onnxruntime"}) == {"com.microsoft"}
+    assert requested_domains(onnx.ModelProto(), {}) == set()
