@@ -42,7 +42,7 @@ from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.errors import CaptureError
 from dynexport.pinned_dims import warn_if_dims_pinned
-from dynexport.quantized_modules import quantized_modules_as_float
+from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
@@ -159,7 +159,7 @@ def capture(
                 program = strategy(module, args, kwargs, dynamic_shapes)
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
-            if _is_user_error(error):
+            if _is_user_error(error) or isinstance(error, QuantizedCaptureError):
                 break
         else:
             warn_if_dims_pinned(program, module, args, kwargs)

@@ -186,15 +186,20 @@ class QuantizedTensors(TorchFunctionMode):
 
 
 def _name(func: Callable) -> str:
-    module = getattr(func, "__module__", None) or ""
+    """``torch.exp``, ``Tensor.exp``, ``torch.nn.functional.gelu``: how the model calls it."""
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
-    prefix = {"torch._C._VariableFunctions": "torch", "torch._tensor": "Tensor"}.get(module, module)
-    return f"{prefix}.{qualname}" if prefix else qualname
+    owner, _, name = qualname.rpartition(".")
+    if owner == "_VariableFunctionsClass":
+        return f"torch.{name}"
+    if owner == "TensorBase" or owner == "Tensor":
+        return f"Tensor.{name}"
+    module = getattr(func, "__module__", None)
+    return f"{module}.{qualname}" if module else qualname
 
 
 def _on_grid(tensors: QuantizedTensors, qparams, func, args, kwargs):
-    """Functions whose results hold input values (views, relu, max pooling, cat): PyTorch keeps
-    the (first) input's parameters, and the values are on its grid already."""
+    """Functions whose results hold input values (views, relu, max pooling): PyTorch keeps the
+    input's parameters, and the values are on its grid already."""
     return tensors.mark_floats(func(*args, **kwargs), qparams)
 
 
@@ -249,6 +254,26 @@ def _is_quantized(tensors: QuantizedTensors, qparams, func, args, kwargs):
     return True
 
 
+def _quantized_op(float_op: Callable[..., torch.Tensor]):
+    """``torch.ops.quantized`` arithmetic called directly (FX's converted graphs do): the float
+    op, quantized with the output scale and zero point the call gives."""
+
+    def rule(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):
+        *operands, scale, zero_point = [*args, *kwargs.values()]
+        output = QParams(_scalar(scale), _scalar(zero_point), qparams.dtype)
+        return tensors.mark(output.quantize_dequantize(float_op(*operands)), output)
+
+    return rule
+
+
+def _quantized_cat(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):
+    values, dim, scale, zero_point = [*args, *kwargs.values()]
+    if scale is None:
+        return tensors.mark(torch.cat(values, dim), qparams)
+    output = QParams(_scalar(scale), _scalar(zero_point), qparams.dtype)
+    return tensors.mark(output.quantize_dequantize(torch.cat(values, dim)), output)
+
+
 def _quantize_per_tensor(tensors: QuantizedTensors, input, scale, zero_point, dtype):
     if isinstance(input, (list, tuple)):
         return [_quantize_per_tensor(tensors, x, s, z, dtype) for x, s, z in zip(input, scale, zero_point)]
@@ -283,8 +308,7 @@ for _function in [
     ),
     *_functions(
         torch,
-        "flatten reshape permute transpose squeeze unsqueeze chunk split unbind relu relu_ cat concat "
-        "concatenate stack select narrow flip",
+        "flatten reshape permute transpose squeeze unsqueeze chunk split unbind relu relu_ select narrow flip",
     ),
     *_functions(
         F,
@@ -295,7 +319,8 @@ for _function in [
     _RULES[_function] = _on_grid
 for _function in [
     *_functions(_TENSOR, "mean clamp clamp_ clip hardtanh"),
-    *_functions(torch, "mean clamp clamp_ clip"),
+    # cat and stack take the first input's parameters and requantize the others into them.
+    *_functions(torch, "mean clamp clamp_ clip cat concat concatenate stack"),
     *_functions(
         F,
         "avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d "
@@ -308,6 +333,12 @@ for _kind, _owners in {"sigmoid": (_TENSOR, torch, F), "tanh": (_TENSOR, torch, 
         _RULES[getattr(_owner, _kind)] = _fixed(_kind)
 _RULES.update(
     {
+        torch.ops.quantized.add: _quantized_op(torch.add),
+        torch.ops.quantized.add_relu: _quantized_op(lambda a, b: torch.relu(a + b)),
+        torch.ops.quantized.mul: _quantized_op(torch.mul),
+        torch.ops.quantized.mul_relu: _quantized_op(lambda a, b: torch.relu(a * b)),
+        torch.ops.quantized.matmul: _quantized_op(torch.matmul),
+        torch.ops.quantized.cat: _quantized_cat,
         _TENSOR.dequantize: _dequantize,
         torch.dequantize: _dequantize,
         _TENSOR.int_repr: _integers,

@@ -1,0 +1,369 @@
+"""Quantized models end to end: eager-mode (prepare/convert), FX graph mode (prepare_fx/convert_fx
+and its reference form), quantization-aware training (prepare_qat, fused conv-bn-relu) and the
+QDQ form PT2E's convert_pt2e produces, each exported with a dynamic batch and compared with
+eager PyTorch in onnxruntime at the example and at another batch.
+
+The bound (docs/quantization.md): the exported graph computes what PyTorch's quantized kernels
+compute — exactly, run with onnxruntime's graph optimizations off, except where an averaging
+kernel (avg_pool, adaptive_avg_pool, bilinear resize) rounds its ties its own way, one step of
+its output scale. With onnxruntime's default optimizations, which fuse each DequantizeLinear ->
+op -> QuantizeLinear into an integer kernel (QLinearConv, QGemm, ...) that rounds its own way,
+an output is within one quantization step per quantized layer it goes through.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.ao.nn.quantized as nnq
+import torch.nn.functional as F
+from torch import nn
+from torch.ao.quantization import (
+    DeQuantStub,
+    QuantStub,
+    convert,
+    disable_observer,
+    fuse_modules,
+    fuse_modules_qat,
+    get_default_qat_qconfig,
+    get_default_qconfig,
+    get_default_qconfig_mapping,
+    prepare,
+    prepare_qat,
+)
+from torch.ao.quantization.quantize_fx import convert_fx, convert_to_reference_fx, prepare_fx
+
+import dynexport
+from tests.equivalence import assert_batch_dynamic_equivalent, op_histogram
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:torch.ao.quantization is deprecated",
+    "ignore:.*quantized tensor creation functions.*",
+    "ignore:Please use quant_min and quant_max",
+    "ignore:.*TypedStorage is deprecated",
+)
+
+quantized_decomposed = torch.ops.quantized_decomposed
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _quantized(model: nn.Module, example: torch.Tensor, qconfig="x86") -> nn.Module:
+    """``model`` through eager-mode post-training quantization, calibrated on wider data than
+    the example so that the example does not saturate."""
+    model.eval()
+    model.qconfig = get_default_qconfig(qconfig) if isinstance(qconfig, str) else qconfig
+    prepared = prepare(model)
+    for seed in range(3):
+        prepared(_randn(*example.shape, seed=seed + 1) * 1.5)
+    return convert(prepared)
+
+
+def _unoptimized(program: dynexport.ONNXProgram, x: torch.Tensor) -> torch.Tensor:
+    """The exported graph's own arithmetic: onnxruntime without its QDQ fusions."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    (result,) = session.run(None, program.input_feeds(x))
+    return torch.from_numpy(np.asarray(result))
+
+
+def assert_quantized_export(model, x, *, step: float, fused_steps: int = 1, rounding_steps: int = 0, **options):
+    """Export ``model`` with a dynamic batch; compare with eager PyTorch at ``x`` and at three
+    times its batch: with onnxruntime's defaults within ``fused_steps`` steps of the output scale
+    ``step``, and without its fusions within ``rounding_steps`` (0: equal; 1 where a kernel
+    rounds ties its own way or two float convolutions sum in different orders)."""
+    program = assert_batch_dynamic_equivalent(model, x, atol=fused_steps * step * 1.0001, rtol=0.0, **options)
+    for inputs in (x, torch.cat([x, x.flip(0), x])):
+        with torch.no_grad():
+            expected = model(inputs)
+        difference = (_unoptimized(program, inputs) - expected).abs().max().item()
+        assert difference <= rounding_steps * step * 1.0001, f"{difference / step:.2f} steps from eager"
+    return program
+
+
+class Quantized(nn.Module):
+    """``body`` between a QuantStub and a DeQuantStub, as eager-mode quantization wants it."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.quant, self.body, self.dequant = QuantStub(), body, DeQuantStub()
+
+    def forward(self, x):
+        return self.dequant(self.body(self.quant(x)))
+
+
+def _output_scale(model: nn.Module) -> float:
+    """The scale of the last quantized module's output."""
+    *_, last = (m for m in model.modules() if isinstance(getattr(m, "scale", None), float))
+    return last.scale
+
+
+# -- eager mode ------------------------------------------------------------------------------
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2, padding_mode="reflect")
+        self.skip = nnq.FloatFunctional()
+        self.act = nn.Hardswish()
+        self.up = nn.Upsample(scale_factor=2)
+        self.head = nn.Conv2d(8, 4, 1, stride=2)
+
+    def forward(self, x):
+        x = self.pool(self.relu(self.conv(x)))
+        x = self.act(self.skip.add_relu(x, self.grouped(x)))
+        return torch.flatten(self.head(self.up(x)), 1)
+
+
+@pytest.mark.parametrize("opset", [14, 17, 23])  # HardSwish exists from opset 14
+def test_eager_quantized_convnet(opset):
+    model = _quantized(fuse_modules(Quantized(ConvNet()).eval(), [["body.conv", "body.relu"]]), _randn(2, 3, 8, 8))
+    program = assert_quantized_export(model, _randn(2, 3, 8, 8), step=_output_scale(model), fused_steps=2, opset_version=opset)
+    histogram = op_histogram(program)
+    assert histogram["DequantizeLinear"] > histogram["QuantizeLinear"] >= 5  # int8 weights behind DequantizeLinear
+    int8 = {name for name, value in program.model.graph.initializers.items() if value.dtype.name == "INT8"}
+    assert "body.grouped.weight" in int8  # (the smaller weights' DequantizeLinear folds: as floats they are small)
+
+
+@pytest.mark.parametrize(
+    "body, shape",
+    [
+        (nn.Conv1d(3, 4, 3, padding=1), (2, 3, 10)),
+        (nn.Conv3d(3, 4, 3, padding=1), (2, 3, 4, 5, 5)),
+        (nn.Sequential(nn.Linear(8, 6), nn.ReLU6()), (2, 5, 8)),
+    ],
+    ids=["conv1d", "conv3d", "linear_3d_relu6"],
+)
+def test_eager_quantized_layers(body, shape):
+    model = _quantized(Quantized(body), _randn(*shape))
+    assert_quantized_export(model, _randn(*shape), step=_output_scale(model))
+
+
+def test_conv_transpose_with_per_tensor_weights():
+    qconfig = get_default_qconfig("qnnpack")  # per-tensor weights: PyTorch has no per-channel ConvTranspose
+    model = _quantized(Quantized(nn.ConvTranspose2d(3, 4, 3, stride=2, output_padding=1)), _randn(2, 3, 5, 5), qconfig)
+    assert_quantized_export(model, _randn(2, 3, 5, 5), step=_output_scale(model))
+
+
+class Activations(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(4)
+        self.elu, self.leaky = nn.ELU(), nn.LeakyReLU(0.2)
+        self.layer_norm, self.group_norm = nn.LayerNorm(5), nn.GroupNorm(2, 4)
+
+    def forward(self, x):
+        x = self.leaky(self.elu(self.norm(x)))
+        x = self.group_norm(self.layer_norm(x))
+        return torch.cat([torch.sigmoid(x), torch.tanh(x), F.hardsigmoid(x), F.hardtanh(x, -0.5, 0.5)], dim=1)
+
+
+def test_eager_quantized_activations_and_norms():
+    model = _quantized(Quantized(Activations()), _randn(3, 4, 5, 5))
+    # torch.cat keeps its first input's parameters: sigmoid's fixed 1/256.
+    assert_quantized_export(model, _randn(3, 4, 5, 5), step=1.0 / 256)
+
+
+class Functional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.add, self.mul, self.cat = nnq.FloatFunctional(), nnq.FloatFunctional(), nnq.FloatFunctional()
+        self.add_scalar, self.mul_scalar = nnq.FloatFunctional(), nnq.FloatFunctional()
+
+    def forward(self, x):
+        y = self.conv(x)
+        z = self.mul.mul(self.add.add(x, y), y)
+        z = self.mul_scalar.mul_scalar(self.add_scalar.add_scalar(z, 0.75), -1.5)
+        return self.cat.cat([z, x.mean(1, keepdim=True), y[:, :1].transpose(2, 3)], dim=1)
+
+
+def test_eager_quantized_functional():
+    model = _quantized(Quantized(Functional()), _randn(2, 3, 6, 6))
+    # Six quantized ops in a row, the last a multiplication by -1.5: fused kernels' steps add up.
+    assert_quantized_export(model, _randn(2, 3, 6, 6), step=model.body.cat.scale, fused_steps=4)
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Upsample(scale_factor=2, mode="bilinear")],
+    ids=["avg_pool", "adaptive_avg_pool", "bilinear"],
+)
+def test_eager_quantized_averaging_rounds_within_one_step(pool):
+    model = _quantized(Quantized(pool), _randn(3, 3, 8, 8))
+    step = model.quant.scale.item()  # averaging keeps the input's parameters
+    assert_quantized_export(model, _randn(3, 3, 8, 8), step=step, rounding_steps=1)
+
+
+class QuantizesInForward(nn.Module):
+    """Quantized tensors made and read by the forward itself."""
+
+    def forward(self, x):
+        q = torch.quantize_per_tensor(x, 0.05, 3, torch.qint8)
+        integers = q.int_repr()
+        pooled = F.max_pool2d(q, 2)
+        return pooled.dequantize() * q.q_scale(), integers.float()
+
+
+def test_quantize_per_tensor_and_dequantize_in_forward():
+    x = _randn(2, 3, 6, 6) * 4  # saturates the int8 range
+    program = assert_batch_dynamic_equivalent(QuantizesInForward(), x, rtol=0.0, atol=0.0)
+    assert op_histogram(program)["QuantizeLinear"] == 2  # the quantized tensor and its integers
+
+
+# -- FX graph mode ----------------------------------------------------------------------------
+
+
+class FxNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.fc = nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.norm(self.conv(x)))
+        x = x + self.conv2(x)
+        x = torch.sigmoid(x) * x
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+@pytest.mark.parametrize("convert_function", [convert_fx, convert_to_reference_fx], ids=["convert_fx", "reference"])
+def test_fx_graph_mode_quantized(convert_function):
+    x = _randn(2, 3, 8, 8)
+    prepared = prepare_fx(FxNet().eval(), get_default_qconfig_mapping("x86"), (x,))
+    for seed in range(3):
+        prepared(_randn(4, 3, 8, 8, seed=seed + 1))
+    model = convert_function(prepared)
+    if convert_function is convert_fx:
+        # The quantized fc's own scale; adaptive_avg_pool2d's quantized kernel rounds its ties its own way.
+        assert_quantized_export(model, x, step=_output_scale(model), fused_steps=5, rounding_steps=1)
+    else:
+        # The reference form: float ops between torch.quantize_per_tensor and dequantize; fc's output last.
+        (*_, step) = (value.item() for name, value in model.named_buffers() if "scale" in name and value.numel() == 1)
+        assert_quantized_export(model, x, step=step, fused_steps=5, rounding_steps=1)
+
+
+# -- quantization-aware training ----------------------------------------------------------------
+
+
+class QatNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv, self.norm, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.relu(self.norm(self.conv(self.quant(x))))
+        return self.dequant(self.fc(x.mean((2, 3))))
+
+
+def _qat(qconfig) -> nn.Module:
+    model = fuse_modules_qat(QatNet().train(), [["conv", "norm", "relu"]])
+    model.qconfig = qconfig
+    prepared = prepare_qat(model)
+    for seed in range(3):
+        prepared(_randn(4, 3, 6, 6, seed=seed + 1))
+    return prepared.eval()
+
+
+@pytest.mark.parametrize("opset", [13, 23])
+@pytest.mark.parametrize("backend", ["x86", "qnnpack"], ids=["per_channel", "per_tensor"])
+def test_qat_model_frozen(backend, opset):
+    model = _qat(get_default_qat_qconfig(backend))
+    model.apply(disable_observer)
+    program = assert_batch_dynamic_equivalent(model, _randn(2, 3, 6, 6), rtol=0.0, atol=0.0, opset_version=opset)
+    histogram = op_histogram(program)
+    assert histogram["QuantizeLinear"] == histogram["DequantizeLinear"] == 3  # activations; weights folded
+    assert type(model.conv.weight_fake_quant).__name__ == "FusedMovingAvgObsFakeQuantize"  # put back
+
+
+def test_qat_model_with_observers_on_exports_current_qparams_and_warns():
+    model = _qat(get_default_qat_qconfig("x86"))
+    x = _randn(2, 3, 6, 6)
+    with pytest.warns(UserWarning, match="still observe"):
+        program = dynexport.export(model, (x,))
+    assert model.conv.weight_fake_quant.observer_enabled.item() == 1  # the model is left as it was
+    model.apply(disable_observer)
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), model(x), rtol=0.0, atol=0.0)
+
+
+# -- the PT2E form -----------------------------------------------------------------------------
+
+
+class Pt2eConv(nn.Module):
+    """What convert_pt2e leaves (torch.ao's quantize_pt2e moved to torchao, which is not
+    installed here): quantize_per_tensor -> dequantize_per_tensor around float ops, int8
+    weights behind dequantize_per_channel."""
+
+    def __init__(self):
+        super().__init__()
+        weight = _randn(8, 3, 3, 3) * 0.3
+        self.weight_scale = weight.abs().amax((1, 2, 3)) / 127
+        self.register_buffer("weight", torch.round(weight / self.weight_scale[:, None, None, None]).to(torch.int8))
+        self.zero_points = torch.zeros(8, dtype=torch.int64)
+        self.bias = _randn(8, seed=1) * 0.1
+
+    def forward(self, x):
+        q = quantized_decomposed.quantize_per_tensor(x, 0.03, 5, -128, 127, torch.int8)
+        x = quantized_decomposed.dequantize_per_tensor(q, 0.03, 5, -128, 127, torch.int8)
+        weight = quantized_decomposed.dequantize_per_channel(
+            self.weight, self.weight_scale, self.zero_points, 0, -128, 127, torch.int8
+        )
+        y = torch.relu(F.conv2d(x, weight, self.bias, padding=1))
+        q = quantized_decomposed.quantize_per_tensor(y, 0.02, -128, -128, 127, torch.int8)
+        return quantized_decomposed.dequantize_per_tensor(q, 0.02, -128, -128, 127, torch.int8)
+
+
+def test_pt2e_form_runs_fused_in_onnxruntime(tmp_path):
+    model = Pt2eConv().eval()
+    # onnxruntime's int8 QLinearConv requantizes its own way: up to 4 steps from PyTorch measured here.
+    program = assert_quantized_export(model, _randn(2, 3, 6, 6) * 2, step=0.02, fused_steps=4)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ort.InferenceSession(program.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert "QLinearConv" in {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
+
+
+# -- refusals and scoping ----------------------------------------------------------------------
+
+
+def test_unknown_function_on_quantized_tensor_is_refused_with_its_name():
+    class Exp(nn.Module):
+        def forward(self, x):
+            return torch.exp(torch.quantize_per_tensor(x, 0.1, 0, torch.quint8)).dequantize()
+
+    with pytest.raises(dynexport.errors.CaptureError, match=r"torch\.exp on a quantized tensor"):
+        dynexport.export(Exp(), (_randn(2, 3),))
+
+
+def test_quantized_module_without_float_form_is_refused_and_model_left_unchanged():
+    model = _quantized(Quantized(nn.Sequential(nn.Linear(4, 4))), _randn(2, 4))
+    model.body.append(nnq.Embedding(10, 4))
+    with pytest.raises(dynexport.errors.CaptureError, match=r"EmbeddingPackedParams \(torch.ao.nn.quantized.* has no float form"):
+        dynexport.export(model, (_randn(2, 4),))
+    assert [type(m).__name__ for m in model.body] == ["Linear", "Embedding"]
+    assert type(model.body[0]).__module__.startswith("torch.ao.nn.quantized")
+
+
+def test_model_is_unchanged_after_export():
+    model = _quantized(Quantized(ConvNet()), _randn(2, 3, 8, 8))
+    before = [(name, type(m)) for name, m in model.named_modules()]
+    dynexport.export(model, (_randn(2, 3, 8, 8),))
+    assert [(name, type(m)) for name, m in model.named_modules()] == before
+    model(_randn(2, 3, 8, 8))  # still runs as a quantized model
