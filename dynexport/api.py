@@ -35,6 +35,7 @@ from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
+from dynexport.quantize import WeightQuantization, quantize_model
 from dynexport.translate import TranslationPlan
 from dynexport.verification import VerificationReport
 
@@ -68,6 +69,7 @@ def export(
     verify: bool = False,
     target: str | None = None,
     strict_clamps: bool = False,
+    quantize_weights: WeightQuantization | Mapping[str, Any] | None = None,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
 
@@ -137,6 +139,11 @@ def export(
         strict_clamps: keep hardtanh, relu6 and clamp to constant bounds as ``Max`` and ``Min``,
             whose NaN propagation the ONNX standard defines, instead of the faster ``Clip``
             (NaN-propagating in onnxruntime, left open by the standard; docs/optimizer.md).
+        quantize_weights: store the weights of linear layers as int4/int8 with per-block scales
+            after optimization, as ``program.quantize_weights`` does: a
+            ``dynexport.quantize.WeightQuantization`` or a dict of its fields (``{"bits": 4}``;
+            without ``"target"`` it follows ``target``: MatMulNBits for ``"onnxruntime"``,
+            DequantizeLinear otherwise). See docs/llm.md.
 
     Returns:
         An :class:`ONNXProgram`.
@@ -159,7 +166,7 @@ def export(
         custom_translation_table=custom_translation_table, custom_opsets=custom_opsets,
         fallback=fallback, training=training, export_modules_as_functions=export_modules_as_functions,
         dynamo=dynamo, example_inputs=example_inputs, report=report, verify=verify,
-        target=target, strict_clamps=strict_clamps,
+        target=target, strict_clamps=strict_clamps, quantize_weights=quantize_weights,
     )
     record = report_stage.ExportRecord(
         options.model_name, options.opset,
@@ -173,6 +180,9 @@ def export(
             onnx_model = plan.emit()
         with timer.phase("optimize"):
             _optimize(onnx_model, options)
+        if options.weight_quantization is not None:
+            with timer.phase("quantize"):
+                quantize_model(onnx_model, options.weight_quantization)
         if record.dim_refinements:
             onnx_model.metadata_props[DIM_REFINEMENTS_KEY] = refinements_metadata(record.dim_refinements)
         record.onnx_model = onnx_model

@@ -13,6 +13,7 @@ import torch
 from dynexport import files, signature, torchscript
 from dynexport.modes import TrainingMode
 from dynexport.module_functions import module_selector
+from dynexport.quantize.weights import WeightQuantization
 from dynexport.registry import TranslationTable, default_table
 from dynexport.report import default_report_path
 from dynexport.translate import TranslationOptions
@@ -60,6 +61,7 @@ class ExportOptions:
     translation: TranslationOptions
     target: str | None = None
     strict_clamps: bool = False
+    weight_quantization: WeightQuantization | None = None
 
     @property
     def auto_dims(self) -> bool:
@@ -102,6 +104,7 @@ class ExportOptions:
         verify: Any,
         target: Any = None,
         strict_clamps: Any = False,
+        quantize_weights: Any = None,
     ) -> ExportOptions:
         """Check every argument of :func:`dynexport.export` (types first), raising TypeError or
         ValueError naming the argument, and gather them."""
@@ -175,7 +178,18 @@ class ExportOptions:
             optimize=optimize, do_constant_folding=do_constant_folding, verify=verify, verbose=bool(verbose),
             report_file=_report_file(report, f, model_name), translation=translation,
             target=target, strict_clamps=strict_clamps,
+            weight_quantization=_weight_quantization(quantize_weights, target),
         )
+
+
+def _weight_quantization(spec: Any, target: str | None) -> WeightQuantization | None:
+    """``quantize_weights`` checked; a dict without ``target`` takes the export's (None:
+    the portable form)."""
+    if spec is None:
+        return None
+    if isinstance(spec, Mapping) and "target" not in spec:
+        spec = {**spec, "target": "onnxruntime" if target == "onnxruntime" else "portable"}
+    return WeightQuantization.of(spec)
 
 
 def _check_bool(argument: str, value: Any) -> None:

@@ -178,6 +178,7 @@ class _Rewriter:
         self.quantizer = weight_quantizer(config.algorithm)
         self.quantized: dict[tuple[str, bool], QuantizedWeight] = {}
         self.stored: dict[tuple[str, bool, str], tuple[ir.Value | None, ...]] = {}
+        self.dequantized: dict[tuple[str, bool, str], ir.Value] = {}
 
     def weight(self, value: ir.Value, transposed: bool) -> QuantizedWeight:
         """The weight ``[N, K]`` quantized along K (once per initializer and orientation)."""
@@ -218,10 +219,9 @@ class _Rewriter:
             nodes = [ir.Node(MS_DOMAIN, "MatMulNBits", inputs, _attributes(attributes))]
         else:
             arrays = lambda q: dequantize_linear_arrays(q, dtype, self.blocked, transposed=True)  # noqa: E731
-            stored = self.initializers(product.weight, product.transposed, "dq", arrays)
             # DequantizeLinear gives the weight as MatMul reads it: [K, N].
-            nodes = self._dequantize(stored, axis=0, dtype=dtype)
-            nodes.append(ir.Node("", "MatMul", [product.activation, nodes[-1].outputs[0]]))
+            weight = self._dequantized(product.weight, product.transposed, "dq", arrays, axis=0, before=product.node)
+            nodes = [ir.Node("", "MatMul", [product.activation, weight])]
             bias = None
         if product.bias is not None and bias is None:
             nodes.append(ir.Node("", "Add", [nodes[-1].outputs[0], product.bias]))
@@ -240,29 +240,31 @@ class _Rewriter:
             nodes = [ir.Node(MS_DOMAIN, "GatherBlockQuantized", inputs, _attributes(attributes))]
         else:
             arrays = lambda q: dequantize_linear_arrays(q, dtype, self.blocked, transposed=False)  # noqa: E731
-            stored = self.initializers(table, True, "table_dq", arrays)
-            nodes = self._dequantize(stored, axis=1, dtype=dtype)
-            nodes.append(ir.Node("", "Gather", [nodes[-1].outputs[0], indices], _attributes(dict(axis=0))))
+            dequantized = self._dequantized(table, True, "table_dq", arrays, axis=1, before=gather)
+            nodes = [ir.Node("", "Gather", [dequantized, indices], _attributes(dict(axis=0)))]
         self._replace(gather, nodes)
 
     # -- shared --------------------------------------------------------------------------------
 
-    def _dequantize(self, stored: tuple[ir.Value | None, ...], *, axis: int, dtype: ir.DataType) -> list[ir.Node]:
-        """DequantizeLinear of a stored weight, blocked along ``axis`` (from opset 21), else
-        with one scale per index of the other axis; cast when its scales cannot be ``dtype``."""
-        weight, scales, zero_points = stored
-        inputs = [weight, scales] + ([zero_points] if zero_points is not None else [])
-        if self.blocked:
-            attributes = dict(axis=axis, block_size=self.config.block_size)
-        else:
-            attributes = dict(axis=1 - axis)
-        nodes = [ir.Node("", "DequantizeLinear", inputs, _attributes(attributes))]
-        if scales.dtype != dtype:
-            nodes.append(ir.Node("", "Cast", [nodes[0].outputs[0]], _attributes(dict(to=dtype))))
-        for node in nodes:
-            node.outputs[0].dtype = dtype if node.op_type == "Cast" else scales.dtype
-            node.outputs[0].shape = ir.Shape(weight.shape)
-        return nodes
+    def _dequantized(self, value: ir.Value, transposed: bool, form: str, arrays, *, axis: int, before: ir.Node) -> ir.Value:
+        """The float weight, from a DequantizeLinear of its stored form (one per weight, before
+        its first reader): blocked along ``axis`` from opset 21, else with one scale per index of
+        the other axis; cast when its scales cannot have the weight's type."""
+        key = (value.name, transposed, form)
+        if key not in self.dequantized:
+            weight, scales, zero_points = self.initializers(value, transposed, form, arrays)
+            inputs = [weight, scales] + ([zero_points] if zero_points is not None else [])
+            attributes = dict(axis=axis, block_size=self.config.block_size) if self.blocked else dict(axis=1 - axis)
+            nodes = [ir.Node("", "DequantizeLinear", inputs, _attributes(attributes))]
+            if scales.dtype != value.dtype:
+                nodes.append(ir.Node("", "Cast", [nodes[0].outputs[0]], _attributes(dict(to=value.dtype))))
+            for node in nodes:
+                node.outputs[0].dtype = node.inputs[1].dtype if node.op_type == "DequantizeLinear" else value.dtype
+                node.outputs[0].shape = ir.Shape(weight.shape)
+                node.metadata_props.update(before.metadata_props)
+                self.graph.insert_before(before, node)
+            self.dequantized[key] = nodes[-1].outputs[0]
+        return self.dequantized[key]
 
     def _replace(self, old: ir.Node, nodes: list[ir.Node]) -> None:
         for node in nodes[:-1]:

@@ -1,0 +1,384 @@
+"""Weights stored as int4/int8 with per-block scales (dynexport/quantize/, docs/llm.md).
+
+Every form runs in onnxruntime and gives what the same model computes in PyTorch with the
+dequantized weights (the same integers, expanded by torch: exact up to float rounding), and
+stays close to the float model; the graphs hold the expected ops and initializer types."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+
+import dynexport
+from dynexport.quantize import (
+    AccuracyCost,
+    QuantizedWeight,
+    WeightQuantization,
+    accuracy_cost,
+    dequantized_model,
+    register_weight_quantizer,
+    round_to_nearest,
+    seeded_calls,
+)
+from tests.equivalence import assert_close, op_histogram
+from tests.models.families import DECODER_COMMON, text_inputs, tiny
+
+Dim = torch.export.Dim
+
+# (target, bits, symmetric): every form of a weight product and an embedding.
+FORMS = [
+    ("onnxruntime", 4, True),
+    ("onnxruntime", 4, False),
+    ("onnxruntime", 8, True),
+    ("onnxruntime", 8, False),
+    ("portable", 4, True),
+    ("portable", 4, False),
+    ("portable", 8, True),
+]
+
+
+def _form_id(form) -> str:
+    target, bits, symmetric = form
+    return f"{target}-int{bits}-{'sym' if symmetric else 'asym'}"
+
+
+class MLP(torch.nn.Module):
+    """Two Gemms (2-D input, bias) with K = 48 not a multiple of 32 in the second, and a third
+    product that reuses the first layer's weight (one stored copy for both)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = torch.nn.Linear(64, 48), torch.nn.Linear(48, 64)
+
+    def forward(self, x):
+        hidden = torch.relu(self.first(x))
+        return self.first(torch.relu(self.second(hidden)))
+
+
+def _exact_session_options() -> ort.SessionOptions:
+    # onnxruntime fuses DequantizeLinear + MatMul into MatMulNBits and, by default, computes
+    # its activations in int8 there (accuracy level 4): keep them in float to compare exactly.
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    return options
+
+
+def _exact(program: dynexport.ONNXProgram) -> dynexport.ONNXProgram:
+    return program.with_model(program.model, session_options=_exact_session_options())
+
+
+def _dequantized_copy(model: torch.nn.Module, config: WeightQuantization, *, blocked: bool = True) -> torch.nn.Module:
+    """``model`` with the weights the quantized graph stores, expanded back to float by torch."""
+    model = copy.deepcopy(model)
+    modules = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if config.embedding:
+        modules += [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    for module in modules:
+        weight = module.weight.detach()
+        block_size = config.block_size if blocked else weight.shape[1]
+        quantized = round_to_nearest(weight, bits=config.bits, block_size=block_size, symmetric=config.symmetric)
+        module.weight.data = quantized.dequantize()
+    return model
+
+
+@pytest.fixture(scope="module")
+def mlp_programs():
+    model = MLP().eval()
+    x = torch.randn(3, 64)
+    return model, x, {
+        opset: dynexport.export(model, (x,), dynamic_shapes=({0: Dim("batch")},), opset_version=opset)
+        for opset in (20, 21)
+    }
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = transformers.LlamaForCausalLM(tiny(
+        transformers.LlamaConfig, **DECODER_COMMON, intermediate_size=64, num_key_value_heads=2, use_cache=False,
+    )).eval()
+    inputs = text_inputs(2, 8)
+    batch, seq = Dim("batch"), Dim("seq", min=2, max=32)
+    dims = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = dynexport.export(model, (), kwargs=inputs, dynamic_shapes=dims, opset_version=21)
+    return model, inputs, program
+
+
+# -- each form runs and equals its dequantized reference --------------------------------------
+
+
+@pytest.mark.parametrize("form", FORMS, ids=_form_id)
+def test_mlp_forms_equal_the_model_with_dequantized_weights(mlp_programs, form):
+    target, bits, symmetric = form
+    model, x, programs = mlp_programs
+    quantized = programs[21].quantize_weights(bits, target=target, symmetric=symmetric, block_size=16)
+    config = WeightQuantization(bits=bits, block_size=16, target=target, symmetric=symmetric)
+    reference = _dequantized_copy(model, config)
+    for batch in (3, 7):
+        x = torch.randn(batch, 64)
+        with torch.no_grad():
+            assert_close(_exact(quantized)(x), reference(x), where=f"batch {batch}")
+            float_output = model(x)
+        # Close to the float model (as onnxruntime runs it): relative RMS errors are about 0.1
+        # in int4 and 0.006 in int8 for these three chained random layers.
+        relative_error = (quantized(x) - float_output).norm() / float_output.norm()
+        assert relative_error < (0.2 if bits == 4 else 0.02)
+
+
+@pytest.mark.parametrize("form", FORMS, ids=_form_id)
+def test_llama_forms_equal_the_model_with_dequantized_weights(llama, form):
+    target, bits, symmetric = form
+    model, inputs, program = llama
+    quantized = program.quantize_weights(bits, target=target, symmetric=symmetric, embedding=True)
+    reference = _dequantized_copy(model, WeightQuantization(bits=bits, target=target, symmetric=symmetric, embedding=True))
+    for batch, seq in ((2, 8), (3, 13)):
+        call = text_inputs(batch, seq)
+        with torch.no_grad():
+            assert_close(_exact(quantized)(**call), reference(**call).logits, where=f"batch {batch}, seq {seq}")
+    cost = accuracy_cost(quantized, model, seeded_calls((), inputs))
+    assert cost.predictions == 4 * 2 * 8
+    assert cost.top1_agreement >= (0.6 if bits == 4 else 0.9)
+
+
+def test_verify_checks_the_stored_weights_and_reports_the_cost_against_the_float_model(llama):
+    model, inputs, program = llama
+    quantized = program.quantize_weights(4, embedding=True, accuracy_level=4)
+    report = quantized.verify(resized=True)
+    assert report.passed and quantized.verification is report
+    assert [o.inputs for o in report.outputs] == ["example", "resized"]
+    assert isinstance(report.accuracy, AccuracyCost) and report.accuracy.calls == 4
+    assert "top-1 agreement" in report.summary() and "max abs error" in report.summary()
+    assert program.verify().accuracy is None  # the float program is untouched: verified as before
+
+
+# -- the graphs -------------------------------------------------------------------------------
+
+
+def _initializer(program: dynexport.ONNXProgram, value: ir.Value) -> np.ndarray:
+    return program.model.graph.initializers[value.name].const_value.numpy()
+
+
+def test_onnxruntime_form_graph(mlp_programs):
+    _, x, programs = mlp_programs
+    quantized = programs[20].quantize_weights(4, block_size=32, accuracy_level=4)
+    assert op_histogram(quantized) == {"MatMulNBits": 3, "Relu": 2}
+    assert quantized.model.opset_imports["com.microsoft"] == 1
+    first, second, reused = [n for n in quantized.model.graph if n.op_type == "MatMulNBits"]
+    assert first.domain == "com.microsoft"
+    attributes = {name: attr.as_int() for name, attr in second.attributes.items()}
+    assert attributes == {"K": 48, "N": 64, "bits": 4, "block_size": 32, "accuracy_level": 4}
+    # B [N, blocks, block_size * bits / 8] uint8, scales [N * blocks]; symmetric: no zero points;
+    # the Gemm's bias is MatMulNBits' bias input.
+    assert _initializer(quantized, second.inputs[1]).shape == (64, 2, 16)
+    assert _initializer(quantized, second.inputs[1]).dtype == np.uint8
+    assert _initializer(quantized, second.inputs[2]).shape == (128,)
+    assert second.inputs[3] is None and second.inputs[5].name == "second.bias"
+    # The reused weight is stored once.
+    assert reused.inputs[1] is first.inputs[1]
+    assert not any(name.endswith(".weight") for name in quantized.model.graph.initializers)
+    onnx.checker.check_model(quantized.model_proto, full_check=True)
+
+
+def test_asymmetric_forms_store_packed_zero_points(mlp_programs):
+    _, _, programs = mlp_programs
+    quantized = programs[21].quantize_weights(4, symmetric=False, block_size=16)
+    second = [n for n in quantized.model.graph if n.op_type == "MatMulNBits"][1]
+    # 3 blocks of 16 along K = 48: two per byte, rounded up.
+    assert _initializer(quantized, second.inputs[3]).shape == (64 * 2,)
+    portable = programs[21].quantize_weights(4, symmetric=False, target="portable")
+    dequantize = next(n for n in portable.model.graph if n.op_type == "DequantizeLinear")
+    assert [v.dtype for v in dequantize.inputs] == [ir.DataType.UINT4, ir.DataType.FLOAT, ir.DataType.UINT4]
+
+
+def test_portable_form_graph_at_opset_21(mlp_programs):
+    _, _, programs = mlp_programs
+    quantized = programs[21].quantize_weights(4, target="portable", block_size=16)
+    assert op_histogram(quantized) == {"DequantizeLinear": 2, "MatMul": 3, "Add": 3, "Relu": 2}
+    assert "com.microsoft" not in quantized.model.opset_imports
+    dequantize = next(n for n in quantized.model.graph if n.op_type == "DequantizeLinear")
+    assert {name: attr.as_int() for name, attr in dequantize.attributes.items()} == {"axis": 0, "block_size": 16}
+    weight, scales = dequantize.inputs
+    assert weight.dtype == ir.DataType.INT4 and weight.shape == [64, 48]  # [K, N], as MatMul reads it
+    assert scales.shape == [4, 48]
+    onnx.checker.check_model(quantized.model_proto, full_check=True)
+
+
+def test_portable_int8_below_opset_21_has_one_scale_per_output_feature(mlp_programs):
+    model, x, programs = mlp_programs
+    with pytest.warns(UserWarning, match="one scale per output feature"):
+        quantized = programs[20].quantize_weights(8, target="portable")
+    dequantize = next(n for n in quantized.model.graph if n.op_type == "DequantizeLinear")
+    assert {name: attr.as_int() for name, attr in dequantize.attributes.items()} == {"axis": 1}
+    assert dequantize.inputs[0].dtype == ir.DataType.INT8 and dequantize.inputs[1].shape == [48]
+    reference = _dequantized_copy(model, WeightQuantization(bits=8, target="portable"), blocked=False)
+    with torch.no_grad():
+        assert_close(_exact(quantized)(x), reference(x))
+    onnx.checker.check_model(quantized.model_proto, full_check=True)
+
+
+def test_embedding_forms(llama):
+    _, _, program = llama
+    onnxruntime_form = program.quantize_weights(4, embedding=True, block_size=16)
+    gather = next(n for n in onnxruntime_form.model.graph if n.op_type == "GatherBlockQuantized")
+    attributes = {name: attr.as_int() for name, attr in gather.attributes.items()}
+    assert attributes == {"gather_axis": 0, "quantize_axis": 1, "block_size": 16, "bits": 4}
+    assert _initializer(onnxruntime_form, gather.inputs[0]).shape == (96, 16)  # [V, H * 4 / 8]
+    assert _initializer(onnxruntime_form, gather.inputs[2]).shape == (96, 2)
+    portable = program.quantize_weights(4, embedding=True, target="portable")
+    table = next(n for n in portable.model.graph if n.op_type == "Gather").inputs[0].producer()
+    assert table.op_type == "DequantizeLinear" and table.inputs[0].shape == [96, 32]
+    assert {name: attr.as_int() for name, attr in table.attributes.items()} == {"axis": 1, "block_size": 32}
+    without = program.quantize_weights(4)
+    assert op_histogram(without)["Gather"] == 1 and "GatherBlockQuantized" not in op_histogram(without)
+
+
+def test_lm_head_left_float_on_request(llama):
+    _, _, program = llama
+    quantized = program.quantize_weights(8, lm_head=False)
+    logits = quantized.model.graph.outputs[0].producer()
+    assert logits.op_type == "MatMul" and op_histogram(quantized)["MatMulNBits"] == 14
+
+
+def test_tied_embedding_and_lm_head():
+    model = transformers.LlamaForCausalLM(tiny(
+        transformers.LlamaConfig, **DECODER_COMMON, intermediate_size=64, num_key_value_heads=2, use_cache=False,
+        tie_word_embeddings=True,
+    )).eval()
+    inputs = text_inputs(2, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = dynexport.export(model, (), kwargs=inputs, opset_version=21)
+    for target in ("onnxruntime", "portable"):
+        quantized = program.quantize_weights(4, target=target, embedding=True)
+        assert "model.embed_tokens.weight" not in quantized.model.graph.initializers
+        assert quantized.verify().passed
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (dict(bits=3), ValueError, "bits=3 is not supported; choose 4 or 8"),
+        (dict(block_size=20), ValueError, "block_size=20 is not supported; choose a power of two"),
+        (dict(target="tensorrt"), ValueError, "target='tensorrt' is not supported"),
+        (dict(target="portable", accuracy_level=4), ValueError, "accuracy_level is an attribute of onnxruntime"),
+        (dict(accuracy_level=7), ValueError, "accuracy_level=7 is not supported"),
+        (dict(algorithm="gptq"), ValueError, "algorithm='gptq' is not a registered weight quantizer"),
+        (dict(bits=4.0), TypeError, "bits must be an int"),
+        (dict(symmetric="yes"), TypeError, "symmetric must be True or False"),
+    ],
+)
+def test_bad_options_are_refused(mlp_programs, options, error, message):
+    _, _, programs = mlp_programs
+    with pytest.raises(error, match=message):
+        programs[21].quantize_weights(**options)
+
+
+def test_int4_portable_below_opset_21_names_the_opset(mlp_programs):
+    _, _, programs = mlp_programs
+    with pytest.raises(ValueError, match="from opset 21; the model is at opset 20"):
+        programs[20].quantize_weights(4, target="portable")
+
+
+def test_a_model_without_weights_is_refused():
+    program = dynexport.export(lambda x, y: x @ y, (torch.randn(2, 3), torch.randn(3, 4)))
+    with pytest.raises(ValueError, match="no weight to quantize: no MatMul or Gemm multiplies an activation by a constant"):
+        program.quantize_weights(4)
+
+
+def test_a_quantized_program_is_not_quantized_again(mlp_programs):
+    _, _, programs = mlp_programs
+    with pytest.raises(ValueError, match="already quantized"):
+        programs[21].quantize_weights(4).quantize_weights(8)
+
+
+def test_the_options_dict_form():
+    assert WeightQuantization.of({"bits": 8, "embedding": True}) == WeightQuantization(bits=8, embedding=True)
+    with pytest.raises(ValueError, match=r"unknown fields \['bit'\]"):
+        WeightQuantization.of({"bit": 8})
+
+
+# -- algorithms -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_round_to_nearest_is_within_a_step(bits, symmetric):
+    torch.manual_seed(0)
+    weight = torch.randn(8, 40) * torch.linspace(0.1, 3, 40)
+    weight[3, :16] = 0.0  # an all-zero block
+    quantized = round_to_nearest(weight, bits=bits, block_size=16, symmetric=symmetric)
+    assert quantized.values.shape == (8, 40) and quantized.scales.shape == (8, 3)
+    low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
+    assert low <= int(quantized.values.min()) and int(quantized.values.max()) <= high
+    step = quantized.scales.repeat_interleave(16, dim=1)[:, :40]
+    # Symmetric: half a step; asymmetric: the zero point's rounding may add up to half another.
+    bound = step / 2 if symmetric else step
+    assert ((quantized.dequantize() - weight).abs() <= bound + 1e-6).all()
+    assert (quantized.dequantize()[3, :16] == 0).all()
+
+
+def test_a_registered_algorithm_is_used(mlp_programs):
+    model, x, programs = mlp_programs
+    seen = []
+
+    @register_weight_quantizer("test-halved-scales")
+    def halved(weight, *, bits, block_size, symmetric) -> QuantizedWeight:
+        seen.append(tuple(weight.shape))
+        plain = round_to_nearest(weight, bits=bits, block_size=block_size, symmetric=symmetric)
+        return QuantizedWeight(plain.values, plain.scales / 2, plain.zero_points, bits, block_size)
+
+    quantized = programs[21].quantize_weights(8, algorithm="test-halved-scales")
+    assert seen == [(48, 64), (64, 48)]  # the reused weight is quantized once
+    assert quantized.verify().passed
+    with pytest.raises(ValueError, match="already registered"):
+        register_weight_quantizer("rtn")(halved)
+
+
+# -- at export time ---------------------------------------------------------------------------
+
+
+def test_export_quantizes_weights_after_optimization_and_verifies(tmp_path):
+    model = MLP().eval()
+    x = torch.randn(3, 64)
+    path = tmp_path / "mlp.onnx"
+    program = dynexport.export(
+        model, (x,), path, opset_version=21, quantize_weights={"bits": 4, "block_size": 16}, verify=True,
+    )
+    assert op_histogram(program)["DequantizeLinear"] == 2  # no target: the portable form
+    assert isinstance(program.verification.accuracy, AccuracyCost) and "quantize" in program.timings
+    reference = _dequantized_copy(model, WeightQuantization(bits=4, block_size=16, target="portable"))
+    saved = program.with_model(ir.load(path), session_options=_exact_session_options())
+    with torch.no_grad():
+        assert_close(saved(x), reference(x))
+    onnxruntime_form = dynexport.export(model, (x,), target="onnxruntime", quantize_weights={"bits": 8})
+    assert op_histogram(onnxruntime_form)["MatMulNBits"] == 3
+    explicit = dynexport.export(model, (x,), quantize_weights=WeightQuantization(bits=8))
+    assert op_histogram(explicit)["MatMulNBits"] == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "message"),
+    [
+        (4, TypeError, "quantize_weights must be a dynexport.WeightQuantization or a dict of its fields"),
+        ({"bits": 2}, ValueError, "bits=2 is not supported"),
+    ],
+)
+def test_export_refuses_bad_quantize_weights_before_any_work(spec, error, message):
+    def never_called(x):
+        raise AssertionError("the model ran before the options were checked")
+
+    with pytest.raises(error, match=message):
+        dynexport.export(never_called, (torch.randn(2),), quantize_weights=spec)
