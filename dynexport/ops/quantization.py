@@ -4,8 +4,8 @@ QuantizeLinear/DequantizeLinear, the pattern quantization-aware runtimes recogni
 PyTorch multiplies by ``1 / scale`` where QuantizeLinear divides by ``scale``; both round half to
 even, so the two agree except where that one-ulp difference crosses a rounding tie. A
 ``[quant_min, quant_max]`` narrower than the storage type is a Clip after QuantizeLinear (PyTorch
-clamps the same rounded value). 16-bit storage exists in QuantizeLinear/DequantizeLinear from
-opset 21; before it those ops decline.
+clamps the same rounded value). Per-axis parameters exist from opset 13, 16-bit storage from
+opset 21: below it a 16-bit quantization is a TranslationError that says so.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 import torch.ao.quantization.fx._decomposed  # defines torch.ops.quantized_decomposed
 
 from dynexport.dtypes import to_onnx_dtype
+from dynexport.errors import TranslationError, source_line
 from dynexport.ops._helpers import argument, cast, normalize_dim, rank, scalar
 from dynexport.registry import translates
 
@@ -32,17 +33,29 @@ _SIXTEEN_BIT = frozenset({ir.DataType.UINT16, ir.DataType.INT16})
 _SIXTEEN_BIT_OPSET = 21
 
 
-def _storage(quant_min: int, quant_max: int, sixteen_bit: bool) -> ir.DataType | None:
+def _storage(quant_min: int, quant_max: int) -> ir.DataType | None:
     """The narrowest QuantizeLinear output type that holds ``[quant_min, quant_max]``."""
     for dtype, (low, high) in _RANGES.items():
-        if low <= quant_min and quant_max <= high and (sixteen_bit or dtype not in _SIXTEEN_BIT):
+        if low <= quant_min and quant_max <= high:
             return dtype
     return None
+
+
+def _check_opset(ctx, dtype: ir.DataType) -> None:
+    if dtype in _SIXTEEN_BIT and ctx.opset < _SIXTEEN_BIT_OPSET:
+        raise TranslationError(
+            str(ctx.node.target),
+            source_line(ctx.node),
+            f"{dtype.name.lower()} quantization needs QuantizeLinear/DequantizeLinear of opset "
+            f"{_SIXTEEN_BIT_OPSET} or later; the model is exported at opset {ctx.opset}",
+            f"export with opset_version={_SIXTEEN_BIT_OPSET} or later, or quantize to 8 bits",
+        )
 
 
 def _quantize(ctx, x, scale, zero_point, quant_min: int, quant_max: int, dtype: ir.DataType, axis=None):
     """QuantizeLinear of ``x`` (computed in float32, as PyTorch does) into ``dtype``, clipped to
     ``[quant_min, quant_max]``; ``axis`` (normalized) for per-channel parameters."""
+    _check_opset(ctx, dtype)
     attributes = {} if axis is None else {"axis": axis}
     scale, zero_point = _parameter(ctx, scale, _FLOAT, axis), _parameter(ctx, zero_point, dtype, axis)
     q = ctx.op.QuantizeLinear(cast(ctx, x, _FLOAT), scale, zero_point, **attributes)
@@ -54,6 +67,7 @@ def _quantize(ctx, x, scale, zero_point, quant_min: int, quant_max: int, dtype: 
 def _dequantize(ctx, q, scale, zero_point, dtype: ir.DataType, axis=None):
     """DequantizeLinear of ``q`` in float32, cast to ``dtype``: PyTorch's half-precision
     dequantization rounds the same float32 product."""
+    _check_opset(ctx, q.dtype)
     attributes = {} if axis is None else {"axis": axis}
     zero_points = [] if zero_point is None else [_parameter(ctx, zero_point, q.dtype, axis)]
     dequantized = ctx.op.DequantizeLinear(q, _parameter(ctx, scale, _FLOAT, axis), *zero_points, **attributes)
@@ -76,22 +90,16 @@ def _storable(node: torch.fx.Node) -> bool:
     return to_onnx_dtype(argument(node, "dtype")) in _RANGES
 
 
-def _storable_in_8_bits(node: torch.fx.Node) -> bool:
-    return _storable(node) and to_onnx_dtype(argument(node, "dtype")) not in _SIXTEEN_BIT
-
-
 _QUANTIZE = (quantized_decomposed.quantize_per_tensor.default, quantized_decomposed.quantize_per_tensor.tensor)
 _DEQUANTIZE = (quantized_decomposed.dequantize_per_tensor.default, quantized_decomposed.dequantize_per_tensor.tensor)
 
 
-@translates(*_QUANTIZE, checker=_storable, min_opset=_SIXTEEN_BIT_OPSET)
-@translates(*_QUANTIZE, checker=_storable_in_8_bits)
+@translates(*_QUANTIZE, checker=_storable)
 def quantize_per_tensor(ctx, input, scale, zero_point, quant_min, quant_max, dtype):
     return _quantize(ctx, input, scale, zero_point, quant_min, quant_max, ctx.out_dtype)
 
 
-@translates(quantized_decomposed.quantize_per_channel.default, checker=_storable, min_opset=_SIXTEEN_BIT_OPSET)
-@translates(quantized_decomposed.quantize_per_channel.default, checker=_storable_in_8_bits)
+@translates(quantized_decomposed.quantize_per_channel.default, checker=_storable)
 def quantize_per_channel(ctx, input, scales, zero_points, axis, quant_min, quant_max, dtype):
     axis = normalize_dim(axis, rank(input))
     return _quantize(ctx, input, scales, zero_points, quant_min, quant_max, ctx.out_dtype, axis)
@@ -101,18 +109,12 @@ def _dequantizable(node: torch.fx.Node) -> bool:
     return argument(node, "dtype") is torch.int32 or _storable(node)
 
 
-def _dequantizable_before_16_bits(node: torch.fx.Node) -> bool:
-    return argument(node, "dtype") is torch.int32 or _storable_in_8_bits(node)
-
-
-@translates(*_DEQUANTIZE, checker=_dequantizable, min_opset=_SIXTEEN_BIT_OPSET)
-@translates(*_DEQUANTIZE, checker=_dequantizable_before_16_bits)
+@translates(*_DEQUANTIZE, checker=_dequantizable)
 def dequantize_per_tensor(ctx, input, scale, zero_point, quant_min, quant_max, dtype, *, out_dtype=None):
     return _dequantize(ctx, input, scale, zero_point, ctx.out_dtype)
 
 
-@translates(quantized_decomposed.dequantize_per_channel.default, checker=_dequantizable, min_opset=_SIXTEEN_BIT_OPSET)
-@translates(quantized_decomposed.dequantize_per_channel.default, checker=_dequantizable_before_16_bits)
+@translates(quantized_decomposed.dequantize_per_channel.default, checker=_dequantizable)
 def dequantize_per_channel(ctx, input, scales, zero_points, axis, quant_min, quant_max, dtype, *, out_dtype=None):
     return _dequantize(ctx, input, scales, zero_points, ctx.out_dtype, normalize_dim(axis, rank(input)))
 
@@ -135,18 +137,15 @@ def choose_qparams(ctx, input, quant_min, quant_max, eps, dtype):
 # -- fake quantization ------------------------------------------------------------------------
 
 
-def _fake_quantizable(sixteen_bit: bool):
-    def checker(node: torch.fx.Node) -> bool:
-        zero_point = argument(node, "zero_point")
-        if isinstance(zero_point, torch.fx.Node) and zero_point.meta["val"].dtype.is_floating_point:
-            return False  # a fractional zero point shifts the grid off the integers
-        return _storage(argument(node, "quant_min"), argument(node, "quant_max"), sixteen_bit) is not None
-
-    return checker
+def _fake_quantizable(node: torch.fx.Node) -> bool:
+    zero_point = argument(node, "zero_point")
+    if isinstance(zero_point, torch.fx.Node) and zero_point.meta["val"].dtype.is_floating_point:
+        return False  # a fractional zero point shifts the grid off the integers
+    return _storage(argument(node, "quant_min"), argument(node, "quant_max")) is not None
 
 
 def _fake_quantize(ctx, self, scale, zero_point, quant_min: int, quant_max: int, axis=None):
-    storage = _storage(quant_min, quant_max, ctx.opset >= _SIXTEEN_BIT_OPSET)
+    storage = _storage(quant_min, quant_max)
     q = _quantize(ctx, self, scale, zero_point, quant_min, quant_max, storage, axis)
     return _dequantize(ctx, q, scale, zero_point, self.dtype, axis)
 
@@ -154,13 +153,11 @@ def _fake_quantize(ctx, self, scale, zero_point, quant_min: int, quant_max: int,
 _FAKE_PER_TENSOR = (aten.fake_quantize_per_tensor_affine.default, aten.fake_quantize_per_tensor_affine.tensor_qparams)
 
 
-@translates(*_FAKE_PER_TENSOR, checker=_fake_quantizable(True), min_opset=_SIXTEEN_BIT_OPSET)
-@translates(*_FAKE_PER_TENSOR, checker=_fake_quantizable(False))
+@translates(*_FAKE_PER_TENSOR, checker=_fake_quantizable)
 def fake_quantize_per_tensor_affine(ctx, self, scale, zero_point, quant_min, quant_max):
     return _fake_quantize(ctx, self, scale, zero_point, quant_min, quant_max)
 
 
-@translates(aten.fake_quantize_per_channel_affine.default, checker=_fake_quantizable(True), min_opset=_SIXTEEN_BIT_OPSET)
-@translates(aten.fake_quantize_per_channel_affine.default, checker=_fake_quantizable(False))
+@translates(aten.fake_quantize_per_channel_affine.default, checker=_fake_quantizable)
 def fake_quantize_per_channel_affine(ctx, self, scale, zero_point, axis, quant_min, quant_max):
     return _fake_quantize(ctx, self, scale, zero_point, quant_min, quant_max, normalize_dim(axis, rank(self)))

@@ -96,7 +96,7 @@ def test_sixteen_bit_fake_quantize_needs_opset_21():
 
     program = assert_batch_dynamic_equivalent(fn, _randn(3, 6) * 40, opset_version=21, **EXACT)
     _assert_qdq_only(program)
-    with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="fake_quantize_per_tensor_affine"):
+    with pytest.raises(dynexport.errors.TranslationError, match="fake_quantize_per_tensor_affine.*int16 quantization needs .* opset 21"):
         dynexport.export(fn, (_randn(3, 6),), opset_version=20)
 
 
@@ -157,12 +157,37 @@ def test_quantize_dequantize_per_channel(axis, with_zero_points):
     _assert_qdq_only(program)
 
 
-def test_sixteen_bit_quantize_is_declined_before_opset_21():
-    def fn(x):
-        return quantized_decomposed.quantize_per_tensor(x, 0.1, 0, -32768, 32767, torch.int16)
+@pytest.mark.parametrize("opset", [13, 20])
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint16])
+def test_sixteen_bit_quantization_is_refused_before_opset_21(dtype, opset):
+    low, high = (-32768, 32767) if dtype is torch.int16 else (0, 65535)
 
-    with pytest.raises(Exception, match="quantize_per_tensor"):
-        assert_batch_dynamic_equivalent(fn, _randn(2, 3), opset_version=20)
+    def quantize(x):
+        return quantized_decomposed.quantize_per_tensor(x, 0.1, 0, low, high, dtype)
+
+    def dequantize(q):
+        return quantized_decomposed.dequantize_per_channel(q, torch.tensor([0.1, 0.2, 0.3]), None, 1, low, high, dtype)
+
+    message = f"{dtype}".removeprefix("torch.") + f" quantization needs QuantizeLinear/DequantizeLinear of opset 21 .* at opset {opset}"
+    with pytest.raises(dynexport.errors.TranslationError, match=f"quantize_per_tensor.*{message}"):
+        dynexport.export(quantize, (_randn(2, 3),), opset_version=opset)
+    with pytest.raises(dynexport.errors.TranslationError, match=f"dequantize_per_channel.*{message}"):
+        dynexport.export(dequantize, (torch.ones(2, 3, dtype=dtype),), opset_version=opset)
+
+
+@pytest.mark.parametrize("opset", [13, 23])
+def test_per_channel_weights_at_opset_range_ends(opset):
+    weight = torch.tensor([[-128, 5, 127], [3, -7, 0]], dtype=torch.int8)
+    scales, zero_points = torch.tensor([0.01, 0.02]), torch.tensor([1, -2])
+
+    def fn(x):
+        w = quantized_decomposed.dequantize_per_channel(weight, scales, zero_points, 0, -128, 127, torch.int8)
+        y = torch.nn.functional.linear(x, w)
+        q = quantized_decomposed.quantize_per_tensor(y, 0.005, 10, 0, 255, torch.uint8)
+        return quantized_decomposed.dequantize_per_tensor(q, 0.005, 10, 0, 255, torch.uint8)
+
+    program = assert_batch_dynamic_equivalent(fn, _randn(4, 3), opset_version=opset, optimize=False, **EXACT)
+    assert op_histogram(program)["DequantizeLinear"] == 2
 
 
 def test_dynamic_quantization_with_choose_qparams():
