@@ -264,6 +264,36 @@ def test_tied_embedding_and_lm_head():
         assert quantized.verify().passed
 
 
+class EmbeddedMLP(torch.nn.Module):
+    """An embedding of odd width 33 (K = 33 for the first product, K = 7 < any block after)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.first, self.second = torch.nn.Embedding(9, 33), torch.nn.Linear(33, 7), torch.nn.Linear(7, 3)
+
+    def forward(self, ids):
+        return self.second(torch.relu(self.first(self.embedding(ids))))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_odd_sizes_and_float16(dtype):
+    model = EmbeddedMLP().to(dtype).eval()
+    ids = torch.randint(0, 9, (2, 5))
+    program = dynexport.export(model, (ids,), opset_version=21)
+    with pytest.warns(UserWarning, match="embedding table embedding.weight stays float: GatherBlockQuantized"):
+        quantized = program.quantize_weights(4, embedding=True)
+    assert op_histogram(quantized)["Gather"] == 1 and op_histogram(quantized)["MatMulNBits"] == 2
+    scales = next(n for n in quantized.model.graph if n.op_type == "MatMulNBits").inputs[2]
+    assert scales.dtype == (ir.DataType.FLOAT16 if dtype == torch.float16 else ir.DataType.FLOAT)
+    for options in (dict(bits=4, embedding=True), dict(bits=8, embedding=True, symmetric=False)):
+        for target in ("onnxruntime", "portable"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = program.quantize_weights(target=target, **options).verify(resized=[(torch.randint(0, 9, (2, 5)),)])
+            assert report.passed, report.summary()
+
+
 # -- options ----------------------------------------------------------------------------------
 
 

@@ -45,15 +45,21 @@ class AccuracyCost:
         top1_agreement: the fraction of those predictions that agree (None when 0 compared).
         max_abs_error: the largest absolute difference of the first output (for an LM, the max
             logit error).
+        reference_max_abs: the largest magnitude of the float model's first output, the scale
+            of that error.
     """
 
     calls: int
     predictions: int
     top1_agreement: float | None
     max_abs_error: float
+    reference_max_abs: float
 
     def __str__(self) -> str:
-        text = f"max abs error {self.max_abs_error:.4g} over {self.calls} seeded calls"
+        text = (
+            f"max abs error {self.max_abs_error:.4g} (float outputs up to {self.reference_max_abs:.4g}) "
+            f"over {self.calls} seeded calls"
+        )
         if self.top1_agreement is not None:
             agreed = round(self.top1_agreement * self.predictions)
             text = f"top-1 agreement {self.top1_agreement:.1%} ({agreed}/{self.predictions} positions), " + text
@@ -95,7 +101,7 @@ def accuracy_cost(
         calls: ``(args, kwargs)`` pairs, e.g. from :func:`seeded_calls`.
     """
     agreed = predictions = 0
-    max_abs_error = 0.0
+    max_abs_error = reference_max_abs = 0.0
     for args, kwargs in calls:
         with torch.no_grad():
             expected = _first_tensor(reference(*_cloned(args), **_cloned(dict(kwargs))))
@@ -103,11 +109,14 @@ def accuracy_cost(
         if actual.shape != expected.shape:
             raise ValueError(f"the quantized model's first output is {list(actual.shape)}, the float one's {list(expected.shape)}")
         error = (actual.double() - expected.double()).abs()
-        max_abs_error = max(max_abs_error, float(error.max()) if error.numel() else 0.0)
+        if error.numel():
+            max_abs_error = max(max_abs_error, float(error.max()))
+            reference_max_abs = max(reference_max_abs, float(expected.double().abs().max()))
         if expected.dtype.is_floating_point and expected.dim() >= 2 and expected.shape[-1] > 1:
             agreed += int((actual.argmax(-1) == expected.argmax(-1)).sum())
             predictions += expected[..., 0].numel()
-    return AccuracyCost(len(calls), predictions, agreed / predictions if predictions else None, max_abs_error)
+    top1_agreement = agreed / predictions if predictions else None
+    return AccuracyCost(len(calls), predictions, top1_agreement, max_abs_error, reference_max_abs)
 
 
 def _first_tensor(outputs: Any) -> torch.Tensor:

@@ -87,7 +87,7 @@ def quantize_model(model: ir.Model, config: WeightQuantization) -> int:
         )
     graph = model.graph
     products = [p for p in _weight_products(graph, config.target) if config.lm_head or not _is_output_projection(p)]
-    tables = list(_embedding_tables(graph)) if config.embedding else []
+    tables = [t for t in _embedding_tables(graph) if _table_fits(t, config)] if config.embedding else []
     if not products and not tables:
         raise ValueError(
             "the model has no weight to quantize: no MatMul or Gemm multiplies an activation by a constant "
@@ -165,6 +165,21 @@ def _embedding_tables(graph: ir.Graph):
         if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and _int_attribute(node, "axis", 0) == 0:
             if _constant_matrix(node.inputs[0]):
                 yield node
+
+
+def _table_fits(gather: ir.Node, config: WeightQuantization) -> bool:
+    """GatherBlockQuantized stores two 4-bit codes per byte of a row: an odd row length stays
+    float, with a warning."""
+    table = gather.inputs[0]
+    if config.target == "onnxruntime" and config.bits == 4 and table.const_value.shape[1] % 2:
+        warnings.warn(
+            f"the embedding table {table.name} stays float: GatherBlockQuantized packs two 4-bit codes per "
+            f"byte and its rows hold an odd number ({table.const_value.shape[1]}) of values; use bits=8 or "
+            "target='portable' to quantize it",
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 class _Rewriter:
