@@ -42,6 +42,7 @@ from dynexport.passes.onnx.fuse_pad import fuse_pad
 from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
 from dynexport.passes.onnx.fuse_multi_head_attention import fuse_multi_head_attention
 from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
+from dynexport.passes.onnx.fuse_skip_layer_norm import fuse_skip_layer_norm
 from dynexport.passes.onnx.full_rank_resize import full_rank_resize
 from dynexport.passes.onnx.lift_constants import lift_constants
 from dynexport.passes.onnx.naming import make_names_unique
@@ -52,11 +53,14 @@ __all__ = ["make_names_unique", "optimize_model", "remove_dead_code"]
 
 _MAX_ROUNDS = 4
 # Fusions whose result depends on the opset: each emits only ops that exist at it, in its form.
-_OPSET_DEPENDENT_FUSIONS = (fuse_layer_norm, fuse_instance_norm, fuse_gelu, fuse_rms_norm, fuse_attention)
+_OPSET_DEPENDENT_FUSIONS = frozenset(
+    {fuse_layer_norm, fuse_instance_norm, fuse_gelu, fuse_rms_norm, fuse_attention, fuse_multi_head_attention}
+)
 # target="onnxruntime": fusions into com.microsoft operators, each kept because
 # benchmarks/graph_quality.py measures it faster in onnxruntime (docs/optimizer.md). They run
-# before the standard fusions, which would take some of the same patterns.
-_ONNXRUNTIME_FUSIONS = (fuse_multi_head_attention,)
+# last, on what the standard fusions leave (LayerNormalization made from its formula; at opset
+# 23 attention stays the standard Attention).
+_ONNXRUNTIME_FUSIONS = (fuse_multi_head_attention, fuse_skip_layer_norm)
 
 
 def optimize_model(
@@ -86,14 +90,19 @@ def optimize_model(
             break
     contrib = _ONNXRUNTIME_FUSIONS if target == "onnxruntime" else ()
     fusions = [
-        *(functools.partial(fuse, opset=opset) for fuse in contrib),
         fuse_gemm,
         *([fuse_conv_batchnorm] if fold_constants else []),
         *([fuse_clip] if clamps_as_clip else []),
         fuse_pad,
         full_rank_resize,
-        *(functools.partial(fuse, opset=opset) for fuse in _OPSET_DEPENDENT_FUSIONS),
+        fuse_layer_norm,
+        fuse_instance_norm,
+        fuse_gelu,
+        fuse_rms_norm,
+        fuse_attention,
+        *contrib,
     ]
+    fusions = [functools.partial(f, opset=opset) if f in _OPSET_DEPENDENT_FUSIONS else f for f in fusions]
     if sum(fuse(each) for each in graphs for fuse in fusions):
         _remove_dead_code(graphs)
         if fold_constants:

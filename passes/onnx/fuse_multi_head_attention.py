@@ -67,11 +67,13 @@ def _match(softmax: ir.Node):
     merged = _merged_heads(output.outputs[0])
     if None in (q, k, v, merged) or not heads == k_heads == v_heads or q.dtype != ir.DataType.FLOAT:
         return None
+    # Whisper and BART scale the query projection before splitting it into heads.
+    q, projection_scale = _scaled(q)
     if bias is not None and (bias.shape is None or len(bias.shape) != 4 or bias.shape[1] not in (1, heads)):
         return None
     if mask is not None and (mask.shape is None or len(mask.shape) != 4 or mask.shape[1] != 1):
         return None
-    return q, k, v, heads, q_scale * k_scale, mask, bias, merged
+    return q, k, v, heads, q_scale * k_scale * projection_scale, mask, bias, merged
 
 
 def _replace(graph, opset, q, k, v, heads, scale, mask, bias, merged) -> bool:

@@ -48,9 +48,17 @@ _MASKED = f"""g (float[B, S, 8] q, float[B, S, 8] k, float[B, S, 8] v, bool[B, 1
     {_MERGE}
 }}"""
 
+# Whisper's and BART's: the query projection scaled before its split into heads.
 _BIASED = f"""g (float[B, S, 8] q, float[B, S, 8] k, float[B, S, 8] v, float[B, 2, S, S] bias) => (float[B, S, 8] y)
-    <{_TYPES}> {{
-    {_HEADS}
+    <{_TYPES}, float[B, S, 8] qp> {{
+    qp = Mul(q, scale)
+    qh = Reshape(qp, split)
+    qt = Transpose<perm = [0, 2, 1, 3]>(qh)
+    kh = Reshape(k, split)
+    kt = Transpose<perm = [0, 2, 3, 1]>(kh)
+    vh = Reshape(v, split)
+    vt = Transpose<perm = [0, 2, 1, 3]>(vh)
+    s = MatMul(qt, kt)
     w = Add(s, bias)
     p = Softmax<axis = -1>(w)
     {_MERGE}
@@ -85,6 +93,7 @@ def test_masked_attention_between_projections_becomes_multi_head_attention():
 def test_additive_bias_attention_becomes_multi_head_attention():
     fused = _fused(_BIASED, **_projections(), bias=rng.standard_normal((2, 2, 5, 5)).astype(np.float32))
     assert ops(fused) == ["MultiHeadAttention"]
+    assert fused.graph.node(0).attributes["scale"].as_float() == 0.5
 
 
 class SelfAttention(nn.Module):
@@ -133,3 +142,29 @@ def test_export_keywords_choose_the_optimizers_forms():
         dynexport.export(clamped, (x,), target="tensorrt")
     with pytest.raises(TypeError, match="strict_clamps"):
         dynexport.export(clamped, (x,), strict_clamps="yes")
+
+
+# A pre-norm residual stream (ViT, Whisper): the sum is normalized and also feeds the next sum.
+_PRE_NORM = """g (float[B, S, 4] x, float[B, S, 4] h) => (float[B, S, 4] y, float[B, S, 4] z)
+    <float[4] gamma = {1.0, 2.0, 0.5, -1.0}, float[4] beta = {0.0, 1.0, 0.0, 1.0}, float[4] bias = {0.5, 0.0, -0.5, 1.0},
+    float[B, S, 4] biased, float[B, S, 4] total> {
+    biased = Add(h, bias)
+    total = Add(x, biased)
+    y = LayerNormalization<axis = -1, epsilon = 0.00001>(total, gamma, beta)
+    z = Add(total, h)
+}"""
+
+
+def test_residual_sum_and_layer_norm_become_skip_layer_normalization():
+    feeds = {name: rng.standard_normal((2, 3, 4)).astype(np.float32) for name in ("x", "h")}
+    before = run(model(_PRE_NORM, 20), **feeds)
+    fused = model(_PRE_NORM, 20)
+    optimize_model(fused, target="onnxruntime")
+    assert ops(fused) == ["SkipLayerNormalization", "Add"]
+    assert_same_results(before, run(fused, **feeds), rtol=1e-5, atol=1e-5)
+    (norm, _) = fused.graph
+    assert {norm.inputs[0].name, norm.inputs[1].name} == {"x", "h"}
+    assert [v.name for v in norm.inputs[2:]] == ["gamma", "beta", "bias"]
+    portable = model(_PRE_NORM, 20)
+    optimize_model(portable)
+    assert ops(portable) == ["Add", "Add", "LayerNormalization", "Add"]
