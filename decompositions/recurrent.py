@@ -162,6 +162,8 @@ def _packing(batches: _PackedBatches) -> Callable[..., Any]:
     def pack(input, lengths, batch_first):
         ctx = torch.library.get_ctx()
         total, steps = ctx.new_dynamic_size(), ctx.new_dynamic_size(min=1)
+        # No length exceeds the padded time (torch does not check it: it would read past the input).
+        torch._check(steps <= input.shape[1 if batch_first else 0])
         data = input.new_empty((total, *input.shape[2:]))
         batch_sizes = lengths.new_empty((steps,), dtype=torch.int64)
         batches.add(batch_sizes, input.shape[0 if batch_first else 1])

@@ -34,23 +34,46 @@ _GRU_GATES = (1, 0, 2)  # ONNX z, r, h from PyTorch r, z, n
 _RNN_GATES = (0,)
 
 
-def _unsupported_reason(node: torch.fx.Node) -> str | None:
-    """Why ONNX's recurrent ops cannot compute ``node``, or None when they can."""
+def _unsupported(node: torch.fx.Node) -> tuple[str, str] | None:
+    """Why ONNX's recurrent ops cannot compute ``node``, and the fix; None when they can."""
     states = argument(node, "hx")
     states = states if isinstance(states, (list, tuple)) else [states]
     if states[0].meta["val"].shape[-1] != states[-1].meta["val"].shape[-1]:
-        return "LSTM projections (proj_size > 0) have no ONNX counterpart"
+        return (
+            "ONNX LSTM has no projection (proj_size > 0)",
+            (
+                "a projection exports only with a static number of time steps, which torch's "
+                "decomposition unrolls: give the module a padded tensor, not a PackedSequence, and "
+                "its time dim as static"
+            ),
+        )
     if argument(node, "train") and argument(node, "dropout") > 0:
-        return "dropout between layers acts in training mode, and ONNX's recurrent ops have none"
+        return (
+            "ONNX's recurrent ops have no dropout between layers, which acts in training mode",
+            "export in eval mode (training=TrainingMode.EVAL, the default)",
+        )
     # ONNX takes the hidden size as an attribute, and the gate blocks are sliced at fixed rows.
     static = all(is_concrete_int(v.meta["val"].shape[0]) for v in argument(node, "params")) and is_concrete_int(
         states[0].meta["val"].shape[-1]
     )
-    return None if static else "the hidden size is symbolic, and ONNX takes it as an attribute"
+    if not static:
+        return "the hidden size is symbolic, and ONNX takes it as an attribute", "make the hidden size static"
+    return None
 
 
-def _inference_without_projection(node: torch.fx.Node) -> bool:
-    return _unsupported_reason(node) is None
+def _refuse_unsupported(ctx) -> None:
+    unsupported = _unsupported(ctx.node)
+    if unsupported is not None:
+        raise TranslationError(str(ctx.node.target), source_line(ctx.node), *unsupported)
+
+
+def _onnx_or_refused(node: torch.fx.Node) -> bool:
+    """Checker of the padded ops: ONNX's op computes ``node``, or the rule refuses it because its
+    number of steps is dynamic. Otherwise (static steps) it decomposes: torch's decomposition
+    unrolls the steps, a projection and dropout included."""
+    input = node.args[0].meta["val"]
+    steps = input.shape[1 if argument(node, "batch_first") else 0]
+    return _unsupported(node) is None or not is_concrete_int(steps)
 
 
 def _reordered(ctx, weight, gates: tuple[int, ...]):
@@ -133,12 +156,13 @@ def _time_major(ctx, x, batch_first: bool, rank: int = 3):
 
 
 def _padded_layers(ctx, op_name, input, states, params, has_biases, num_layers, bidirectional, batch_first, gates):
+    _refuse_unsupported(ctx)
     x = _time_major(ctx, input, batch_first)
     output, finals = _run_layers(ctx, op_name, x, states, params, has_biases, num_layers, bidirectional, gates)
     return _time_major(ctx, output, batch_first), finals
 
 
-@translates(aten.lstm.input, checker=_inference_without_projection)
+@translates(aten.lstm.input, checker=_onnx_or_refused)
 def lstm(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     output, (h_n, c_n) = _padded_layers(
         ctx, "LSTM", input, hx, params, has_biases, num_layers, bidirectional, batch_first, _LSTM_GATES
@@ -146,7 +170,7 @@ def lstm(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirec
     return output, h_n, c_n
 
 
-@translates(aten.gru.input, checker=_inference_without_projection)
+@translates(aten.gru.input, checker=_onnx_or_refused)
 def gru(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     output, (h_n,) = _padded_layers(
         ctx, "GRU", input, [hx], params, has_biases, num_layers, bidirectional, batch_first, _GRU_GATES
@@ -154,7 +178,7 @@ def gru(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirect
     return output, h_n
 
 
-@translates(aten.rnn_tanh.input, aten.rnn_relu.input, checker=_inference_without_projection)
+@translates(aten.rnn_tanh.input, aten.rnn_relu.input, checker=_onnx_or_refused)
 def rnn(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     output, (h_n,) = _padded_layers(
         ctx, "RNN", input, [hx], params, has_biases, num_layers, bidirectional, batch_first, _RNN_GATES
@@ -186,7 +210,8 @@ def _lengths(ctx, valid, dtype: ir.DataType):
 
 def _padded(ctx, data, valid, leading_shape, fill):
     """The packed ``data`` scattered into a (*leading_shape, *features) tensor of ``fill``s."""
-    shape = ctx.op.Concat(leading_shape, ctx.op.Shape(data, start=1), axis=0)
+    features = ctx.op.Slice(ctx.op.Shape(data), ints(ctx, [1]), ints(ctx, [len(data.shape)]))  # Shape's start: opset 15
+    shape = ctx.op.Concat(leading_shape, features, axis=0)
     return ctx.op.ScatterND(ctx.op.Expand(fill, shape), _positions(ctx, valid), data)
 
 
@@ -201,16 +226,8 @@ def _pack_padded_sequence(ctx, input, lengths, batch_first):
     return data, batch_sizes
 
 
-_UNSUPPORTED_HINT = (
-    "pass the padded tensor to the module instead of a PackedSequence (a projection or dropout "
-    "then unrolls the time steps, static in number), or export the model in eval mode"
-)
-
-
 def _packed_layers(ctx, op_name, data, batch_sizes, states, params, has_biases, num_layers, bidirectional, gates):
-    reason = _unsupported_reason(ctx.node)
-    if reason is not None:
-        raise TranslationError(str(ctx.node.target), source_line(ctx.node), reason, _UNSUPPORTED_HINT)
+    _refuse_unsupported(ctx)
     valid = _valid_steps(ctx, batch_sizes)
     x = _padded(ctx, data, valid, ctx.op.Shape(valid), ctx.constant(0, data.dtype))
     sequence_lens = _lengths(ctx, valid, ir.DataType.INT32)

@@ -1,4 +1,5 @@
-"""aten.lstm / aten.gru as ONNX LSTM and GRU nodes, checked against eager PyTorch."""
+"""aten.lstm / gru / rnn_tanh / rnn_relu as ONNX LSTM, GRU and RNN nodes, on padded and packed
+sequences, checked against eager PyTorch."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+import dynexport
+from dynexport.errors import TranslationError
 from tests.equivalence import assert_exports_equivalent, op_histogram
 
 Dim = torch.export.Dim
@@ -30,9 +33,12 @@ def _dims(module: nn.Module, *, steps: bool) -> dict:
         nn.GRU(4, 8),
         nn.GRU(4, 8, num_layers=2, bidirectional=True, batch_first=True),
         nn.GRU(4, 8, num_layers=3, bias=False),
+        nn.RNN(4, 8),
+        nn.RNN(4, 8, num_layers=2, bidirectional=True, batch_first=True, nonlinearity="relu"),
+        nn.RNN(4, 8, bias=False, nonlinearity="relu"),
     ],
     ids=["lstm", "lstm_2layer_bidirectional_batch_first", "lstm_no_bias", "gru", "gru_2layer_bidirectional_batch_first",
-         "gru_3layer_no_bias"],
+         "gru_3layer_no_bias", "rnn_tanh", "rnn_relu_2layer_bidirectional_batch_first", "rnn_relu_no_bias"],
 )
 def test_one_onnx_node_per_layer_with_dynamic_steps(module):
     torch.manual_seed(0)
@@ -64,6 +70,13 @@ def test_lstm_with_projection_decomposes():
     program = assert_exports_equivalent(module, (torch.randn(5, 2, 4),), dynamic_shapes=({1: Dim("batch")},),
                                         resized=[(torch.randn(5, 3, 4),)])
     assert "LSTM" not in op_histogram(program)
+
+
+def test_lstm_with_projection_and_dynamic_steps_is_refused():
+    # torch's decomposition would unroll the steps of the example, fixing them.
+    module = nn.LSTM(4, 8, proj_size=3).eval()
+    with pytest.raises(TranslationError, match=r"ONNX LSTM has no projection \(proj_size > 0\)"):
+        dynexport.export(module, (torch.randn(5, 2, 4),), dynamic_shapes=({0: Dim("steps")},))
 
 
 def test_capture_keeps_steps_dynamic():
