@@ -42,7 +42,6 @@ from dynexport.passes.onnx.fuse_pad import fuse_pad
 from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
 from dynexport.passes.onnx.fuse_multi_head_attention import fuse_multi_head_attention
 from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
-from dynexport.passes.onnx.fuse_skip_layer_norm import fuse_skip_layer_norm
 from dynexport.passes.onnx.full_rank_resize import full_rank_resize
 from dynexport.passes.onnx.lift_constants import lift_constants
 from dynexport.passes.onnx.naming import make_names_unique
@@ -60,7 +59,7 @@ _OPSET_DEPENDENT_FUSIONS = frozenset(
 # benchmarks/graph_quality.py measures it faster in onnxruntime (docs/optimizer.md). They run
 # last, on what the standard fusions leave (LayerNormalization made from its formula; at opset
 # 23 attention stays the standard Attention).
-_ONNXRUNTIME_FUSIONS = (fuse_multi_head_attention, fuse_skip_layer_norm)
+_ONNXRUNTIME_FUSIONS = (fuse_multi_head_attention,)
 
 
 def optimize_model(

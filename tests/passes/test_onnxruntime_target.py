@@ -143,28 +143,3 @@ def test_export_keywords_choose_the_optimizers_forms():
     with pytest.raises(TypeError, match="strict_clamps"):
         dynexport.export(clamped, (x,), strict_clamps="yes")
 
-
-# A pre-norm residual stream (ViT, Whisper): the sum is normalized and also feeds the next sum.
-_PRE_NORM = """g (float[B, S, 4] x, float[B, S, 4] h) => (float[B, S, 4] y, float[B, S, 4] z)
-    <float[4] gamma = {1.0, 2.0, 0.5, -1.0}, float[4] beta = {0.0, 1.0, 0.0, 1.0}, float[4] bias = {0.5, 0.0, -0.5, 1.0},
-    float[B, S, 4] biased, float[B, S, 4] total> {
-    biased = Add(h, bias)
-    total = Add(x, biased)
-    y = LayerNormalization<axis = -1, epsilon = 0.00001>(total, gamma, beta)
-    z = Add(total, h)
-}"""
-
-
-def test_residual_sum_and_layer_norm_become_skip_layer_normalization():
-    feeds = {name: rng.standard_normal((2, 3, 4)).astype(np.float32) for name in ("x", "h")}
-    before = run(model(_PRE_NORM, 20), **feeds)
-    fused = model(_PRE_NORM, 20)
-    optimize_model(fused, target="onnxruntime")
-    assert ops(fused) == ["SkipLayerNormalization", "Add"]
-    assert_same_results(before, run(fused, **feeds), rtol=1e-5, atol=1e-5)
-    (norm, _) = fused.graph
-    assert {norm.inputs[0].name, norm.inputs[1].name} == {"x", "h"}
-    assert [v.name for v in norm.inputs[2:]] == ["gamma", "beta", "bias"]
-    portable = model(_PRE_NORM, 20)
-    optimize_model(portable)
-    assert ops(portable) == ["Add", "Add", "LayerNormalization", "Add"]
