@@ -234,6 +234,10 @@ def test_embedding_forms(llama):
     assert attributes == {"gather_axis": 0, "quantize_axis": 1, "block_size": 16, "bits": 4}
     assert _initializer(onnxruntime_form, gather.inputs[0]).shape == (96, 16)  # [V, H * 4 / 8]
     assert _initializer(onnxruntime_form, gather.inputs[2]).shape == (96, 2)
+    # Stored weights are named after the parameters, also those the optimizer had transposed.
+    names = set(onnxruntime_form.model.graph.initializers)
+    assert {"model.embed_tokens.weight.gbq.quantized", "model.layers.0.self_attn.q_proj.weight.nbits.quantized",
+            "lm_head.weight.nbits.scales"} <= names
     portable = program.quantize_weights(4, embedding=True, target="portable")
     table = next(n for n in portable.model.graph if n.op_type == "Gather").inputs[0].producer()
     assert table.op_type == "DequantizeLinear" and table.inputs[0].shape == [96, 32]

@@ -207,11 +207,14 @@ class _Rewriter:
             )
         return self.quantized[key]
 
-    def initializers(self, value: ir.Value, transposed: bool, form: str, arrays) -> tuple[ir.Value | None, ...]:
+    def initializers(self, value: ir.Value, transposed: bool, form: str, arrays, reader: ir.Node) -> tuple[ir.Value | None, ...]:
+        """The stored form of a weight as initializers ``<weight>.<form>.quantized``, ``.scales``
+        and ``.zero_points`` (None when symmetric), made once."""
         key = (value.name, transposed, form)
         if key not in self.stored:
+            name = _weight_name(value, reader)
             self.stored[key] = tuple(
-                None if array is None else add_initializer(self.graph, array, f"{value.name}.{form}.{part}")
+                None if array is None else add_initializer(self.graph, array, f"{name}.{form}.{part}")
                 for part, array in zip(("quantized", "scales", "zero_points"), arrays(self.weight(value, transposed)))
             )
         return self.stored[key]
@@ -222,7 +225,7 @@ class _Rewriter:
         dtype = product.weight.dtype
         if self.config.target == "onnxruntime":
             arrays = lambda q: matmul_nbits_arrays(q, dtype)  # noqa: E731
-            weight, scales, zero_points = self.initializers(product.weight, product.transposed, "nbits", arrays)
+            weight, scales, zero_points = self.initializers(product.weight, product.transposed, "nbits", arrays, product.node)
             n, k = self.weight(product.weight, product.transposed).values.shape
             bias = product.bias if _is_vector(product.bias, n) else None
             attributes = dict(K=k, N=n, bits=self.config.bits, block_size=self.config.block_size)
@@ -249,7 +252,7 @@ class _Rewriter:
         dtype = table.dtype
         if self.config.target == "onnxruntime":
             arrays = lambda q: gather_block_quantized_arrays(q, dtype)  # noqa: E731
-            data, scales, zero_points = self.initializers(table, True, "gbq", arrays)
+            data, scales, zero_points = self.initializers(table, True, "gbq", arrays, gather)
             attributes = dict(gather_axis=0, quantize_axis=1, block_size=self.config.block_size, bits=self.config.bits)
             inputs = [data, indices, scales] + ([zero_points] if zero_points is not None else [])
             nodes = [ir.Node(MS_DOMAIN, "GatherBlockQuantized", inputs, _attributes(attributes))]
@@ -267,7 +270,7 @@ class _Rewriter:
         the other axis; cast when its scales cannot have the weight's type."""
         key = (value.name, transposed, form)
         if key not in self.dequantized:
-            weight, scales, zero_points = self.initializers(value, transposed, form, arrays)
+            weight, scales, zero_points = self.initializers(value, transposed, form, arrays, before)
             inputs = [weight, scales] + ([zero_points] if zero_points is not None else [])
             attributes = dict(axis=axis, block_size=self.config.block_size) if self.blocked else dict(axis=1 - axis)
             nodes = [ir.Node("", "DequantizeLinear", inputs, _attributes(attributes))]
@@ -288,6 +291,15 @@ class _Rewriter:
         if not insert_replacement(self.graph, old, nodes[-1], old.outputs[0]):
             raise AssertionError(f"could not replace {old.op_type} node {old.name}")
         self.graph.remove(old, safe=True)
+
+
+def _weight_name(value: ir.Value, reader: ir.Node) -> str:
+    """The weight's parameter path: its initializer's name, or, for a weight the optimizer
+    folded (a transposed copy), ``<module>.weight`` of the module reading it."""
+    module = reader.metadata_props.get("pkg.dynexport.module")
+    if value.name.endswith("weight") or not module:
+        return value.name
+    return f"{module}.weight"
 
 
 def _is_vector(value: ir.Value | None, length: int) -> bool:
