@@ -130,7 +130,9 @@ class ConvNet(nn.Module):
 @pytest.mark.parametrize("opset", [14, 17, 23])  # HardSwish exists from opset 14
 def test_eager_quantized_convnet(opset):
     model = _quantized(fuse_modules(Quantized(ConvNet()).eval(), [["body.conv", "body.relu"]]), _randn(2, 3, 8, 8))
-    program = assert_quantized_export(model, _randn(2, 3, 8, 8), step=_output_scale(model), fused_steps=2, opset_version=opset)
+    program = assert_quantized_export(
+        model, _randn(2, 3, 8, 8), step=_output_scale(model), fused_steps=2, opset_version=opset
+    )
     histogram = op_histogram(program)
     assert histogram["DequantizeLinear"] > histogram["QuantizeLinear"] >= 5  # int8 weights behind DequantizeLinear
     int8 = {name for name, value in program.model.graph.initializers.items() if value.dtype.name == "INT8"}
@@ -355,7 +357,9 @@ def test_unknown_function_on_quantized_tensor_is_refused_with_its_name():
 def test_quantized_module_without_float_form_is_refused_and_model_left_unchanged():
     model = _quantized(Quantized(nn.Sequential(nn.Linear(4, 4))), _randn(2, 4))
     model.body.append(nnq.Embedding(10, 4))
-    with pytest.raises(dynexport.errors.CaptureError, match=r"EmbeddingPackedParams \(torch.ao.nn.quantized.* has no float form"):
+    with pytest.raises(
+        dynexport.errors.CaptureError, match=r"EmbeddingPackedParams \(torch.ao.nn.quantized.* has no float form"
+    ):
         dynexport.export(model, (_randn(2, 4),))
     assert [type(m).__name__ for m in model.body] == ["Linear", "Embedding"]
     assert type(model.body[0]).__module__.startswith("torch.ao.nn.quantized")

@@ -130,7 +130,9 @@ def choose_qparams(ctx, input, quant_min, quant_max, eps, dtype):
     scale = ctx.op.Max(cast(ctx, scale, _FLOAT), ctx.constant([eps], _FLOAT))
     offset = cast(ctx, ctx.op.Round(ctx.op.Div(cast(ctx, low, _FLOAT), scale)), ir.DataType.INT32)
     zero_point = ctx.op.Sub(ctx.constant(quant_min, ir.DataType.INT32), offset)
-    zero_point = ctx.op.Max(ctx.op.Min(zero_point, ctx.constant(quant_max, ir.DataType.INT32)), ctx.constant(quant_min, ir.DataType.INT32))
+    zero_point = ctx.op.Max(
+        ctx.op.Min(zero_point, ctx.constant(quant_max, ir.DataType.INT32)), ctx.constant(quant_min, ir.DataType.INT32)
+    )
     return cast(ctx, scale, ir.DataType.DOUBLE), cast(ctx, zero_point, ir.DataType.INT64)
 
 

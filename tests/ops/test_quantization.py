@@ -71,7 +71,11 @@ def test_fake_quantize_per_tensor_tensor_qparams():
     scale, zero_point = torch.tensor(0.02), torch.tensor(-3, dtype=torch.int32)
     program = assert_batch_dynamic_equivalent(
         lambda x, s, z: torch.fake_quantize_per_tensor_affine(x, s, z, -128, 127),
-        _randn(4, 5), scale, zero_point, batched=[True, False, False], **EXACT,
+        _randn(4, 5),
+        scale,
+        zero_point,
+        batched=[True, False, False],
+        **EXACT,
     )
     _assert_qdq_only(program)
 
@@ -96,7 +100,9 @@ def test_sixteen_bit_fake_quantize_needs_opset_21():
 
     program = assert_batch_dynamic_equivalent(fn, _randn(3, 6) * 40, opset_version=21, **EXACT)
     _assert_qdq_only(program)
-    with pytest.raises(dynexport.errors.TranslationError, match="fake_quantize_per_tensor_affine.*int16 quantization needs .* opset 21"):
+    with pytest.raises(
+        dynexport.errors.TranslationError, match="fake_quantize_per_tensor_affine.*int16 quantization needs .* opset 21"
+    ):
         dynexport.export(fn, (_randn(3, 6),), opset_version=20)
 
 
@@ -113,8 +119,14 @@ def test_fractional_zero_point_is_declined():
 
 @pytest.mark.parametrize(
     "dtype, quant_min, quant_max, opset",
-    [(torch.int8, -128, 127, 20), (torch.uint8, 0, 255, 18), (torch.int8, -127, 127, 20),
-     (torch.uint8, 0, 15, 23), (torch.int16, -32768, 32767, 21), (torch.uint16, 0, 65535, 23)],
+    [
+        (torch.int8, -128, 127, 20),
+        (torch.uint8, 0, 255, 18),
+        (torch.int8, -127, 127, 20),
+        (torch.uint8, 0, 15, 23),
+        (torch.int16, -32768, 32767, 21),
+        (torch.uint16, 0, 65535, 23),
+    ],
     ids=["int8", "uint8", "int8_symmetric", "uint4_in_uint8", "int16", "uint16"],
 )
 def test_quantize_dequantize_per_tensor(dtype, quant_min, quant_max, opset):
@@ -137,7 +149,9 @@ def test_quantize_dequantize_per_tensor_tensor_overloads(out_dtype):
         q = quantized_decomposed.quantize_per_tensor.tensor(x, s, z, -128, 127, torch.int8)
         return quantized_decomposed.dequantize_per_tensor.tensor(q, s, z, -128, 127, torch.int8, out_dtype=out_dtype)
 
-    program = assert_batch_dynamic_equivalent(fn, _randn(5, 4), scale, zero_point, batched=[True, False, False], **EXACT)
+    program = assert_batch_dynamic_equivalent(
+        fn, _randn(5, 4), scale, zero_point, batched=[True, False, False], **EXACT
+    )
     _assert_qdq_only(program)
 
 
@@ -146,7 +160,9 @@ def test_quantize_dequantize_per_tensor_tensor_overloads(out_dtype):
 def test_quantize_dequantize_per_channel(axis, with_zero_points):
     x = _randn(6, 3) * 2
     scales = torch.tensor([0.02, 0.03, 0.05, 0.01, 0.04, 0.06])[: x.shape[axis]]
-    zero_points = torch.arange(x.shape[axis]) * 10 if with_zero_points else torch.zeros(x.shape[axis], dtype=torch.int64)
+    zero_points = (
+        torch.arange(x.shape[axis]) * 10 if with_zero_points else torch.zeros(x.shape[axis], dtype=torch.int64)
+    )
 
     def fn(x):
         q = quantized_decomposed.quantize_per_channel(x, scales, zero_points, axis, 0, 255, torch.uint8)
@@ -168,7 +184,10 @@ def test_sixteen_bit_quantization_is_refused_before_opset_21(dtype, opset):
     def dequantize(q):
         return quantized_decomposed.dequantize_per_channel(q, torch.tensor([0.1, 0.2, 0.3]), None, 1, low, high, dtype)
 
-    message = f"{dtype}".removeprefix("torch.") + f" quantization needs QuantizeLinear/DequantizeLinear of opset 21 .* at opset {opset}"
+    message = (
+        f"{dtype}".removeprefix("torch.")
+        + f" quantization needs QuantizeLinear/DequantizeLinear of opset 21 .* at opset {opset}"
+    )
     with pytest.raises(dynexport.errors.TranslationError, match=f"quantize_per_tensor.*{message}"):
         dynexport.export(quantize, (_randn(2, 3),), opset_version=opset)
     with pytest.raises(dynexport.errors.TranslationError, match=f"dequantize_per_channel.*{message}"):
@@ -194,7 +213,11 @@ def test_dynamic_quantization_with_choose_qparams():
     def fn(x):
         scale, zero_point = quantized_decomposed.choose_qparams.tensor(x, 0, 255, 1e-5, torch.uint8)
         q = quantized_decomposed.quantize_per_tensor.tensor(x, scale, zero_point, 0, 255, torch.uint8)
-        return scale, zero_point, quantized_decomposed.dequantize_per_tensor.tensor(q, scale, zero_point, 0, 255, torch.uint8)
+        return (
+            scale,
+            zero_point,
+            quantized_decomposed.dequantize_per_tensor.tensor(q, scale, zero_point, 0, 255, torch.uint8),
+        )
 
     x = _randn(4, 6) + 0.5
     program = assert_batch_dynamic_equivalent(fn, x, **EXACT)
