@@ -33,7 +33,7 @@ import torch
 from dynexport.errors import source_line
 from dynexport.onnxscript_hooks import HookedGraphBuilder
 
-__all__ = ["ModelBuilder", "OnnxScriptError", "module_calls", "origin_metadata"]
+__all__ = ["ModelBuilder", "OnnxScriptError", "OperatorNotInOpset", "module_calls", "origin_metadata"]
 
 _BOOL_RESULT = frozenset(
     {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
@@ -152,6 +152,13 @@ def _schema(op_type: str, domain: str, version: int) -> onnx.defs.OpSchema | Non
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def _first_version(op_type: str) -> int | None:
+    """The opset the default-domain op ``op_type`` first appears in (None: it never does)."""
+    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and s.domain == ""]
+    return min(versions, default=None)
+
+
 class OnnxScriptError(ValueError):
     """An onnxscript op or function that a rule calls cannot be written into the model."""
 
@@ -159,6 +166,18 @@ class OnnxScriptError(ValueError):
         super().__init__(reason)
         self.reason = reason
         self.hint = hint
+
+
+class OperatorNotInOpset(OnnxScriptError):
+    """A rule wrote the default-domain op ``op_type``, which ONNX defines only from opset
+    ``since``, into a model of opset ``opset``."""
+
+    def __init__(self, op_type: str, opset: int, since: int):
+        super().__init__(
+            f"ONNX {op_type} exists from opset {since}; the model is opset {opset}",
+            f"export with opset_version={since} (or later)",
+        )
+        self.op_type, self.opset, self.since = op_type, opset, since
 
 
 # Ops whose meaning changed between opsets 18 and 23, not only their types or optional
@@ -389,7 +408,14 @@ class ModelBuilder(HookedGraphBuilder):
         return written_for
 
     def schema(self, op_type: str, domain: str, version: int | None) -> onnx.defs.OpSchema | None:
-        return None if version is None else _schema(op_type, domain, version)
+        if version is None:
+            return None
+        schema = _schema(op_type, domain, version)
+        if schema is None and domain == "":
+            since = _first_version(op_type)
+            if since is not None and since > version:
+                raise OperatorNotInOpset(op_type, version, since)
+        return schema
 
     def node_inputs(self, inputs: list[ir.Value | None]) -> list[ir.Value | None]:
         # A trailing absent optional input is left out, not written as an empty name (some

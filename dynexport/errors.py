@@ -16,6 +16,7 @@ __all__ = [
     "CaptureError",
     "DimSpecializedError",
     "ExportError",
+    "OpsetTooLowError",
     "TorchScriptConversionError",
     "TranslationError",
     "UnsupportedOperatorError",
@@ -104,11 +105,15 @@ def _raising_frame(error: BaseException) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class UnsupportedUse:
-    """One operator the translation table cannot express, with where the model uses it."""
+    """One operator the translation table cannot express, with where the model uses it;
+    ``min_opset`` is the lowest ONNX opset that expresses it, where a later one than the
+    export's does (``why`` says what it needs from that opset, if known)."""
 
     target: str
     count: int
     source: str | None
+    min_opset: int | None = None
+    why: str | None = None
 
 
 class UnsupportedOperatorError(ExportError):
@@ -118,8 +123,9 @@ class UnsupportedOperatorError(ExportError):
         self.uses = list(uses)
         lines = [f"{len(self.uses)} operator(s) in the model have no ONNX translation:"]
         for use in self.uses:
+            later = f": translated from opset {use.min_opset}" if use.min_opset else ""
             where = f"\n      first used at {use.source}" if use.source else ""
-            lines.append(f"  - {use.target} (used {use.count}x){where}")
+            lines.append(f"  - {use.target} (used {use.count}x){later}{where}")
         lines.append(
             "Hint: pass custom_translation_table={op: onnxscript_function} to export, or "
             "rewrite that part of the model with supported operators."
@@ -129,6 +135,23 @@ class UnsupportedOperatorError(ExportError):
     @property
     def targets(self) -> list[str]:
         return [use.target for use in self.uses]
+
+
+class OpsetTooLowError(UnsupportedOperatorError):
+    """The graph holds operators that ONNX expresses only from a later opset than the export's
+    ``opset``: each use's ``min_opset`` is the lowest that has it."""
+
+    def __init__(self, uses: Sequence[UnsupportedUse], opset: int):
+        self.uses = list(uses)
+        self.opset = opset
+        self.min_opset = max(use.min_opset for use in self.uses)
+        lines = [f"{len(self.uses)} operator(s) in the model have no ONNX translation at opset {opset}:"]
+        for use in self.uses:
+            why = f" ({use.why})" if use.why else ""
+            where = f"\n      first used at {use.source}" if use.source else ""
+            lines.append(f"  - {use.target} (used {use.count}x): from opset {use.min_opset}{why}{where}")
+        lines.append(f"Hint: export with opset_version={self.min_opset} (or later).")
+        ExportError.__init__(self, "\n".join(lines))
 
 
 class TranslationError(ExportError):

@@ -175,6 +175,20 @@ class TranslationTable:
             return rule
         return self._parent.lookup(target, node, opset) if self._parent is not None else None
 
+    def lowest_opset(self, target: Any, node: torch.fx.Node | None) -> int | None:
+        """The lowest opset at which a rule for ``target`` accepts ``node``, or None."""
+        if target in self._user_rules:
+            return 1
+        opsets = [
+            rule.min_opset
+            for rule in self._rules.get(target, ())
+            if rule.checker is None or node is None or rule.checker(node)
+        ]
+        if self._parent is not None:
+            opsets.append(self._parent.lowest_opset(target, node))
+        opsets = [opset for opset in opsets if opset is not None]
+        return min(opsets) if opsets else None
+
     def with_overrides(self, overrides: dict[Any, Callable[..., Any]]) -> TranslationTable:
         """A table that looks up ``overrides`` (target -> rule function) first, then this one."""
         table = TranslationTable(parent=self)

@@ -28,7 +28,7 @@ import torch
 from onnx_ir.tensor_adapters import TorchTensor
 from torch.export.graph_signature import OutputKind
 
-from dynexport.builder import ModelBuilder, OnnxScriptError
+from dynexport.builder import ModelBuilder, OnnxScriptError, OperatorNotInOpset
 from dynexport.call_convention import GraphIO, is_user_input, outputs_of_kind, placeholders, user_outputs
 from dynexport.decompositions import (
     Decomposition,
@@ -38,6 +38,7 @@ from dynexport.decompositions import (
 from dynexport.dtypes import scalar_dtype, to_onnx_dtype, to_torch_dtype
 from dynexport.errors import (
     ExportError,
+    OpsetTooLowError,
     TranslationError,
     UnsupportedOperatorError,
     UnsupportedUse,
@@ -62,6 +63,10 @@ __all__ = [
 BUFFER_UPDATES_KEY = "pkg.dynexport.buffer_updates"
 # {output: {axis: size}}: the size each output dim named by the user stands for, in input dim names.
 OUTPUT_DIMS_KEY = "pkg.dynexport.output_dims"
+
+# An operator with neither a rule at the target opset nor a decomposition: its name, the model's
+# node that uses it, and the lowest opset with a rule for it (None: none has).
+_Missing = tuple[str, torch.fx.Node, int | None]
 
 # Keyword arguments that place or lay out a tensor; they never change an ONNX computation.
 _PLACEMENT_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
@@ -234,9 +239,10 @@ class _Translator:
 
     # -- planning -------------------------------------------------------------------------
 
-    def plan(self, graph: torch.fx.Graph, origin: torch.fx.Node | None = None) -> list[tuple[str, torch.fx.Node]]:
+    def plan(self, graph: torch.fx.Graph, origin: torch.fx.Node | None = None) -> list[_Missing]:
         """Choose a rule or trace a decomposition for every live node of ``graph`` (recursively),
-        before anything is emitted. Returns the (operator, node) pairs that have neither."""
+        before anything is emitted. Returns the (operator, node, lowest opset with a rule) of
+        those that have neither."""
         missing = []
         for node in graph.nodes:
             if node.op != "call_function" or not (node.users or mutated_argument(node) is not None):
@@ -262,7 +268,7 @@ class _Translator:
                 if self.fallback_to_custom_domain and isinstance(target, torch._ops.OpOverload):
                     self.fallbacks[node] = target
                 else:
-                    missing.append((target_name(target), origin or node))
+                    missing.append((target_name(target), origin or node, self.table.lowest_opset(target, node)))
                 continue
             self._decompositions[node] = decomposition
             missing += self.plan(decomposition.graph, origin or node)
@@ -337,6 +343,12 @@ class _Translator:
             result = self.call_rule(rule, ctx, args, kwargs)
         except ExportError:
             raise
+        except OperatorNotInOpset as error:
+            use = UnsupportedUse(
+                target_name(node.target), 1, source_line(origin or node), error.since,
+                f"ONNX {error.op_type} exists from opset {error.since}",
+            )
+            raise OpsetTooLowError([use], error.opset) from error
         except OnnxScriptError as error:
             raise TranslationError(
                 target_name(node.target), source_line(origin or node), f"{error.reason} (rule {rule.name})", error.hint
@@ -640,7 +652,7 @@ class TranslationSummary:
     custom_domain: Counter[str] = dataclasses.field(default_factory=Counter)
     unsupported: Counter[str] = dataclasses.field(default_factory=Counter)
 
-    def record(self, translator: _Translator, graph: torch.fx.Graph, missing: list[tuple[str, torch.fx.Node]]) -> None:
+    def record(self, translator: _Translator, graph: torch.fx.Graph, missing: list[_Missing]) -> None:
         for node in graph.nodes:
             name = target_name(node.target) if node.op == "call_function" else None
             if node in translator._rules:
@@ -649,7 +661,7 @@ class TranslationSummary:
                 self.custom_domain[name] += 1
             elif node in translator._decompositions:
                 self.decomposed[name] += 1
-        self.unsupported.update(target for target, _ in missing)
+        self.unsupported.update(target for target, _, _ in missing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -699,7 +711,10 @@ class TranslationPlan:
         """The ONNX model (no optimization, no file); raises UnsupportedOperatorError listing every
         operator with no translation."""
         if self.missing:
-            raise UnsupportedOperatorError(_unsupported_uses(self.missing))
+            uses = _unsupported_uses(self.missing)
+            if all(use.min_opset is not None for use in uses):
+                raise OpsetTooLowError(uses, self.options.opset)
+            raise UnsupportedOperatorError(uses)
         translator, program, io, options = self.translator, self.program, self.io, self.options
         graph = translator.graph
         env: dict[torch.fx.Node, Any] = {}
@@ -835,12 +850,14 @@ def _add_buffer_updates(translator: _Translator, program, env: dict[torch.fx.Nod
     return updated
 
 
-def _unsupported_uses(missing: list[tuple[str, torch.fx.Node]]) -> list[UnsupportedUse]:
+def _unsupported_uses(missing: list[_Missing]) -> list[UnsupportedUse]:
     by_target: dict[str, list[torch.fx.Node]] = {}
-    for target, node in missing:
+    min_opsets: dict[str, int | None] = {}
+    for target, node, min_opset in missing:
         by_target.setdefault(target, []).append(node)
+        min_opsets[target] = min_opset
     return [
-        UnsupportedUse(target, len(nodes), next(filter(None, map(source_line, nodes)), None))
+        UnsupportedUse(target, len(nodes), next(filter(None, map(source_line, nodes)), None), min_opsets[target])
         for target, nodes in by_target.items()
     ]
 

@@ -1,12 +1,32 @@
 """The opsets the op tests and property specs run at: dynexport's default and 17, the opset most
 deployments pin (TensorRT, OpenVINO, mobile and web runtimes). A test that names its own
-``opset_version`` keeps it."""
+``opset_version`` keeps it.
+
+:data:`LATER_OPSET_OPS` lists the operators that no ONNX opset below a later one expresses, and
+why; a test of one wraps its export in :func:`refused_below_its_opset`, which expects the
+export to fail with :class:`dynexport.errors.OpsetTooLowError` below that opset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import pytest
 
+from dynexport.errors import OpsetTooLowError
+from dynexport.options import DEFAULT_OPSET
+from dynexport.registry import target_name
 from tests.equivalence import TESTED_OPSET
 
 LOW_OPSET = 17
+
+# Operator -> (the lowest opset that expresses it, why).
+LATER_OPSET_OPS = {
+    "aten.grid_sampler_3d.default": (
+        20, "GridSample samples volumes (5-D inputs) from opset 20; no exact composition of older ops"
+    ),
+}
 
 
 @pytest.fixture(autouse=True, params=[None, LOW_OPSET], ids=["default-opset", f"opset{LOW_OPSET}"])
@@ -14,3 +34,20 @@ def tested_opset(request):
     token = TESTED_OPSET.set(request.param)
     yield request.param
     TESTED_OPSET.reset(token)
+
+
+@contextlib.contextmanager
+def refused_below_its_opset(op) -> Iterator[None]:
+    """Run the body, an export of a model using ``op`` (an OpOverload listed in
+    :data:`LATER_OPSET_OPS`) at the tested opset: below ``op``'s opset it must raise
+    OpsetTooLowError naming ``op`` and that opset (and the test ends there)."""
+    name = target_name(op)
+    min_opset, _ = LATER_OPSET_OPS[name]
+    opset = TESTED_OPSET.get() or DEFAULT_OPSET
+    if opset >= min_opset:
+        yield
+        return
+    with pytest.raises(OpsetTooLowError) as raised:
+        yield
+    assert [(use.target, use.min_opset) for use in raised.value.uses] == [(name, min_opset)]
+    assert f"opset_version={min_opset}" in str(raised.value)

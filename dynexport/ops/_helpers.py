@@ -15,16 +15,18 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from dynexport.dtypes import FLOATING
+from dynexport.dtypes import FLOATING, to_torch_dtype
 
 __all__ = [
     "argument",
     "bfloat16_as_float",
     "bfloat16_to_float",
+    "bitwise",
     "cast",
     "computed_in",
     "floating_input",
     "ints",
+    "invert",
     "is_floating",
     "normalize_dim",
     "normalize_dims",
@@ -40,6 +42,7 @@ __all__ = [
     "shape_tensor",
     "size_of",
     "size_of_dims",
+    "split_equally",
     "with_shape",
 ]
 
@@ -160,6 +163,65 @@ def bfloat16_to_float(ctx, value):
     return value
 
 
+def invert(ctx, x: ir.Value) -> ir.Value:
+    """``~x`` of an integer tensor. BitwiseNot exists from opset 18; before it ``~x`` is
+    ``-1 - x`` (signed: it never overflows) or ``max - x`` (unsigned)."""
+    if ctx.opset >= 18:
+        return ctx.op.BitwiseNot(x)
+    bounds = torch.iinfo(to_torch_dtype(x.dtype))
+    return ctx.op.Sub(scalar_like(ctx, -1 if bounds.min < 0 else bounds.max, x), x)
+
+
+def bitwise(ctx, op_type: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    """The bitwise ``op_type`` (``"And"``, ``"Or"``, ``"Xor"``) of two integer tensors of one
+    dtype. The Bitwise ops exist from opset 18; before it the logical op combines the bits of
+    each, and the bits are summed back."""
+    if ctx.opset >= 18:
+        return getattr(ctx.op, f"Bitwise{op_type}")(a, b)
+    bounds = torch.iinfo(to_torch_dtype(a.dtype))
+    combined = getattr(ctx.op, op_type)(_bits(ctx, a, bounds.bits), _bits(ctx, b, bounds.bits))
+    return cast(ctx, _from_bits(ctx, combined, bounds.bits, signed=bounds.min < 0), a.dtype)
+
+
+def _bits(ctx, x: ir.Value, width: int) -> ir.Value:
+    """The ``width`` bits of the integer tensor ``x``, least significant first, along a new last
+    dim (bool). Bit k is set where floor(u / 2**k) is odd, u being the bits below the sign bit
+    as a non-negative int64 (``x mod 2**width``; a 64-bit ``x`` with its sign bit cleared)."""
+    wide = cast(ctx, x, ir.DataType.INT64)
+    int64 = functools.partial(ctx.constant, dtype=ir.DataType.INT64)
+    if width < 64:
+        # Mod of int64 takes the sign of the divisor.
+        unsigned, sign = ctx.op.Mod(wide, int64(1 << width)), None
+    else:
+        sign = ctx.op.Less(wide, int64(0))
+        unsigned = ctx.op.Where(sign, ctx.op.Sub(wide, int64(-(1 << 63))), wide)
+    low = min(width, 63)
+    shifted = ctx.op.Div(ctx.op.Unsqueeze(unsigned, ints(ctx, [-1])), ints(ctx, [1 << k for k in range(low)]))
+    bits = ctx.op.Equal(ctx.op.Mod(shifted, int64(2)), int64(1))
+    if sign is not None:
+        bits = ctx.op.Concat(bits, ctx.op.Unsqueeze(sign, ints(ctx, [-1])), axis=-1)
+    return bits
+
+
+def _from_bits(ctx, bits: ir.Value, width: int, signed: bool) -> ir.Value:
+    """The int64 whose low ``width`` bits are ``bits`` (along the last dim, least significant
+    first), sign-extended where ``signed``: the top bit weighs -2**(width - 1) in two's complement
+    (in int64 it does for 64-bit unsigned integers too, whose cast back keeps the bits).
+    onnxruntime sums int64 inexactly past 2**53: 64 bits are summed as two halves."""
+    zero = ctx.constant(0, ir.DataType.INT64)
+
+    def total(first: int, stop: int) -> ir.Value:
+        weights = [1 << (k - first) for k in range(first, stop)]
+        if stop == width and (signed or width == 64):
+            weights[-1] = -weights[-1]
+        part = bits if (first, stop) == (0, width) else ctx.op.Slice(bits, ints(ctx, [first]), ints(ctx, [stop]), ints(ctx, [-1]))
+        return reduce(ctx, "ReduceSum", ctx.op.Where(part, ints(ctx, weights), zero), [-1], keepdims=False)
+
+    if width <= 32:
+        return total(0, width)
+    return ctx.op.Add(ctx.op.Mul(total(32, width), ctx.constant(1 << 32, ir.DataType.INT64)), total(0, 32))
+
+
 def scalar(ctx, value: int | float | bool | ir.Value, dtype: ir.DataType) -> ir.Value:
     """A Python number, or an ONNX scalar (a SymInt, a promoted argument), as ``dtype``."""
     if isinstance(value, ir.Value):
@@ -250,6 +312,14 @@ def pad(
     for axis, begin, end in zip(axes, pads[: len(axes)], pads[len(axes) :]):
         begins[axis], ends[axis] = begin, end
     return ctx.op.Pad(x, shape_tensor(ctx, begins + ends), value, mode=mode)
+
+
+def split_equally(ctx, x: ir.Value, axis: int, count: int) -> list[ir.Value]:
+    """``x`` split along ``axis`` into ``count`` pieces of one size (which divides the dim).
+    Split takes ``num_outputs`` from opset 18; before it the count of outputs says it."""
+    if ctx.opset >= 18:
+        return list(ctx.op.Split(x, axis=axis, num_outputs=count, _outputs=count))
+    return list(ctx.op.Split(x, axis=axis, _outputs=count))
 
 
 def per_dim(value: int | Sequence[int], n: int) -> list[int]:

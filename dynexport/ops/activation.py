@@ -16,6 +16,7 @@ from dynexport.ops._helpers import (
     only_first_output_used,
     rank,
     scalar_like,
+    split_equally,
 )
 from dynexport.registry import Promote, translates
 
@@ -106,12 +107,18 @@ def leaky_relu(ctx, self, negative_slope=0.01):
     return ctx.op.LeakyRelu(self, alpha=float(negative_slope))
 
 
-@translates(aten.hardswish.default)
+@translates(aten.hardswish.default, min_opset=14)
 @bfloat16_as_float
 def hardswish(ctx, self):
     if self.dtype == _DOUBLE:
-        return ctx.op.Mul(self, hardsigmoid(ctx, self))
+        return hardswish_composed(ctx, self)
     return ctx.op.HardSwish(self)
+
+
+@translates(aten.hardswish.default)
+@bfloat16_as_float
+def hardswish_composed(ctx, self):
+    return ctx.op.Mul(self, hardsigmoid(ctx, self))
 
 
 @translates(aten.hardsigmoid.default)
@@ -158,12 +165,18 @@ def celu(ctx, self, alpha=1.0):
     return elu(ctx, self, alpha, 1, 1 / alpha)
 
 
-@translates(aten.mish.default)
+@translates(aten.mish.default, min_opset=18)
 @bfloat16_as_float
 def mish(ctx, self):
     if self.dtype == _DOUBLE:
-        return ctx.op.Mul(self, ctx.op.Tanh(_softplus(ctx, self)))
+        return mish_composed(ctx, self)
     return ctx.op.Mish(self)
+
+
+@translates(aten.mish.default)
+@bfloat16_as_float
+def mish_composed(ctx, self):
+    return ctx.op.Mul(self, ctx.op.Tanh(_softplus(ctx, self)))
 
 
 @translates(aten.log_sigmoid.default)
@@ -199,7 +212,7 @@ def _prelu_kernel(ctx, self, weight):
 
 @translates(aten.glu.default)
 def glu(ctx, self, dim=-1):
-    first, second = ctx.op.Split(self, axis=normalize_dim(dim, rank(self)), num_outputs=2, _outputs=2)
+    first, second = split_equally(ctx, self, normalize_dim(dim, rank(self)), 2)
     return ctx.op.Mul(first, ctx.op.Sigmoid(second))
 
 

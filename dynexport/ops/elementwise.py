@@ -10,7 +10,9 @@ import torch
 from dynexport.ops import _float64 as float64
 from dynexport.ops._helpers import (
     bfloat16_as_float,
+    bitwise,
     cast,
+    invert,
     is_floating,
     scalar,
     scalar_like,
@@ -167,7 +169,7 @@ def _narrow_integer_pow(ctx, self, exponent):
     result = ctx.op.Expand(one, ctx.op.Shape(ctx.op.Add(base, magnitude)))
     power = base
     for bit in range(_NARROW_POW_BITS[self.dtype]):
-        bit_set = ctx.op.Not(ctx.op.Equal(ctx.op.BitwiseAnd(magnitude, ctx.constant(1 << bit, int32)), zero))
+        bit_set = ctx.op.GreaterOrEqual(ctx.op.Mod(magnitude, ctx.constant(2 << bit, int32)), ctx.constant(1 << bit, int32))
         result = ctx.op.Where(bit_set, wrapped_product(result, power), result)
         power = wrapped_product(power, power)
     # A negative exponent truncates 1 / base**-exponent: zero unless the base is 1 or -1.
@@ -487,27 +489,27 @@ def logical_not(ctx, self):
 def bitwise_not(ctx, self):
     if self.dtype == ir.DataType.BOOL:
         return ctx.op.Not(self)
-    return ctx.op.BitwiseNot(self)
+    return invert(ctx, self)
 
 
-def _bitwise(bool_op: str, int_op: str):
+def _bitwise(op_type: str):
     def rule(ctx, self, other):
         if ctx.out_dtype == ir.DataType.BOOL:
-            return getattr(ctx.op, bool_op)(self, other)
-        return getattr(ctx.op, int_op)(self, other)
+            return getattr(ctx.op, op_type)(self, other)
+        return bitwise(ctx, op_type, self, other)
 
-    rule.__name__ = rule.__qualname__ = int_op.lower()
+    rule.__name__ = rule.__qualname__ = f"bitwise_{op_type.lower()}"
     return rule
 
 
-for _packets, _prim, _bool_op, _int_op in [
-    ((aten.bitwise_and, aten.__and__), prims.bitwise_and, "And", "BitwiseAnd"),
-    ((aten.bitwise_or, aten.__or__), prims.bitwise_or, "Or", "BitwiseOr"),
-    ((aten.bitwise_xor, aten.__xor__), prims.bitwise_xor, "Xor", "BitwiseXor"),
+for _packets, _prim, _op_type in [
+    ((aten.bitwise_and, aten.__and__), prims.bitwise_and, "And"),
+    ((aten.bitwise_or, aten.__or__), prims.bitwise_or, "Or"),
+    ((aten.bitwise_xor, aten.__xor__), prims.bitwise_xor, "Xor"),
 ]:
     translates(
         *(getattr(p, o) for p in _packets for o in ("Tensor", "Scalar")), _prim.default, promote=Promote.RESULT
-    )(_bitwise(_bool_op, _int_op))
+    )(_bitwise(_op_type))
 
 
 @translates(aten.isnan.default)
@@ -573,6 +575,6 @@ def bitwise_right_shift(ctx, self, other):
     amount, _ = _shift_amount(ctx, other, limit, limit)
     wide = cast(ctx, self, ir.DataType.INT64)
     negative = ctx.op.Less(wide, ctx.constant(0, ir.DataType.INT64))
-    magnitude = ctx.op.Cast(ctx.op.Where(negative, ctx.op.BitwiseNot(wide), wide), to=_UINT64)
+    magnitude = ctx.op.Cast(ctx.op.Where(negative, invert(ctx, wide), wide), to=_UINT64)
     shifted = ctx.op.Cast(ctx.op.BitShift(magnitude, amount, direction="RIGHT"), to=ir.DataType.INT64)
-    return cast(ctx, ctx.op.Where(negative, ctx.op.BitwiseNot(shifted), shifted), self.dtype)
+    return cast(ctx, ctx.op.Where(negative, invert(ctx, shifted), shifted), self.dtype)

@@ -75,9 +75,24 @@ def _resize(ctx, self, output_size, align_corners: bool | None, *, only: int | N
     if align_corners is not None:
         attributes["coordinate_transformation_mode"] = "align_corners" if align_corners else "half_pixel"
     if use_scales:
-        scale_input = ctx.constant([float(s) for s in scales], ir.DataType.FLOAT)
-        return ctx.op.Resize(self, None, scale_input, axes=axes, **attributes)
-    return ctx.op.Resize(self, None, None, shape_tensor(ctx, output_size), axes=axes, **attributes)
+        return _onnx_resize(ctx, self, rank_, axes, scales=[float(s) for s in scales], **attributes)
+    return _onnx_resize(ctx, self, rank_, axes, sizes=output_size, **attributes)
+
+
+def _onnx_resize(ctx, x: ir.Value, rank_: int, axes: list[int], *, scales=None, sizes=None, **attributes) -> ir.Value:
+    """ONNX Resize of ``x`` (of rank ``rank_``) along ``axes``, by ``scales`` or to ``sizes``.
+    Resize takes ``axes`` from opset 18; before it the scales or sizes name every dim."""
+    if ctx.opset >= 18:
+        if scales is not None:
+            return ctx.op.Resize(x, None, ctx.constant(scales, _FLOAT), axes=axes, **attributes)
+        return ctx.op.Resize(x, None, None, shape_tensor(ctx, sizes), axes=axes, **attributes)
+    if scales is not None:
+        every_scale = [1.0] * rank_
+        for axis, scale in zip(axes, scales):
+            every_scale[axis] = scale
+        return ctx.op.Resize(x, None, ctx.constant(every_scale, _FLOAT), **attributes)
+    every_size = [sizes[axes.index(i)] if i in axes else ctx.sym_size(x, i) for i in range(rank_)]
+    return ctx.op.Resize(x, None, None, shape_tensor(ctx, every_size), **attributes)
 
 
 _NEAREST = [

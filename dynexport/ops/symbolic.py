@@ -9,7 +9,7 @@ import onnx_ir as ir
 import sympy
 import torch
 
-from dynexport.ops._helpers import cast, scalar, shape_tensor
+from dynexport.ops._helpers import bitwise, cast, scalar, shape_tensor
 from dynexport.ops.elementwise import floor_divide, remainder
 from dynexport.registry import translates
 
@@ -111,21 +111,21 @@ def sym_not(ctx, a):
     return ctx.op.Not(a)
 
 
-def _logical_or_bitwise(logical: str, bitwise: str):
+def _logical_or_bitwise(op_type: str):
     """``&`` and ``|`` giving a SymBool are logical (TorchScript may pass its booleans as ints);
     giving a SymInt they are bitwise on int64, as in Python."""
 
     def rule(ctx, a, b):
         if isinstance(ctx.node.meta.get("val"), (torch.SymBool, bool)):
-            return getattr(ctx.op, logical)(scalar(ctx, a, ir.DataType.BOOL), scalar(ctx, b, ir.DataType.BOOL))
-        return getattr(ctx.op, bitwise)(scalar(ctx, a, ir.DataType.INT64), scalar(ctx, b, ir.DataType.INT64))
+            return getattr(ctx.op, op_type)(scalar(ctx, a, ir.DataType.BOOL), scalar(ctx, b, ir.DataType.BOOL))
+        return bitwise(ctx, op_type, scalar(ctx, a, ir.DataType.INT64), scalar(ctx, b, ir.DataType.INT64))
 
-    rule.__name__ = rule.__qualname__ = f"sym_{logical.lower()}"
+    rule.__name__ = rule.__qualname__ = f"sym_{op_type.lower()}"
     return rule
 
 
-translates(operator.and_)(_logical_or_bitwise("And", "BitwiseAnd"))
-translates(operator.or_)(_logical_or_bitwise("Or", "BitwiseOr"))
+translates(operator.and_)(_logical_or_bitwise("And"))
+translates(operator.or_)(_logical_or_bitwise("Or"))
 
 
 @translates(torch.sym_float)

@@ -177,6 +177,15 @@ def test_logical_and_bitwise():
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64], ids=str)
+def test_bitwise_ops_at_the_extremes_of_each_integer_type(dtype):
+    # Below opset 18, which defines the Bitwise ops, they are computed from each operand's bits.
+    info = torch.iinfo(dtype)
+    a = torch.tensor([[info.min, info.max, info.min, info.max, -1 if info.min else 0, 0, 93, 6]], dtype=dtype)
+    b = torch.tensor([[info.max, info.max, info.min, 1, 77, info.min, 6, 93]], dtype=dtype)
+    assert_batch_dynamic_equivalent(lambda a, b: (a & b, a | b, a ^ b, ~a), a, b)
+
+
 def test_where_with_tensors_and_scalars():
     cond = torch.tensor([[True, False, True]])
     x = torch.randn(1, 3)
