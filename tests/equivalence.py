@@ -23,6 +23,7 @@ import dynexport
 from dynexport.verification import (
     tolerance,  # the one dtype tolerance table, shared with verify()
 )
+from tests.portability import assert_portable
 
 __all__ = [
     "BATCH",
@@ -153,6 +154,7 @@ def assert_exports_equivalent(
         export_options.setdefault("opset_version", TESTED_OPSET.get())
     program = dynexport.export(model, args, kwargs=kwargs, **export_options)
     onnx.checker.check_model(program.model_proto, full_check=full_check)
+    assert_portable(program, export_options)  # onnx's shape inference agrees; ONNX operators and types only
     run = _runner(program, runtime)
     for index, (call_args, call_kwargs) in enumerate([(tuple(args), kwargs), *map(_as_call, resized)]):
         with torch.no_grad():
