@@ -7,17 +7,18 @@ at the example's, or fail on a data-dependent one. While capturing, these operat
 that give fake tensors outputs of the right shapes; real tensors still run torch's.
 
 A packed sequence (``pack_padded_sequence`` -> recurrent module -> ``pad_packed_sequence``) needs
-three more things, each for the duration of the capture only:
+more, each for the duration of the capture only:
 
 - ``aten._pack_padded_sequence`` gets a fake kernel: torch's gives the packed data the padded
   input's shape and the batch sizes a float dtype. Here the data is (total, *) and the batch sizes
-  int64 (steps,), both sizes data-dependent.
-- ``batch_sizes[0]``, which the recurrent modules read as the batch size of their initial states,
-  is the padded input's batch size: every length is at least 1 (``pack_padded_sequence`` refuses
-  others). Its ``int(...)``, in ``RNNBase.get_expected_hidden_size``, would fix that size at the
-  example's, so that method reads the batch size too.
-- ``aten._pad_packed_sequence`` takes its ``total_length`` as a plain int, fixed at the example's:
-  ``dynexport::pad_packed_sequence`` stands for it, with a symbolic length.
+  int64 (steps,), both sizes data-dependent; the padded input's batch size is remembered for the
+  batch sizes tensor.
+- The recurrent modules read ``batch_sizes[0]`` as the batch size of their initial states, a
+  data-dependent value: the kernels of the recurrent ops state that it is the padded input's batch
+  size (every length is at least 1: ``pack_padded_sequence`` refuses others), and so does
+  ``RNNBase.check_forward_args``, whose ``int(batch_sizes[0])`` would fail.
+- ``torch._VF._pad_packed_sequence`` is ``dynexport::pad_packed_sequence``: aten's takes its
+  ``total_length`` as a plain int, which would be fixed at the example's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.overrides import TorchFunctionMode
 
 __all__ = ["pad_packed_sequence", "recurrent_ops_kept_whole"]
 
@@ -37,24 +37,56 @@ aten = torch.ops.aten
 _LSTM_GATES, _GRU_GATES, _RNN_GATES = 4, 3, 1
 
 
+class _PackedBatches:
+    """The batch size of the padded input behind each ``batch_sizes`` tensor packed while
+    capturing, found by the tensor's identity (a tensor's ``==`` is elementwise); the tensors are
+    held until the capture ends, so that their ids are not reused."""
+
+    def __init__(self) -> None:
+        self._batches: dict[int, tuple[torch.Tensor, Any]] = {}
+
+    def add(self, batch_sizes: torch.Tensor, batch: Any) -> None:
+        self._batches[id(batch_sizes)] = (batch_sizes, batch)
+
+    def get(self, batch_sizes: Any) -> Any:
+        entry = self._batches.get(id(batch_sizes))
+        return None if entry is None else entry[1]
+
+    def clear(self) -> None:
+        self._batches.clear()
+
+
+# Captures are serialized (dynexport.capture.exclusive_tracing), so one table serves them all.
+_PACKED_BATCHES = _PackedBatches()
+
+
 @torch.library.custom_op("dynexport::pad_packed_sequence", mutates_args=())
 def pad_packed_sequence(
-    data: torch.Tensor,
-    batch_sizes: torch.Tensor,
-    batch_first: bool,
-    padding_value: float,
-    total_length: int,
-    batch: int,
+    data: torch.Tensor, batch_sizes: torch.Tensor, batch_first: bool, padding_value: float, total_length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``aten._pad_packed_sequence`` with a symbolic ``total_length``; ``batch`` is
-    ``batch_sizes[0]``, the padded result's batch size."""
+    """``aten._pad_packed_sequence`` with a symbolic ``total_length``."""
     return aten._pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length)
 
 
 @pad_packed_sequence.register_fake
-def _padded_shapes(data, batch_sizes, batch_first, padding_value, total_length, batch):
+def _padded_shapes(data, batch_sizes, batch_first, padding_value, total_length):
+    batch = _PACKED_BATCHES.get(batch_sizes)
+    if batch is None:  # batch sizes the capture did not pack: batch_sizes[0], a data-dependent size
+        batch = torch.library.get_ctx().new_dynamic_size(min=1)
     sizes = (batch, total_length) if batch_first else (total_length, batch)
     return data.new_empty((*sizes, *data.shape[1:])), batch_sizes.new_empty((batch,))
+
+
+def _packed(input, lengths, batch_first):
+    """Fake kernel of ``aten._pack_padded_sequence``."""
+    ctx = torch.library.get_ctx()
+    total, steps = ctx.new_dynamic_size(), ctx.new_dynamic_size(min=1)
+    # No length exceeds the padded time (torch does not check it: it would read past the input).
+    torch._check(steps <= input.shape[1 if batch_first else 0])
+    data = input.new_empty((total, *input.shape[2:]))
+    batch_sizes = lengths.new_empty((steps,), dtype=torch.int64)
+    _PACKED_BATCHES.add(batch_sizes, input.shape[0 if batch_first else 1])
+    return data, batch_sizes
 
 
 def _check_first_layer(input_size, states: list[torch.Tensor], params: list[torch.Tensor], gates: int) -> None:
@@ -87,6 +119,10 @@ def _packed_outputs(gates: int) -> Callable[..., Any]:
     def shapes(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
         states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
         _check_first_layer(data.shape[-1], states, params, gates)
+        batch = _PACKED_BATCHES.get(batch_sizes)
+        if batch is not None:
+            for state in states:  # zeros of batch_sizes[0] rows when the module made them
+                torch._check(state.shape[1] == batch)
         directions = 2 if bidirectional else 1
         output = data.new_empty([data.shape[0], directions * states[0].shape[-1]])
         return (output, *(state.new_empty(state.shape) for state in states))
@@ -140,95 +176,41 @@ def _shape_kernels() -> Iterator[None]:
             op._dispatch_cache.clear()
 
 
-class _PackedBatches:
-    """The batch size behind each ``batch_sizes`` tensor packed while capturing, found by the
-    tensor's identity (a tensor's ``==`` is elementwise); the tensors are held, so that their ids
-    are not reused."""
-
-    def __init__(self) -> None:
-        self._batches: dict[int, tuple[torch.Tensor, Any]] = {}
-
-    def add(self, batch_sizes: torch.Tensor, batch: Any) -> None:
-        self._batches[id(batch_sizes)] = (batch_sizes, batch)
-
-    def get(self, batch_sizes: Any) -> Any:
-        entry = self._batches.get(id(batch_sizes))
-        return None if entry is None else entry[1]
-
-
-def _packing(batches: _PackedBatches) -> Callable[..., Any]:
-    """Fake kernel of ``aten._pack_padded_sequence``."""
-
-    def pack(input, lengths, batch_first):
-        ctx = torch.library.get_ctx()
-        total, steps = ctx.new_dynamic_size(), ctx.new_dynamic_size(min=1)
-        # No length exceeds the padded time (torch does not check it: it would read past the input).
-        torch._check(steps <= input.shape[1 if batch_first else 0])
-        data = input.new_empty((total, *input.shape[2:]))
-        batch_sizes = lengths.new_empty((steps,), dtype=torch.int64)
-        batches.add(batch_sizes, input.shape[0 if batch_first else 1])
-        return data, batch_sizes
-
-    return pack
-
-
-class _PackedSequenceCalls(TorchFunctionMode):
-    """``batch_sizes[0]`` of a packed sequence as its batch size (memoized as the value its
-    ``.item()`` reads), and ``_pad_packed_sequence`` as ``dynexport::pad_packed_sequence``."""
-
-    def __init__(self, batches: _PackedBatches):
-        super().__init__()
-        self._batches = batches
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch._C._VariableFunctions._pad_packed_sequence:
-            return self._pad(*args, **kwargs)
-        result = func(*args, **kwargs)
-        if func is torch.Tensor.__getitem__ and type(args[1]) is int and args[1] == 0 and isinstance(result, FakeTensor):
-            batch = self._batches.get(args[0])
-            if batch is not None:
-                result.item_memo = batch
-        return result
-
-    def _pad(self, data, batch_sizes, batch_first, padding_value, total_length):
-        batch = self._batches.get(batch_sizes)
-        if batch is None:
-            return torch._C._VariableFunctions._pad_packed_sequence(
-                data, batch_sizes, batch_first, padding_value, total_length
-            )
-        return torch.ops.dynexport.pad_packed_sequence(
-            data, batch_sizes, batch_first, float(padding_value), total_length, batch
-        )
-
-
 @contextlib.contextmanager
-def _expected_hidden_size_of_packed(batches: _PackedBatches) -> Iterator[None]:
-    original = torch.nn.RNNBase.get_expected_hidden_size
+def _forward_checks_of_packed_batches() -> Iterator[None]:
+    """``RNNBase.check_forward_args`` with a packed sequence's batch size read from the capture's
+    table instead of ``int(batch_sizes[0])``."""
+    original = torch.nn.RNNBase.check_forward_args
 
-    def get_expected_hidden_size(self, input, batch_sizes):
-        batch = batches.get(batch_sizes)
+    def check_forward_args(self, input, hidden, batch_sizes):
+        batch = _PACKED_BATCHES.get(batch_sizes)
         if batch is None:
-            return original(self, input, batch_sizes)
-        return (self.num_layers * (2 if self.bidirectional else 1), batch, self.proj_size or self.hidden_size)
+            return original(self, input, hidden, batch_sizes)
+        self.check_input(input, batch_sizes)
+        torch._check(hidden.shape[1] == batch)
+        directions = 2 if self.bidirectional else 1
+        self.check_hidden_size(hidden, (self.num_layers * directions, batch, self.proj_size or self.hidden_size))
+        return None
 
-    torch.nn.RNNBase.get_expected_hidden_size = get_expected_hidden_size
+    torch.nn.RNNBase.check_forward_args = check_forward_args
     try:
         yield
     finally:
-        torch.nn.RNNBase.get_expected_hidden_size = original
+        torch.nn.RNNBase.check_forward_args = original
 
 
 @contextlib.contextmanager
 def _packed_sequences() -> Iterator[None]:
-    batches = _PackedBatches()
     library = torch.library.Library("aten", "FRAGMENT")
+    torch._VF._pad_packed_sequence = torch.ops.dynexport.pad_packed_sequence
     try:
-        torch.library.register_fake("aten::_pack_padded_sequence", _packing(batches), lib=library)
-        with _expected_hidden_size_of_packed(batches), _PackedSequenceCalls(batches):
+        torch.library.register_fake("aten::_pack_padded_sequence", _packed, lib=library)
+        with _forward_checks_of_packed_batches():
             yield
     finally:
+        del torch._VF._pad_packed_sequence  # torch._VF's own again, looked up in torch._C
         library._destroy()
+        _PACKED_BATCHES.clear()
 
 
 @contextlib.contextmanager

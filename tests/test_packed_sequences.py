@@ -165,10 +165,10 @@ def test_dropout_in_training_is_refused():
 
 def test_capture_leaves_torch_as_it_was():
     kernels = {op: dict(op.py_kernels) for op in (aten.lstm.data, aten.gru.input, aten.rnn_relu.data)}
-    expected_hidden_size = nn.RNNBase.get_expected_hidden_size
+    check_forward_args = nn.RNNBase.check_forward_args
     model = PackedRecurrent(nn.GRU(4, 8)).eval()
     dynexport.export(model, _inputs(model, *EXAMPLE, with_states=False), dynamic_shapes=_dims(model, False))
     assert {op: dict(op.py_kernels) for op in kernels} == kernels
-    assert nn.RNNBase.get_expected_hidden_size is expected_hidden_size
+    assert nn.RNNBase.check_forward_args is check_forward_args
+    assert torch._VF._pad_packed_sequence is torch._C._VariableFunctions._pad_packed_sequence
     assert torch._library.simple_registry.singleton.find("aten::_pack_padded_sequence").fake_impl.kernel is None
-    assert not torch.overrides._get_current_function_mode_stack()

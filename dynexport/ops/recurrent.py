@@ -189,11 +189,16 @@ def rnn(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirect
 # -- packed sequences ---------------------------------------------------------------------
 
 
+def _batch(ctx, batch_sizes):
+    """A packed sequence's number of sequences, ``batch_sizes[0]`` (every length is at least 1)."""
+    return ctx.op.Gather(batch_sizes, ctx.constant(0, ir.DataType.INT64), axis=0)
+
+
 def _valid_steps(ctx, batch_sizes):
     """The (steps, batch) mask of a packed sequence's valid steps: sequence ``b`` has a step at
     time ``t`` when ``b < batch_sizes[t]`` (the sequences are sorted longest first)."""
-    batch = ctx.op.Gather(batch_sizes, ctx.constant(0, batch_sizes.dtype), axis=0)
-    sequences = ctx.op.Range(ctx.constant(0, batch_sizes.dtype), batch, ctx.constant(1, batch_sizes.dtype))
+    zero, one = ctx.constant(0, batch_sizes.dtype), ctx.constant(1, batch_sizes.dtype)
+    sequences = ctx.op.Range(zero, _batch(ctx, batch_sizes), one)
     return ctx.op.Less(ctx.op.Unsqueeze(sequences, ints(ctx, [0])), ctx.op.Unsqueeze(batch_sizes, ints(ctx, [1])))
 
 
@@ -262,8 +267,9 @@ def rnn_data(ctx, data, batch_sizes, hx, params, has_biases, num_layers, dropout
 
 
 @translates(dynexport_ops.pad_packed_sequence.default)
-def pad_packed_sequence(ctx, data, batch_sizes, batch_first, padding_value, total_length, batch):
+def pad_packed_sequence(ctx, data, batch_sizes, batch_first, padding_value, total_length):
     valid = _valid_steps(ctx, batch_sizes)
+    batch = _batch(ctx, batch_sizes)
     fill = ctx.constant(padding_value, data.dtype)
     padded = _padded(ctx, data, valid, shape_tensor(ctx, [total_length, batch]), fill)
     return _time_major(ctx, padded, batch_first, len(data.shape) + 1), _lengths(ctx, valid, ir.DataType.INT64)
