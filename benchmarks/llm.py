@@ -2,6 +2,7 @@
 
     python benchmarks/llm.py [--layers 30] [--past 256,1024] [--rounds 20] [--opset 21]
                              [--graphs dynexport,dynexport_int4,dynexport_int4_portable,torch_onnx]
+                             [--accuracy-variants]
 
 The model is issue 18's: transformers' LlamaForCausalLM with 30 layers, hidden 576, 9 query and
 3 key-value heads, intermediate 1536, vocabulary 49152, tied embeddings, random weights (seeded,
@@ -22,7 +23,9 @@ the decode latency (one new token, batch 1, 1 thread) at each past length: the g
 run in turn, ``--rounds`` times, and the median of each is reported, so that the machine's load
 drifts over all of them alike. Then the ratios to ``dynexport`` and the int4 graph's accuracy
 cost against the fp32 one (:func:`dynexport.quantize.accuracy_cost`: next-token top-1 agreement
-at every position of seeded prompts, max logit error). Informational: nothing is asserted.
+at every position of seeded prompts, max logit error); ``--accuracy-variants`` adds the cost of
+other quantizations (asymmetric, block 128, int8) of the same program. Informational: nothing
+is asserted.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ QUANTIZED = {
     "dynexport_int4": dict(bits=4, block_size=32, accuracy_level=4),
     "dynexport_int4_portable": dict(bits=4, block_size=32, target="portable"),
 }
+ACCURACY_VARIANTS = [
+    dict(bits=4, block_size=32, symmetric=False),
+    dict(bits=4, block_size=128),
+    dict(bits=8, block_size=32),
+]
 
 
 class WithPlainCache(torch.nn.Module):
@@ -184,6 +192,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--past", default="256,1024", help="comma-separated past lengths")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--accuracy-variants", action="store_true", help="also the cost of other quantizations")
     parser.add_argument("--opset", type=int, default=21, help="dynexport's opset (21 or more for the portable int4 form)")
     parser.add_argument("--graphs", default=",".join(GRAPHS), help=f"comma-separated, of {GRAPHS}")
     args = parser.parse_args()
@@ -224,6 +233,10 @@ def main() -> None:
             if name in results:
                 cost = accuracy_cost(results[name]["program"], float_program, seeded_calls((), prompt))
                 print(f"\n{name} against fp32 (quantized in {results[name]['quantize_s']:.1f} s): {cost}")
+        if args.accuracy_variants and float_program is not None:
+            for options in ACCURACY_VARIANTS:
+                cost = accuracy_cost(float_program.quantize_weights(**options), float_program, seeded_calls((), prompt))
+                print(f"\n{options} against fp32: {cost}")
 
 
 if __name__ == "__main__":
