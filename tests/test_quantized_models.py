@@ -429,6 +429,42 @@ def test_pt2e_form_runs_fused_in_onnxruntime(tmp_path):
     assert "QLinearConv" in {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
 
 
+class Pt2eNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.fc = nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.norm(self.conv(x)))
+        x = F.max_pool2d(x + self.conv2(x), 2)
+        return self.fc(x.mean((2, 3)))
+
+
+def test_torchao_pt2e_with_the_x86_quantizer():
+    # torch 2.13's PT2E flow lives in torchao (not a dependency: this runs where it is installed).
+    pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
+
+    x = _randn(2, 3, 8, 8)
+    float_model = Pt2eNet().eval()
+    captured = torch.export.export(float_model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    quantizer = x86_inductor_quantizer.X86InductorQuantizer()
+    quantizer.set_global(x86_inductor_quantizer.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(captured.module(), quantizer)
+    for seed in range(3):
+        prepared(_randn(4, 3, 8, 8, seed=seed + 1))
+    model = convert_pt2e(prepared)
+    # fc's output is float: one step of its quantized input, through the largest row of weights.
+    last_quantize = [n for n in model.graph.nodes if n.target == quantized_decomposed.quantize_per_tensor.default][-1]
+    step = last_quantize.args[1] * float_model.fc.weight.abs().sum(1).max().item()
+    program = assert_quantized_export(model, x, step=step, rounding_steps=1)
+    with torch.no_grad():
+        torch.testing.assert_close(_unoptimized(program, x), model(x))  # the graph is PyTorch's computation
+    assert op_histogram(program)["QuantizeLinear"] >= 4
+
+
 # -- refusals and scoping ----------------------------------------------------------------------
 
 
