@@ -85,3 +85,27 @@ def test_capture_keeps_steps_dynamic():
     module = nn.GRU(4, 8).eval()
     assert_exports_equivalent(module, (torch.randn(5, 2, 4),), dynamic_shapes=({0: Dim("steps")},),
                               resized=[(torch.randn(7, 2, 4),)])
+
+
+class _PackedGRU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(4, 8, num_layers=2, bidirectional=True)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        output, h_n = self.gru(packed)
+        return nn.utils.rnn.pad_packed_sequence(output, padding_value=-1.0)[0], h_n
+
+
+def test_packed_sequence_one_node_per_layer_with_sequence_lens():
+    # The rules of packing, the recurrent op on packed data and padding (tests/test_packed_sequences.py
+    # covers the modules' variants).
+    torch.manual_seed(0)
+    program = assert_exports_equivalent(
+        _PackedGRU().eval(), (torch.randn(5, 3, 4), torch.tensor([5, 2, 3])),
+        dynamic_shapes=({0: Dim("steps"), 1: Dim("batch")}, {0: Dim("batch")}),
+        resized=[(torch.randn(7, 4, 4), torch.tensor([3, 6, 1, 2])), (torch.randn(2, 1, 4), torch.tensor([1]))],
+        rtol=1e-4, atol=1e-5,
+    )
+    assert op_histogram(program)["GRU"] == 2
