@@ -1,20 +1,29 @@
-"""Graph quality: dynexport vs torch.onnx.export (dynamo=True, optionally TorchScript), side by side.
+"""Graph quality: dynexport vs torch.onnx.export, side by side, in one process.
 
     python benchmarks/graph_quality.py [--rounds 30] [--models mlp,resnet18,...]
-                                       [--exporters dynexport,dynamo] [--image-size 224]
+        [--exporters dynexport,dynexport_ort,dynamo,dynamo_ortopt,torchscript] [--image-size 224]
+
+The paths (``--exporters``, default ``dynexport,dynamo``): dynexport (portable, the default),
+``dynexport_ort`` (``target="onnxruntime"``), ``dynamo`` (``torch.onnx.export(dynamo=True)``),
+``dynamo_ortopt`` (torch.onnx's graph through ``onnxruntime.transformers.optimizer``, the path
+users take today for onnxruntime's contrib fusions) and ``torchscript`` (the TorchScript
+exporter).
 
 The suite is ``benchmarks/export_speed.py``'s (the examples, tiny transformers encoders and
-decoders) plus convolutional and recurrent models: torchvision's resnet18, mobilenet_v3_small and
-deeplabv3_mobilenet_v3_large (static size) and transformers' MobileNetV2 (dynamic size; with
-TensorFlow padding, static), where torchvision loads (tests/torchvision_ops.py), and small blocks
-(GroupNorm + InstanceNorm, gather/index_select/masked ops, a depthwise-separable CNN,
-pixel_shuffle, a bidirectional LSTM). Per model and exporter it prints the main graph's node
+decoders), convolutional and recurrent models (torchvision's resnet18, mobilenet_v3_small and
+deeplabv3_mobilenet_v3_large at a static size, transformers' MobileNetV2 at a dynamic size and,
+with TensorFlow padding, a static one, where torchvision loads (tests/torchvision_ops.py); small
+blocks: GroupNorm + InstanceNorm, gather/index_select/masked ops, a depthwise-separable CNN,
+pixel_shuffle, a bidirectional LSTM) and the realistic sizes of the onnxruntime target's goal
+(BERT-base at sequence 128, ViT-B/16 and Whisper-tiny's encoder, random weights; ResNet-50,
+MobileNetV2 and EfficientNet-B0 at 224 px). Per model and path it prints the main graph's node
 count, the initializer bytes, the file size and the onnxruntime latency on the example inputs
-(one thread; the exporters' sessions run in turn, ``--rounds`` times, and the median of each is
-reported, so that the machine's load drifts over all of them alike), then dynexport/torch.onnx
-ratios, their geometric means, and a flag on every row where dynexport has more nodes or is
-slower by more than ``--tolerance``. Latency is noisy on a shared machine: re-measure a flagged
-row (``--models``) before acting on it; nothing here is a test threshold.
+(CPU provider, one thread; the sessions run in turn, ``--rounds`` times, and the median of each
+is reported, so that the machine's load drifts over all of them alike), then the ratios
+dynexport/torch.onnx and dynexport_ort/dynamo_ortopt, their geometric means, and a flag on every
+row where ours has more nodes or is slower by more than ``--tolerance``. Latency is noisy on a
+shared machine: re-measure a flagged row (``--models``) before acting on it; nothing here is a
+test threshold.
 """
 
 from __future__ import annotations
@@ -253,16 +262,18 @@ def _export_dynamo(case: Case, path: str) -> None:
     )
 
 
-def _export_dynamo_ort_optimized(case: Case, path: str, name: str) -> None:
-    """torch.onnx's graph through onnxruntime's transformers optimizer: how users get its
-    contrib fusions today."""
+def _export_dynamo_ort_optimized(case: Case, path: str, name: str, exported: str | None) -> None:
+    """torch.onnx's graph (``exported``, when already written) through onnxruntime's transformers
+    optimizer: how users get its contrib fusions today."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    _export_dynamo(case, path)
+    if exported is None:
+        _export_dynamo(case, path)
+        exported = path
     model_type, heads, hidden = _ORT_OPTIMIZER_SHAPES.get(name, ("bert", 0, 0))
-    optimized = optimize_model(path, model_type=model_type, num_heads=heads, hidden_size=hidden, use_gpu=False)
-    for name_ in os.listdir(os.path.dirname(path)):
-        os.remove(os.path.join(os.path.dirname(path), name_))
+    optimized = optimize_model(exported, model_type=model_type, num_heads=heads, hidden_size=hidden, use_gpu=False)
+    for written in os.listdir(os.path.dirname(path)):
+        os.remove(os.path.join(os.path.dirname(path), written))
     optimized.save_model_to_file(path, use_external_data_format=False)
 
 
@@ -285,7 +296,6 @@ _EXPORT: dict[str, Callable[..., None]] = {
     "dynexport": _export_dynexport,
     "dynexport_ort": _export_dynexport_ort,
     "dynamo": _export_dynamo,
-    "dynamo_ortopt": _export_dynamo_ort_optimized,
     "torchscript": _export_torchscript,
 }
 
@@ -350,7 +360,8 @@ def measure(name: str, factory: Callable[[], Case], exporters: list[str], rounds
             with warnings.catch_warnings(), _silenced():
                 warnings.simplefilter("ignore")
                 if exporter == "dynamo_ortopt":
-                    _export_dynamo_ort_optimized(case, path, name)
+                    exported = os.path.join(workdir, f"{name}.dynamo", "model.onnx")
+                    _export_dynamo_ort_optimized(case, path, name, exported if os.path.exists(exported) else None)
                 else:
                     _EXPORT[exporter](case, path)
             proto = onnx.load(path)
@@ -382,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="interleaved timed runs per session")
     parser.add_argument("--models", help="comma-separated subset of the suite")
     parser.add_argument(
-        "--exporters", default="dynexport,dynamo", help="comma-separated, in this order: " + ", ".join(EXPORTERS)
+        "--exporters", default="dynexport,dynamo", help="comma-separated, any of: " + ", ".join(EXPORTERS)
     )
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--tolerance", type=float, default=0.05, help="latency ratio above 1 + this is flagged")

@@ -312,3 +312,61 @@ def test_batchnorm_after_a_gemm_with_a_bias_per_row_stays():
     assert sorted(ops(fused)) == ["BatchNormalization", "Gemm", "Gemm"]
     for actual, wanted in zip(run(fused, x=x), expected):
         np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-5)
+
+
+class Encoder(nn.Module):
+    """A BERT layer at toy width: q, k, v projections split into heads, attention over the keys
+    a padding mask keeps, output projection, residual LayerNorms, a GELU feed-forward."""
+
+    def __init__(self, width=16, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.out = (nn.Linear(width, width) for _ in range(4))
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.feed_forward = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x, keep):
+        batch, sequence, width = x.shape
+
+        def split(t):
+            return t.view(batch, sequence, self.heads, width // self.heads).transpose(1, 2)
+
+        mask = keep[:, None, None, :].expand(batch, 1, sequence, sequence)
+        heads = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), mask)
+        x = self.norm1(x + self.out(heads.transpose(1, 2).reshape(batch, sequence, width)))
+        return self.norm2(x + self.feed_forward(x))
+
+
+def _encoder_calls():
+    return [(torch.randn(b, s, 16), torch.rand(b, s) > 0.2) for b, s in [(2, 7), (3, 4), (1, 10)]]
+
+
+_SEQUENCE_DIMS = ({0: Dim("batch"), 1: Dim("sequence")}, {0: Dim("batch"), 1: Dim("sequence")})
+
+
+def test_node_count_of_an_attention_encoder():
+    """The residual block, depthwise-separable and LSTM tests above pin those models' graphs."""
+    torch.manual_seed(0)
+    calls = _encoder_calls()
+    program = assert_exports_equivalent(
+        Encoder().eval(), calls[0], dynamic_shapes=_SEQUENCE_DIMS, resized=calls[1:], atol=1e-5
+    )
+    assert sum(op_histogram(program).values()) <= 39  # torch.onnx (dynamo=True): 50
+
+
+def test_node_count_of_torchvision_resnet18(torchvision):
+    torch.manual_seed(0)
+    model_ = _randomize_batchnorm_statistics(torchvision.models.resnet18())
+    program = assert_exports_equivalent(model_, (torch.randn(1, 3, 64, 64),), atol=1e-4, rtol=1e-4)
+    assert sum(op_histogram(program).values()) <= 49  # torch.onnx: 49
+    assert "BatchNormalization" not in op_histogram(program)
+
+
+def test_onnxruntime_target_fuses_the_encoders_attention():
+    torch.manual_seed(0)
+    calls = _encoder_calls()
+    program = assert_exports_equivalent(
+        Encoder().eval(), calls[0], dynamic_shapes=_SEQUENCE_DIMS, resized=calls[1:], atol=1e-5, target="onnxruntime"
+    )
+    histogram = op_histogram(program)
+    assert histogram["MultiHeadAttention"] == 1 and "Softmax" not in histogram
