@@ -45,25 +45,25 @@ import onnxruntime as ort
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.torchvision_ops import load_torchvision_if_installed  # noqa: E402
+from tests.torchvision_ops import load_torchvision_if_installed
 
 load_torchvision_if_installed()  # transformers imports torchvision as it loads
 
-import transformers  # noqa: E402
+import transformers
 
-import dynexport  # noqa: E402
-from dynexport.quantize import accuracy_cost, seeded_calls  # noqa: E402
+import dynexport
+from dynexport.quantize import accuracy_cost, seeded_calls
 
 Dim = torch.export.Dim
 GRAPHS = ("dynexport", "dynexport_int4", "dynexport_int4_portable", "torch_onnx")
 QUANTIZED = {
-    "dynexport_int4": dict(bits=4, block_size=32, accuracy_level=4),
-    "dynexport_int4_portable": dict(bits=4, block_size=32, target="portable"),
+    "dynexport_int4": {"bits": 4, "block_size": 32, "accuracy_level": 4},
+    "dynexport_int4_portable": {"bits": 4, "block_size": 32, "target": "portable"},
 }
 ACCURACY_VARIANTS = [
-    dict(bits=4, block_size=32, symmetric=False),
-    dict(bits=4, block_size=128),
-    dict(bits=8, block_size=32),
+    {"bits": 4, "block_size": 32, "symmetric": False},
+    {"bits": 4, "block_size": 128},
+    {"bits": 8, "block_size": 32},
 ]
 
 
@@ -143,7 +143,8 @@ def export_graphs(model, graphs: list[str], directory: str, opset: int) -> tuple
                 wrapper, (), kwargs=example, dynamic_shapes=shapes, dynamo=True, opset_version=18, optimize=True
             )
             seconds = time.perf_counter() - start
-            results["torch_onnx"] = _saved(onnx_program, len(onnx_program.model.graph), seconds, directory, "torch_onnx")
+            nodes = len(onnx_program.model.graph)
+            results["torch_onnx"] = _saved(onnx_program, nodes, seconds, directory, "torch_onnx")
     return results, program
 
 
@@ -172,7 +173,9 @@ def decode_latency(results: dict[str, dict], config, pasts: list[int], rounds: i
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    sessions = {name: ort.InferenceSession(r["path"], options, providers=["CPUExecutionProvider"]) for name, r in results.items()}
+    sessions = {
+        name: ort.InferenceSession(r["path"], options, providers=["CPUExecutionProvider"]) for name, r in results.items()
+    }
     for past in pasts:
         feeds = {name: decode_feeds(session, config, past) for name, session in sessions.items()}
         times: dict[str, list[float]] = {name: [] for name in sessions}
@@ -193,7 +196,7 @@ def main() -> None:
     parser.add_argument("--past", default="256,1024", help="comma-separated past lengths")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--accuracy-variants", action="store_true", help="also the cost of other quantizations")
-    parser.add_argument("--opset", type=int, default=21, help="dynexport's opset (21 or more for the portable int4 form)")
+    parser.add_argument("--opset", type=int, default=21, help="dynexport's opset (from 21 for the portable int4)")
     parser.add_argument("--graphs", default=",".join(GRAPHS), help=f"comma-separated, of {GRAPHS}")
     args = parser.parse_args()
     graphs = [g for g in args.graphs.split(",") if g]
@@ -208,7 +211,8 @@ def main() -> None:
     print(f"LLaMA-shaped decoder: {args.layers} layers, {params / 1e6:.1f}M parameters; torch {torch.__version__}, "
           f"onnxruntime {ort.__version__}, {os.cpu_count()} CPUs")
     genai = importlib.util.find_spec("onnxruntime_genai") is not None
-    print(f"onnxruntime-genai model builder: {'installed, not run by this script' if genai else 'not installed, skipped'}")
+    builder = "installed, not run by this script" if genai else "not installed, skipped"
+    print(f"onnxruntime-genai model builder: {builder}")
     with tempfile.TemporaryDirectory() as directory:
         results, float_program = export_graphs(model, graphs, directory, args.opset)
         decode_latency(results, model.config, pasts, args.rounds)

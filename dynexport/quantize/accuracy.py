@@ -66,7 +66,9 @@ class AccuracyCost:
         return text
 
 
-def seeded_calls(args: tuple, kwargs: Mapping[str, Any] | None = None, *, count: int = 4, seed: int = 0) -> list[tuple[tuple, dict]]:
+def seeded_calls(
+    args: tuple, kwargs: Mapping[str, Any] | None = None, *, count: int = 4, seed: int = 0
+) -> list[tuple[tuple, dict]]:
     """The call ``(args, kwargs)`` and ``count - 1`` variations of it drawn from ``seed``: float
     tensors redrawn from a normal distribution of the example's mean and spread, integer
     tensors holding more than two distinct values (token ids) redrawn uniformly over the
@@ -107,7 +109,9 @@ def accuracy_cost(
             expected = _first_tensor(reference(*_cloned(args), **_cloned(dict(kwargs))))
             actual = _first_tensor(quantized(*_cloned(args), **_cloned(dict(kwargs))))
         if actual.shape != expected.shape:
-            raise ValueError(f"the quantized model's first output is {list(actual.shape)}, the float one's {list(expected.shape)}")
+            raise ValueError(
+                f"the quantized model's first output is {list(actual.shape)}, the float one's {list(expected.shape)}"
+            )
         error = (actual.double() - expected.double()).abs()
         if error.numel():
             max_abs_error = max(max_abs_error, float(error.max()))

@@ -29,7 +29,13 @@ import onnx_ir as ir
 import torch
 
 from dynexport.passes.onnx import remove_dead_code
-from dynexport.passes.onnx.values import add_initializer, constant_array, insert_replacement, producer
+from dynexport.passes.onnx.values import (
+    add_initializer,
+    constant_array,
+    insert_replacement,
+    producer,
+    single_consumer,
+)
 from dynexport.quantize.weights import QuantizedWeight, WeightQuantization, weight_quantizer
 
 __all__ = ["MS_DOMAIN", "QUANTIZATION_KEY", "dequantized_model", "quantization_of", "quantize_model"]
@@ -46,13 +52,15 @@ _PASS_THROUGH = frozenset({"Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"
 @dataclasses.dataclass(frozen=True)
 class _WeightProduct:
     """``activation @ W.T (+ bias)`` with W ``[N, K]`` read from ``weight`` (stored ``[N, K]``
-    when ``transposed``, else ``[K, N]``)."""
+    when ``transposed``, else ``[K, N]``); ``bias_add``: the Add of a constant ``[N]`` that alone
+    reads a MatMul's result, which MatMulNBits can take as its bias."""
 
     node: ir.Node
     activation: ir.Value
     weight: ir.Value
     transposed: bool
     bias: ir.Value | None
+    bias_add: ir.Node | None = None
 
 
 def quantization_of(model: ir.Model) -> dict | None:
@@ -86,7 +94,7 @@ def quantize_model(model: ir.Model, config: WeightQuantization) -> int:
             stacklevel=3,
         )
     graph = model.graph
-    products = [p for p in _weight_products(graph, config.target) if config.lm_head or not _is_output_projection(p)]
+    products = [p for p in _weight_products(graph) if config.lm_head or not _is_output_projection(p)]
     tables = [t for t in _embedding_tables(graph) if _table_fits(t, config)] if config.embedding else []
     if not products and not tables:
         raise ValueError(
@@ -106,7 +114,7 @@ def quantize_model(model: ir.Model, config: WeightQuantization) -> int:
     return len(rewrite.quantized)
 
 
-def _weight_products(graph: ir.Graph, target: str):
+def _weight_products(graph: ir.Graph):
     for node in list(graph):
         if node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
             continue
@@ -123,7 +131,20 @@ def _weight_products(graph: ir.Graph, target: str):
         if transpose is not None and list(transpose.attributes["perm"].as_ints()) == [1, 0]:
             weight, transposed = transpose.inputs[0], not transposed
         if _constant_matrix(weight) and activation.shape is not None and len(activation.shape) >= 2:
-            yield _WeightProduct(node, activation, weight, transposed, bias)
+            columns = weight.const_value.shape[0 if transposed else 1]
+            bias_add = _bias_add(node, columns) if node.op_type == "MatMul" else None
+            yield _WeightProduct(node, activation, weight, transposed, bias, bias_add)
+
+
+def _bias_add(matmul: ir.Node, columns: int) -> ir.Node | None:
+    add = single_consumer(matmul.outputs[0])
+    if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+        return None
+    other = add.inputs[1] if add.inputs[0] is matmul.outputs[0] else add.inputs[0]
+    array = constant_array(other)
+    if array is None or array.shape != (columns,) or other.dtype != matmul.outputs[0].dtype:
+        return None
+    return add
 
 
 def _plain_gemm(node: ir.Node) -> bool:
@@ -162,9 +183,9 @@ def _is_output_projection(product: _WeightProduct) -> bool:
 
 def _embedding_tables(graph: ir.Graph):
     for node in list(graph):
-        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and _int_attribute(node, "axis", 0) == 0:
-            if _constant_matrix(node.inputs[0]):
-                yield node
+        gather = node.op_type == "Gather" and node.domain in ("", "ai.onnx") and _int_attribute(node, "axis", 0) == 0
+        if gather and _constant_matrix(node.inputs[0]):
+            yield node
 
 
 def _table_fits(gather: ir.Node, config: WeightQuantization) -> bool:
@@ -207,7 +228,9 @@ class _Rewriter:
             )
         return self.quantized[key]
 
-    def initializers(self, value: ir.Value, transposed: bool, form: str, arrays, reader: ir.Node) -> tuple[ir.Value | None, ...]:
+    def initializers(
+        self, value: ir.Value, transposed: bool, form: str, arrays, reader: ir.Node
+    ) -> tuple[ir.Value | None, ...]:
         """The stored form of a weight as initializers ``<weight>.<form>.quantized``, ``.scales``
         and ``.zero_points`` (None when symmetric), made once."""
         key = (value.name, transposed, form)
@@ -223,12 +246,17 @@ class _Rewriter:
 
     def product(self, product: _WeightProduct) -> None:
         dtype = product.weight.dtype
+        replaced = product.node
         if self.config.target == "onnxruntime":
-            arrays = lambda q: matmul_nbits_arrays(q, dtype)  # noqa: E731
-            weight, scales, zero_points = self.initializers(product.weight, product.transposed, "nbits", arrays, product.node)
+            arrays = lambda q: _matmul_nbits_arrays(q, dtype)
+            stored = self.initializers(product.weight, product.transposed, "nbits", arrays, product.node)
+            weight, scales, zero_points = stored
             n, k = self.weight(product.weight, product.transposed).values.shape
             bias = product.bias if _is_vector(product.bias, n) else None
-            attributes = dict(K=k, N=n, bits=self.config.bits, block_size=self.config.block_size)
+            if product.bias_add is not None:
+                replaced = product.bias_add
+                bias = next(v for v in replaced.inputs if v is not product.node.outputs[0])
+            attributes = {"K": k, "N": n, "bits": self.config.bits, "block_size": self.config.block_size}
             if self.config.accuracy_level:
                 attributes["accuracy_level"] = self.config.accuracy_level
             inputs = [product.activation, weight, scales, zero_points, None, bias]
@@ -236,14 +264,14 @@ class _Rewriter:
                 inputs.pop()
             nodes = [ir.Node(MS_DOMAIN, "MatMulNBits", inputs, _attributes(attributes))]
         else:
-            arrays = lambda q: dequantize_linear_arrays(q, dtype, self.blocked, transposed=True)  # noqa: E731
+            arrays = lambda q: _dequantize_linear_arrays(q, dtype, self.blocked, transposed=True)
             # DequantizeLinear gives the weight as MatMul reads it: [K, N].
             weight = self._dequantized(product.weight, product.transposed, "dq", arrays, axis=0, before=product.node)
             nodes = [ir.Node("", "MatMul", [product.activation, weight])]
             bias = None
         if product.bias is not None and bias is None:
             nodes.append(ir.Node("", "Add", [nodes[-1].outputs[0], product.bias]))
-        self._replace(product.node, nodes)
+        self._replace(replaced, nodes)
 
     # -- embedding tables ----------------------------------------------------------------------
 
@@ -251,20 +279,24 @@ class _Rewriter:
         table, indices = gather.inputs
         dtype = table.dtype
         if self.config.target == "onnxruntime":
-            arrays = lambda q: gather_block_quantized_arrays(q, dtype)  # noqa: E731
+            arrays = lambda q: _gather_block_quantized_arrays(q, dtype)
             data, scales, zero_points = self.initializers(table, True, "gbq", arrays, gather)
-            attributes = dict(gather_axis=0, quantize_axis=1, block_size=self.config.block_size, bits=self.config.bits)
+            attributes = {
+                "gather_axis": 0, "quantize_axis": 1, "block_size": self.config.block_size, "bits": self.config.bits
+            }
             inputs = [data, indices, scales] + ([zero_points] if zero_points is not None else [])
             nodes = [ir.Node(MS_DOMAIN, "GatherBlockQuantized", inputs, _attributes(attributes))]
         else:
-            arrays = lambda q: dequantize_linear_arrays(q, dtype, self.blocked, transposed=False)  # noqa: E731
+            arrays = lambda q: _dequantize_linear_arrays(q, dtype, self.blocked, transposed=False)
             dequantized = self._dequantized(table, True, "table_dq", arrays, axis=1, before=gather)
-            nodes = [ir.Node("", "Gather", [dequantized, indices], _attributes(dict(axis=0)))]
+            nodes = [ir.Node("", "Gather", [dequantized, indices], _attributes({"axis": 0}))]
         self._replace(gather, nodes)
 
     # -- shared --------------------------------------------------------------------------------
 
-    def _dequantized(self, value: ir.Value, transposed: bool, form: str, arrays, *, axis: int, before: ir.Node) -> ir.Value:
+    def _dequantized(
+        self, value: ir.Value, transposed: bool, form: str, arrays, *, axis: int, before: ir.Node
+    ) -> ir.Value:
         """The float weight, from a DequantizeLinear of its stored form (one per weight, before
         its first reader): blocked along ``axis`` from opset 21, else with one scale per index of
         the other axis; cast when its scales cannot have the weight's type."""
@@ -272,10 +304,10 @@ class _Rewriter:
         if key not in self.dequantized:
             weight, scales, zero_points = self.initializers(value, transposed, form, arrays, before)
             inputs = [weight, scales] + ([zero_points] if zero_points is not None else [])
-            attributes = dict(axis=axis, block_size=self.config.block_size) if self.blocked else dict(axis=1 - axis)
+            attributes = {"axis": axis, "block_size": self.config.block_size} if self.blocked else {"axis": 1 - axis}
             nodes = [ir.Node("", "DequantizeLinear", inputs, _attributes(attributes))]
             if scales.dtype != value.dtype:
-                nodes.append(ir.Node("", "Cast", [nodes[0].outputs[0]], _attributes(dict(to=value.dtype))))
+                nodes.append(ir.Node("", "Cast", [nodes[0].outputs[0]], _attributes({"to": value.dtype})))
             for node in nodes:
                 node.outputs[0].dtype = node.inputs[1].dtype if node.op_type == "DequantizeLinear" else value.dtype
                 node.outputs[0].shape = ir.Shape(weight.shape)
@@ -354,26 +386,25 @@ def _float_array(tensor: torch.Tensor, dtype: ir.DataType) -> np.ndarray:
     return tensor.numpy().astype(dtype.numpy())
 
 
-def matmul_nbits_arrays(q: QuantizedWeight, dtype: ir.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _matmul_nbits_arrays(q: QuantizedWeight, dtype: ir.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """MatMulNBits' B ``[N, blocks, blob]``, scales ``[N * blocks]``, packed zero points."""
-    n, k = q.values.shape
-    blocks = q.scales.shape[1]
+    n, blocks = q.scales.shape
     codes, zero_points = _unsigned_codes(q, blocks * q.block_size)
     weight = _pack_low_first(codes.reshape(n, blocks, q.block_size), q.bits)
     packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits).reshape(-1)
     return weight, _float_array(q.scales, dtype).reshape(-1), packed_zero_points
 
 
-def gather_block_quantized_arrays(q: QuantizedWeight, dtype: ir.DataType):
+def _gather_block_quantized_arrays(q: QuantizedWeight, dtype: ir.DataType):
     """GatherBlockQuantized's table ``[V, H * bits / 8]``, scales ``[V, blocks]``, packed zero points."""
-    v, h = q.values.shape
+    h = q.values.shape[1]
     codes, zero_points = _unsigned_codes(q, q.scales.shape[1] * q.block_size)
     table = _pack_low_first(codes[:, :h], q.bits)
     packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits)
     return table, _float_array(q.scales, dtype), packed_zero_points
 
 
-def dequantize_linear_arrays(q: QuantizedWeight, dtype: ir.DataType, blocked: bool, *, transposed: bool):
+def _dequantize_linear_arrays(q: QuantizedWeight, dtype: ir.DataType, blocked: bool, *, transposed: bool):
     """DequantizeLinear's weight, scales and zero points: ``[K, N]`` when ``transposed`` (a
     MatMul's right operand), else ``[N, K]`` (a table); blocked along K, or one scale per N."""
     integer = {(4, True): ml_dtypes.int4, (4, False): ml_dtypes.uint4, (8, True): np.int8, (8, False): np.uint8}[
@@ -420,7 +451,7 @@ def _gather_block_quantized_table(node: ir.Node) -> np.ndarray:
         zero_points = np.full(scales.shape, 2 ** (bits - 1), np.int32)
     else:
         zero_points = _unpack_low_first(constant_array(zero_points), bits, scales.shape[1])
-    expand = lambda per_block: np.repeat(per_block, block_size, axis=1)[:, :h]  # noqa: E731
+    expand = lambda per_block: np.repeat(per_block, block_size, axis=1)[:, :h]
     return (codes - expand(zero_points)) * expand(scales)
 
 
@@ -428,17 +459,19 @@ def _dequantize_linear(node: ir.Node) -> np.ndarray:
     weight = constant_array(node.inputs[0]).astype(np.int32)
     scales = constant_array(node.inputs[1]).astype(np.float64)
     zero_points = _optional_input(node, 2)
-    zero_points = np.zeros(scales.shape, np.int32) if zero_points is None else constant_array(zero_points).astype(np.int32)
+    zero_points = (
+        np.zeros(scales.shape, np.int32) if zero_points is None else constant_array(zero_points).astype(np.int32)
+    )
     axis = _int_attribute(node, "axis", 1)
     block_size = _int_attribute(node, "block_size", 0)
     if block_size:
-        expand = lambda per_block: np.repeat(per_block, block_size, axis=axis).take(  # noqa: E731
+        expand = lambda per_block: np.repeat(per_block, block_size, axis=axis).take(
             range(weight.shape[axis]), axis=axis
         )
     else:
         shape = [1] * weight.ndim
         shape[axis] = -1
-        expand = lambda per_index: per_index.reshape(shape)  # noqa: E731
+        expand = lambda per_index: per_index.reshape(shape)
     return (weight - expand(zero_points)) * expand(scales)
 
 
@@ -468,7 +501,7 @@ def dequantized_model(model: ir.Model) -> ir.Model:
             table = _gather_block_quantized_table(node)
             dtype = node.inputs[2].dtype
             table = add_initializer(graph, table.astype(dtype.numpy()), f"{node.inputs[0].name}.dequantized")
-            nodes = [ir.Node("", "Gather", [table, node.inputs[1]], _attributes(dict(axis=0)))]
+            nodes = [ir.Node("", "Gather", [table, node.inputs[1]], _attributes({"axis": 0}))]
         elif node.op_type == "DequantizeLinear" and all(
             v is None or constant_array(v) is not None for v in node.inputs
         ):

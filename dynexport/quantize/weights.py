@@ -58,7 +58,7 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 weight ``[N, K]`` these integers stand for."""
         k = self.values.shape[1]
-        expand = lambda per_block: per_block.repeat_interleave(self.block_size, dim=1)[:, :k]  # noqa: E731
+        expand = lambda per_block: per_block.repeat_interleave(self.block_size, dim=1)[:, :k]
         shifted = self.values if self.zero_points is None else self.values - expand(self.zero_points)
         return shifted.to(torch.float32) * expand(self.scales)
 
@@ -87,7 +87,9 @@ def register_weight_quantizer(name: str) -> Callable[[WeightQuantizer], WeightQu
 def weight_quantizer(name: str) -> WeightQuantizer:
     """The algorithm registered under ``name``."""
     if name not in _QUANTIZERS:
-        raise ValueError(f"algorithm={name!r} is not a registered weight quantizer; choose one of {sorted(_QUANTIZERS)}")
+        raise ValueError(
+            f"algorithm={name!r} is not a registered weight quantizer; choose one of {sorted(_QUANTIZERS)}"
+        )
     return _QUANTIZERS[name]
 
 
