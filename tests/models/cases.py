@@ -1,7 +1,7 @@
 """The model suite's models as cases the runtime and opset tests share: each a model, the calls
 to check it at (the first is the export example, the others resize its dynamic dims) and its
 ``dynamic_shapes``, built from the suite's own definitions (the shipped examples,
-tests/models/test_nn_blocks.py, tests/models/families.py and test_transformers.py)."""
+tests/models/test_nn_blocks.py, families.py, test_transformers.py and test_torchvision.py)."""
 
 from __future__ import annotations
 
@@ -114,6 +114,25 @@ def encoder_decoder(family: str) -> Callable[[], Case]:
     return build
 
 
+def torchvision_classifier(name: str) -> Callable[[], Case]:
+    """A torchvision classifier, its BatchNorms calibrated (as tests/models/test_torchvision.py
+    does), batch and image sides dynamic; compared within 1e-3 of its largest logit."""
+
+    def build() -> Case:
+        from tests.models.test_torchvision import calibrated
+        from tests.torchvision_ops import load_torchvision
+
+        torch.manual_seed(0)
+        model = calibrated(getattr(load_torchvision().models, name)(weights=None), torch.rand(4, 3, 64, 64))
+        calls = [((torch.rand(*size),), {}) for size in [(2, 3, 64, 64), (3, 3, 96, 80)]]
+        with torch.no_grad():
+            scale = max(float(model(*args).abs().max()) for args, _ in calls)
+        sides = {2: Dim("height", min=64, max=512), 3: Dim("width", min=64, max=512)}
+        return Case(model, calls, ({0: Dim("batch"), **sides},), atol=1e-3 * scale)
+
+    return build
+
+
 # Quick to export (a few seconds at most each): the shipped examples, torch.nn blocks, a tiny
 # BERT and a tiny GPT-2 with its KV cache.
 CASES: dict[str, Callable[[], Case]] = {
@@ -125,11 +144,12 @@ CASES: dict[str, Callable[[], Case]] = {
     "gpt2_kv_cache": decoder_with_kv_cache("gpt2"),
 }
 
-# The rest of the transformers families (marked slow where tests use them).
+# The rest of the transformers families and torchvision's ResNet-18 (slow where tests use them).
 HEAVY_CASES: dict[str, Callable[[], Case]] = {
     **{family: encoder(family) for family in ["roberta", "distilbert", "albert", "electra"]},
     **{f"{family}_kv_cache": decoder_with_kv_cache(family) for family in
        ["gpt_neox", "opt", "llama", "mistral", "qwen2", "phi", "gemma"]},
     "t5": encoder_decoder("t5"),
     "bart": encoder_decoder("bart"),
+    "resnet18": torchvision_classifier("resnet18"),
 }
