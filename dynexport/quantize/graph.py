@@ -205,28 +205,27 @@ def _table_fits(gather: ir.Node, config: WeightQuantization) -> bool:
 
 class _Rewriter:
     """Rewrites products and lookups one at a time; a weight read by several nodes in the same
-    orientation is quantized and stored once."""
+    orientation and form is quantized and stored once. Only the stored forms are kept: the
+    integers an algorithm returns (4 bytes a weight) live while one weight is converted."""
 
     def __init__(self, graph: ir.Graph, config: WeightQuantization, blocked: bool):
         self.graph = graph
         self.config = config
         self.blocked = blocked
         self.quantizer = weight_quantizer(config.algorithm)
-        self.quantized: dict[tuple[str, bool], QuantizedWeight] = {}
+        self.quantized: set[tuple[str, bool]] = set()
         self.stored: dict[tuple[str, bool, str], tuple[ir.Value | None, ...]] = {}
         self.dequantized: dict[tuple[str, bool, str], ir.Value] = {}
 
-    def weight(self, value: ir.Value, transposed: bool) -> QuantizedWeight:
-        """The weight ``[N, K]`` quantized along K (once per initializer and orientation)."""
-        key = (value.name, transposed)
-        if key not in self.quantized:
-            matrix = torch.from_numpy(np.asarray(value.const_value.numpy(), dtype=np.float32))
-            matrix = matrix if transposed else matrix.T
-            block_size = self.config.block_size if self.blocked else matrix.shape[1]
-            self.quantized[key] = self.quantizer(
-                matrix.contiguous(), bits=self.config.bits, block_size=block_size, symmetric=self.config.symmetric
-            )
-        return self.quantized[key]
+    def quantize(self, value: ir.Value, transposed: bool) -> QuantizedWeight:
+        """The weight ``[N, K]`` quantized along K."""
+        self.quantized.add((value.name, transposed))
+        matrix = torch.from_numpy(np.asarray(value.const_value.numpy(), dtype=np.float32))
+        matrix = matrix if transposed else matrix.T
+        block_size = self.config.block_size if self.blocked else matrix.shape[1]
+        return self.quantizer(
+            matrix.contiguous(), bits=self.config.bits, block_size=block_size, symmetric=self.config.symmetric
+        )
 
     def initializers(
         self, value: ir.Value, transposed: bool, form: str, arrays, reader: ir.Node
@@ -238,7 +237,7 @@ class _Rewriter:
             name = _weight_name(value, reader)
             self.stored[key] = tuple(
                 None if array is None else add_initializer(self.graph, array, f"{name}.{form}.{part}")
-                for part, array in zip(("quantized", "scales", "zero_points"), arrays(self.weight(value, transposed)))
+                for part, array in zip(("quantized", "scales", "zero_points"), arrays(self.quantize(value, transposed)))
             )
         return self.stored[key]
 
@@ -251,7 +250,8 @@ class _Rewriter:
             arrays = lambda q: _matmul_nbits_arrays(q, dtype)
             stored = self.initializers(product.weight, product.transposed, "nbits", arrays, product.node)
             weight, scales, zero_points = stored
-            n, k = self.weight(product.weight, product.transposed).values.shape
+            n, k = product.weight.const_value.shape
+            n, k = (n, k) if product.transposed else (k, n)
             bias = product.bias if _is_vector(product.bias, n) else None
             if product.bias_add is not None:
                 replaced = product.bias_add
