@@ -230,6 +230,43 @@ class _Dropout(_Twin):
         return x
 
 
+def _embedding_table(original: nnq.Embedding | nnq.EmbeddingBag) -> torch.Tensor:
+    """The float rows PyTorch's kernel reads from the packed table (a row-wise scale and a float
+    zero point, which DequantizeLinear cannot express): the kernel asked for every row."""
+    if original.dtype != torch.quint8:
+        raise QuantizedCaptureError(f"{type(original).__name__} of {original.dtype} has no float form in dynexport")
+    packed, rows = original._packed_params._packed_weight, torch.arange(original.num_embeddings)
+    if isinstance(original, nnq.Embedding):
+        return torch.ops.quantized.embedding_byte(packed, rows)
+    return torch.ops.quantized.embedding_bag_byte(packed, rows, rows, False, 0, False, None, None, False)
+
+
+class _Embedding(_Twin):
+    """Quantized embeddings return floats: the lookup of the table PyTorch's kernel reads."""
+
+    def __init__(self, tensors, original: nnq.Embedding | nnq.EmbeddingBag):
+        super().__init__(tensors, original)
+        if getattr(original, "pruned_weights", False):
+            raise QuantizedCaptureError(f"{type(original).__name__} with pruned weights has no float form in dynexport")
+        self.register_buffer("weight", _embedding_table(original))
+        self.include_last_offset = getattr(original, "include_last_offset", False)
+        self.bag = isinstance(original, nnq.EmbeddingBag)
+
+    def forward(self, indices, offsets=None, per_sample_weights=None, compressed_indices_mapping=None):
+        if not self.bag:
+            return F.embedding(indices, self.weight)
+        if compressed_indices_mapping is not None:
+            raise QuantizedCaptureError("EmbeddingBag's compressed_indices_mapping (pruned weights) has no float form")
+        return F.embedding_bag(
+            indices,
+            self.weight,
+            offsets,
+            mode="sum",
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset,
+        )
+
+
 class _Functional(_Twin):
     """``QFunctional``: float arithmetic on the dequantized operands, quantized with the module's
     output parameters (``add_scalar``/``mul_scalar``: with those PyTorch's kernel derives from
@@ -311,6 +348,8 @@ _TWINS: dict[type, Callable[[QuantizedTensors, torch.nn.Module], _Twin]] = {
         )
     },
     nnq.Dropout: _Dropout,
+    nnq.Embedding: _Embedding,
+    nnq.EmbeddingBag: _Embedding,
     nnq.QFunctional: _Functional,
     **dict.fromkeys(_ELEMENTWISE, _Elementwise),
 }
@@ -447,7 +486,9 @@ def _twin(child: torch.nn.Module, tensors: QuantizedTensors) -> torch.nn.Module 
     make = _TWINS.get(type(child))
     if make is not None:
         return make(tensors, child)
-    if _has_quantized_attributes(child):
+    # A module of torch's quantized packages is named whole (its packed weights sit in a child).
+    holders = child.modules() if type(child).__module__.startswith("torch.ao.nn.") else [child]
+    if any(_has_quantized_attributes(holder) for holder in holders):
         raise QuantizedCaptureError(
             f"{type(child).__name__} ({type(child).__module__}) has no float form in dynexport yet: "
             "leave it in float (qconfig None) or dequantize around it"

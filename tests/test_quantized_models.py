@@ -31,6 +31,7 @@ from torch.ao.quantization import (
     QuantStub,
     convert,
     disable_observer,
+    float_qparams_weight_only_qconfig,
     fuse_modules,
     fuse_modules_qat,
     get_default_qat_qconfig,
@@ -42,7 +43,7 @@ from torch.ao.quantization import (
 from torch.ao.quantization.quantize_fx import convert_fx, convert_to_reference_fx, prepare_fx
 
 import dynexport
-from tests.equivalence import assert_batch_dynamic_equivalent, op_histogram
+from tests.equivalence import assert_batch_dynamic_equivalent, assert_exports_equivalent, op_histogram
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.ao.quantization is deprecated",
@@ -294,6 +295,29 @@ def test_conv_transpose_1d(quantized_engine):
     assert_quantized_export(model, _randn(2, 4, 7), step=_output_scale(model), rounding_steps=1)
 
 
+class Embeddings(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding, self.bag = nn.Embedding(20, 6), nn.EmbeddingBag(20, 6, mode="sum")
+
+    def forward(self, indices, offsets):
+        return self.embedding(indices).sum(1) + self.bag(indices.flatten(), offsets)
+
+
+def test_weight_only_quantized_embeddings():
+    model = Embeddings().eval()
+    for module in (model.embedding, model.bag):
+        module.qconfig = float_qparams_weight_only_qconfig
+    model = convert(prepare(model))
+    assert type(model.bag).__module__.startswith("torch.ao.nn.quantized")
+
+    def example(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randint(0, 20, (batch, 4), generator=torch.Generator().manual_seed(batch)), torch.arange(batch) * 4
+
+    batch = torch.export.Dim("batch")
+    assert_exports_equivalent(model, example(3), dynamic_shapes=({0: batch}, {0: batch}), resized=[example(7)])
+
+
 class QuantizesInForward(nn.Module):
     """Quantized tensors made and read by the forward itself."""
 
@@ -479,12 +503,12 @@ def test_unknown_function_on_quantized_tensor_is_refused_with_its_name():
 
 def test_quantized_module_without_float_form_is_refused_and_model_left_unchanged():
     model = _quantized(Quantized(nn.Sequential(nn.Linear(4, 4))), _randn(2, 4))
-    model.body.append(nnq.Embedding(10, 4))
+    model.body.append(torch.ao.nn.quantized.dynamic.Linear(4, 4))
     with pytest.raises(
-        dynexport.errors.CaptureError, match=r"EmbeddingPackedParams \(torch.ao.nn.quantized.* has no float form"
+        dynexport.errors.CaptureError, match=r"Linear \(torch.ao.nn.quantized.dynamic.* has no float form"
     ):
         dynexport.export(model, (_randn(2, 4),))
-    assert [type(m).__name__ for m in model.body] == ["Linear", "Embedding"]
+    assert [type(m).__name__ for m in model.body] == ["Linear", "Linear"]
     assert type(model.body[0]).__module__.startswith("torch.ao.nn.quantized")
 
 
