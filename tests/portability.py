@@ -67,10 +67,18 @@ def shape_disagreements(model: onnx.ModelProto) -> list[str]:
         del graph.value_info[:]
         for output in graph.output:
             output.ClearField("type")
+    strict = _all_known(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(stripped, strict_mode=_all_known(model), data_prop=True)
-    except onnx.shape_inference.InferenceError as error:
-        return [f"strict shape inference fails: {error}"]
+        inferred = onnx.shape_inference.infer_shapes(stripped, strict_mode=strict, data_prop=True)
+    except onnx.shape_inference.InferenceError:
+        # onnx 1.23's data propagation refuses some valid graphs: it propagates a rank-1 float
+        # tensor's "values" and then fails to broadcast them (Unsqueeze(x[5], [1]) * y[10], an
+        # outer product). Strict inference without it decides; the lenient run supplies shapes.
+        try:
+            onnx.shape_inference.infer_shapes(stripped, strict_mode=strict)
+        except onnx.shape_inference.InferenceError as error:
+            return [f"strict shape inference fails: {error}"]
+        inferred = onnx.shape_inference.infer_shapes(stripped, data_prop=True)
     problems = []
     for ours, theirs in zip(_graphs(model.graph), _graphs(inferred.graph)):
         inferred_types = {value.name: value.type for value in [*theirs.value_info, *theirs.output]}

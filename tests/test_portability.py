@@ -61,6 +61,20 @@ def test_unknown_sizes_are_no_disagreement():
     assert shape_disagreements(model) == []
 
 
+def test_an_outer_product_is_no_disagreement():
+    # onnx's strict inference with data propagation refuses this valid graph (see portability.py).
+    nodes = [helper.make_node("Unsqueeze", ["a", "axes"], ["column"], name="unsqueeze"),
+             helper.make_node("Mul", ["column", "b"], ["y"], name="mul")]
+    model = _model(
+        nodes, [_tensor("a", TensorProto.FLOAT, [5]), _tensor("b", TensorProto.FLOAT, [10])],
+        [_tensor("y", TensorProto.FLOAT, [5, 10])], [_tensor("column", TensorProto.FLOAT, [5, 1])],
+    )
+    model.graph.initializer.append(helper.make_tensor("axes", TensorProto.INT64, [1], [1]))
+    assert shape_disagreements(model) == []
+    model.graph.value_info[0].type.tensor_type.shape.dim[1].dim_value = 2
+    assert shape_disagreements(model) == ["'column' (from Unsqueeze node 'unsqueeze'): dim 1: declared [5, 2], inferred [5, 1]"]
+
+
 def test_a_wrong_declaration_inside_a_subgraph_is_found():
     branch = helper.make_graph(
         [helper.make_node("Neg", ["x"], ["negated"], name="neg")], "then", [], [_tensor("negated", TensorProto.FLOAT, ["batch", 3])]
