@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.ao.nn.intrinsic.quantized as nniq
 import torch.ao.nn.quantized as nnq
+import torch.ao.nn.quantized.dynamic as nnqd
 import torch.nn.functional as F
 from torch.ao.quantization.fake_quantize import FakeQuantizeBase
 from torch.utils._python_dispatch import _disable_current_modes
@@ -241,6 +242,49 @@ def _embedding_table(original: nnq.Embedding | nnq.EmbeddingBag) -> torch.Tensor
     return torch.ops.quantized.embedding_bag_byte(packed, rows, rows, False, 0, False, None, None, False)
 
 
+class _DynamicLinear(_Twin):
+    """``quantize_dynamic``'s Linear: at each call the input is quantized to uint8 with parameters
+    chosen from its own range, as fbgemm chooses them (0..127 with ``reduce_range``), then the
+    float linear with the dequantized int8 weight (float16 weights: the float16 values)."""
+
+    def __init__(self, tensors, original: nnqd.Linear):
+        super().__init__(tensors, original)
+        if torch.backends.quantized.engine not in ("x86", "fbgemm"):
+            raise QuantizedCaptureError(
+                f"dynamic quantized Linear under the {torch.backends.quantized.engine} engine: dynexport "
+                "chooses the input's parameters as the x86/fbgemm engine does"
+            )
+        weight, bias = original._weight_bias()
+        self.float16 = original._packed_params.dtype == torch.float16
+        if self.float16:
+            self.register_buffer("weight", weight)
+        else:
+            self._register_weight(weight)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+        self.quant_max = 127 if original.version is not None and original.version >= 4 else 255
+
+    def forward(self, x):
+        with self._tensors.inside_twin():
+            if self.float16:
+                return F.linear(x, self.weight.float(), self.bias).to(x.dtype)
+            qparams = QParams(*_dynamic_qparams(x, self.quant_max), torch.quint8)
+            return F.linear(qparams.quantize_dequantize(x), self._weight(), self.bias).to(x.dtype)
+
+
+def _dynamic_qparams(x: torch.Tensor, quant_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fbgemm's ChooseQuantizationParams for [0, quant_max] (PyTorch's quant_utils): the range
+    widened to hold 0; the zero point from whichever end loses less, rounded and clamped."""
+    low = torch.clamp(x.min(), max=0.0).double()
+    high = torch.clamp(x.max(), min=0.0).double()
+    scale = (high - low) / quant_max
+    degenerate = (scale.float() == 0) | torch.isinf(1.0 / scale.float())
+    scale = torch.where(degenerate, torch.full_like(scale, 0.1), scale)
+    from_min, from_max = -low / scale, quant_max - high / scale
+    from_min_error, from_max_error = -torch.abs(low / scale), quant_max - torch.abs(high / scale)
+    zero_point = torch.where(from_min_error < from_max_error, from_min, from_max)
+    return scale.float(), torch.clamp(torch.round(zero_point), 0, quant_max).long()
+
+
 class _Embedding(_Twin):
     """Quantized embeddings return floats: the lookup of the table PyTorch's kernel reads."""
 
@@ -349,6 +393,7 @@ _TWINS: dict[type, Callable[[QuantizedTensors, torch.nn.Module], _Twin]] = {
     },
     nnq.Dropout: _Dropout,
     nnq.Embedding: _Embedding,
+    nnqd.Linear: _DynamicLinear,
     nnq.EmbeddingBag: _Embedding,
     nnq.QFunctional: _Functional,
     **dict.fromkeys(_ELEMENTWISE, _Elementwise),

@@ -318,6 +318,27 @@ def test_weight_only_quantized_embeddings():
     assert_exports_equivalent(model, example(3), dynamic_shapes=({0: batch}, {0: batch}), resized=[example(7)])
 
 
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.qint8, torch.float16])
+def test_dynamically_quantized_linear(dtype):
+    model = torch.ao.quantization.quantize_dynamic(Mlp().eval(), {nn.Linear}, dtype=dtype)
+    assert type(model.up).__module__.startswith("torch.ao.nn.quantized.dynamic")
+    # The input's parameters come from its own range: the other sizes and ranges get their own.
+    dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")},)
+    program = assert_exports_equivalent(
+        model, (_randn(3, 5, 16),), dynamic_shapes=dims, resized=[(_randn(4, 9, 16, seed=2) * 3,)]
+    )
+    assert op_histogram(program)["QuantizeLinear"] == (2 if dtype is torch.qint8 else 0)
+
+
 class QuantizesInForward(nn.Module):
     """Quantized tensors made and read by the forward itself."""
 
@@ -503,12 +524,12 @@ def test_unknown_function_on_quantized_tensor_is_refused_with_its_name():
 
 def test_quantized_module_without_float_form_is_refused_and_model_left_unchanged():
     model = _quantized(Quantized(nn.Sequential(nn.Linear(4, 4))), _randn(2, 4))
-    model.body.append(torch.ao.nn.quantized.dynamic.Linear(4, 4))
+    model.body.append(torch.ao.nn.quantized.dynamic.GRUCell(4, 4))
     with pytest.raises(
-        dynexport.errors.CaptureError, match=r"Linear \(torch.ao.nn.quantized.dynamic.* has no float form"
+        dynexport.errors.CaptureError, match=r"GRUCell \(torch.ao.nn.quantized.dynamic.* has no float form"
     ):
         dynexport.export(model, (_randn(2, 4),))
-    assert [type(m).__name__ for m in model.body] == ["Linear", "Linear"]
+    assert [type(m).__name__ for m in model.body] == ["Linear", "GRUCell"]
     assert type(model.body[0]).__module__.startswith("torch.ao.nn.quantized")
 
 
