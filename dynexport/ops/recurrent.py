@@ -12,18 +12,23 @@ with ``batch_sizes[t]`` the number of sequences longer than ``t``. Its operators
 recurrent op, padding) are translated one by one, each exactly: a recurrent op on packed data
 scatters it back to padded (time, batch, features) form, runs one ONNX node per layer with
 ``sequence_lens`` (the lengths read back from ``batch_sizes``), and gathers the valid steps of
-its output back into packed form.
+its output back into packed form. Where packed data comes straight from packing or from a
+recurrent op (the usual pack -> LSTM -> pad chain), the next op reads the padded tensor it was
+gathered from instead, whose steps past each length ``sequence_lens`` leaves out and padding
+masks: the gathers and scatters are then left unused, and the optimizer drops them.
 """
 
 from __future__ import annotations
 
+import operator
+
 import onnx_ir as ir
 import torch
-from torch.fx.experimental.symbolic_shapes import is_concrete_int
+from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
 from dynexport.decompositions import recurrent  # noqa: F401  (defines dynexport::pad_packed_sequence)
 from dynexport.errors import TranslationError, source_line
-from dynexport.ops._helpers import argument, cast, ints, reduce, shape_tensor
+from dynexport.ops._helpers import argument, cast, ints, pad, reduce, scalar, shape_tensor, with_shape
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -189,6 +194,9 @@ def rnn(ctx, input, hx, params, has_biases, num_layers, dropout, train, bidirect
 # -- packed sequences ---------------------------------------------------------------------
 
 
+_PACKED_RECURRENT = (aten.lstm.data, aten.gru.data, aten.rnn_tanh.data, aten.rnn_relu.data)
+
+
 def _batch(ctx, batch_sizes):
     """A packed sequence's number of sequences, ``batch_sizes[0]`` (every length is at least 1)."""
     return ctx.op.Gather(batch_sizes, ctx.constant(0, ir.DataType.INT64), axis=0)
@@ -231,13 +239,46 @@ def _pack_padded_sequence(ctx, input, lengths, batch_first):
     return data, batch_sizes
 
 
+def _getitem_of(argument: object) -> tuple[torch.fx.Node, int] | None:
+    """(node, index) when the FX argument is output ``index`` of ``node``."""
+    if isinstance(argument, torch.fx.Node) and argument.target is operator.getitem:
+        return argument.args[0], argument.args[1]
+    return None
+
+
+def _padded_source(ctx, data) -> ir.Value | None:
+    """The time-major padded tensor that ``ctx.node``'s packed ``data`` was gathered from here,
+    when it comes straight from packing, or from a recurrent op, with the same batch sizes (that
+    tensor's steps past each length are then never read); None for other packed data."""
+    data_source, batch_sizes_source = _getitem_of(ctx.node.args[0]), _getitem_of(ctx.node.args[1])
+    if data_source is None or batch_sizes_source is None or data_source[1] != 0:
+        return None
+    producer = data_source[0]
+    if producer.target is aten._pack_padded_sequence.default:
+        straight = batch_sizes_source == (producer, 1)
+    else:
+        straight = producer.target in _PACKED_RECURRENT and _getitem_of(producer.args[1]) == batch_sizes_source
+    gather = data.producer()
+    if not straight or gather is None or gather.op_type != "GatherND":
+        return None
+    return gather.inputs[0]
+
+
+def _layers_input(ctx, data, valid):
+    """The layers' time-major padded input; ``sequence_lens`` leaves out its steps past each length."""
+    padded = _padded_source(ctx, data)
+    if padded is not None:
+        return padded
+    return _padded(ctx, data, valid, ctx.op.Shape(valid), ctx.constant(0, data.dtype))
+
+
 def _packed_layers(ctx, op_name, data, batch_sizes, states, params, has_biases, num_layers, bidirectional, gates):
     _refuse_unsupported(ctx)
     valid = _valid_steps(ctx, batch_sizes)
-    x = _padded(ctx, data, valid, ctx.op.Shape(valid), ctx.constant(0, data.dtype))
     sequence_lens = _lengths(ctx, valid, ir.DataType.INT32)
     output, finals = _run_layers(
-        ctx, op_name, x, states, params, has_biases, num_layers, bidirectional, gates, sequence_lens
+        ctx, op_name, _layers_input(ctx, data, valid), states, params, has_biases, num_layers, bidirectional,
+        gates, sequence_lens,
     )
     return ctx.op.GatherND(output, _positions(ctx, valid)), finals
 
@@ -266,13 +307,38 @@ def rnn_data(ctx, data, batch_sizes, hx, params, has_biases, num_layers, dropout
     return output, h_n
 
 
+def _masked_steps(ctx, padded, rank: int, lengths, total_length, fill):
+    """A time-major ``padded`` tensor with ``total_length`` steps and ``fill`` past each length."""
+    steps = shape_tensor(ctx, [total_length])
+    kept = with_shape(ctx.op.Slice(padded, ints(ctx, [0]), steps, ints(ctx, [0])), [None] * rank)
+    if not _is_step_count(ctx.node):  # total_length may exceed the output's steps
+        kept_steps = ctx.op.Slice(ctx.op.Shape(kept), ints(ctx, [0]), ints(ctx, [1]))
+        kept = pad(ctx, kept, [0, ctx.op.Sub(steps, kept_steps)], axes=[0])
+    zero, one = ctx.constant(0, ir.DataType.INT64), ctx.constant(1, ir.DataType.INT64)
+    times = ctx.op.Range(zero, scalar(ctx, total_length, ir.DataType.INT64), one)
+    valid = ctx.op.Less(ctx.op.Unsqueeze(times, ints(ctx, [1])), ctx.op.Unsqueeze(lengths, ints(ctx, [0])))
+    return ctx.op.Where(ctx.op.Unsqueeze(valid, ints(ctx, list(range(2, rank)))), kept, fill)
+
+
+def _is_step_count(node: torch.fx.Node) -> bool:
+    """Whether the padding ``node``'s total_length is its packed sequence's number of steps
+    (``pad_packed_sequence`` without ``total_length``)."""
+    total_length = node.args[4]
+    total_length = total_length.meta["val"] if isinstance(total_length, torch.fx.Node) else total_length
+    return statically_known_true(total_length == node.args[1].meta["val"].shape[0])
+
+
 @translates(dynexport_ops.pad_packed_sequence.default)
 def pad_packed_sequence(ctx, data, batch_sizes, batch_first, padding_value, total_length):
     valid = _valid_steps(ctx, batch_sizes)
-    batch = _batch(ctx, batch_sizes)
+    lengths = _lengths(ctx, valid, ir.DataType.INT64)
     fill = ctx.constant(padding_value, data.dtype)
-    padded = _padded(ctx, data, valid, shape_tensor(ctx, [total_length, batch]), fill)
-    return _time_major(ctx, padded, batch_first, len(data.shape) + 1), _lengths(ctx, valid, ir.DataType.INT64)
+    source = _padded_source(ctx, data)
+    if source is not None:
+        padded = _masked_steps(ctx, source, len(data.shape) + 1, lengths, total_length, fill)
+    else:
+        padded = _padded(ctx, data, valid, shape_tensor(ctx, [total_length, _batch(ctx, batch_sizes)]), fill)
+    return _time_major(ctx, padded, batch_first, len(data.shape) + 1), lengths
 
 
 # -- single steps (nn.LSTMCell, nn.GRUCell, nn.RNNCell): the gate arithmetic itself ----------
