@@ -195,16 +195,15 @@ def _exact_session_options() -> Any:
 
 def _at_exact_accuracy(model: Any) -> Any:
     """``model``, or a copy whose MatMulNBits compute the activations in their own float type."""
-    lowered = [
-        node for node in model.graph
-        if node.domain == MS_DOMAIN and node.op_type == "MatMulNBits"
-        and "accuracy_level" in node.attributes
-        and node.attributes["accuracy_level"].as_int() not in _EXACT_ACCURACY_LEVELS
-    ]
-    if not lowered:
+    if not any(_lowers_activations(node) for node in model.graph):
         return model
     copy = model.clone()
     for node in copy.graph:
-        if node.domain == MS_DOMAIN and node.op_type == "MatMulNBits":
-            node.attributes.pop("accuracy_level", None)
+        if _lowers_activations(node):
+            del node.attributes["accuracy_level"]
     return copy
+
+
+def _lowers_activations(node: Any) -> bool:
+    level = node.attributes.get("accuracy_level") if node.domain == MS_DOMAIN and node.op_type == "MatMulNBits" else None
+    return level is not None and level.as_int() not in _EXACT_ACCURACY_LEVELS
