@@ -17,7 +17,14 @@ import onnx
 import onnx.defs
 import onnx.shape_inference
 
-__all__ = ["SPEC_DOMAINS", "assert_portable", "assert_shapes_agree", "assert_spec_only", "shape_disagreements", "spec_violations"]
+__all__ = [
+    "SPEC_DOMAINS",
+    "assert_portable",
+    "assert_shapes_agree",
+    "assert_spec_only",
+    "shape_disagreements",
+    "spec_violations",
+]
 
 # The domains the ONNX specification defines operators in.
 SPEC_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
@@ -46,6 +53,7 @@ def requested_domains(model: onnx.ModelProto, export_options: Mapping[str, Any])
 
 
 # -- shapes ---------------------------------------------------------------------------------------
+
 
 def assert_shapes_agree(model: onnx.ModelProto) -> None:
     problems = shape_disagreements(model)
@@ -83,7 +91,8 @@ def shape_disagreements(model: onnx.ModelProto) -> list[str]:
     for ours, theirs in zip(_graphs(model.graph), _graphs(inferred.graph)):
         inferred_types = {value.name: value.type for value in [*theirs.value_info, *theirs.output]}
         inferred_types.update(
-            (tensor.name, onnx.helper.make_tensor_type_proto(tensor.data_type, tensor.dims)) for tensor in ours.initializer
+            (tensor.name, onnx.helper.make_tensor_type_proto(tensor.data_type, tensor.dims))
+            for tensor in ours.initializer
         )
         producers = {output: node for node in ours.node for output in node.output}
         for value in [*ours.value_info, *ours.output]:
@@ -131,17 +140,18 @@ def _type_disagreements(ours: onnx.TypeProto, theirs: onnx.TypeProto) -> list[st
         return []
     ours_tensor, theirs_tensor = ours.tensor_type, theirs.tensor_type
     if ours_tensor.elem_type and theirs_tensor.elem_type and ours_tensor.elem_type != theirs_tensor.elem_type:
-        return [
-            f"declared {onnx.TensorProto.DataType.Name(ours_tensor.elem_type)}, "
-            f"inferred {onnx.TensorProto.DataType.Name(theirs_tensor.elem_type)}"
-        ]
+        names = [onnx.TensorProto.DataType.Name(t.elem_type) for t in (ours_tensor, theirs_tensor)]
+        return [f"declared {names[0]}, inferred {names[1]}"]
     if not (ours_tensor.HasField("shape") and theirs_tensor.HasField("shape")):
         return []
     declared, inferred = list(ours_tensor.shape.dim), list(theirs_tensor.shape.dim)
     if len(declared) != len(inferred):
-        return [f"declared rank {len(declared)} {_shape_text(declared)}, inferred rank {len(inferred)} {_shape_text(inferred)}"]
+        ours_text, theirs_text = _shape_text(declared), _shape_text(inferred)
+        return [f"declared rank {len(declared)} {ours_text}, inferred rank {len(inferred)} {theirs_text}"]
     for axis, (mine, other) in enumerate(zip(declared, inferred)):
-        static_vs_static = mine.HasField("dim_value") and other.HasField("dim_value") and mine.dim_value != other.dim_value
+        static_vs_static = (
+            mine.HasField("dim_value") and other.HasField("dim_value") and mine.dim_value != other.dim_value
+        )
         static_vs_symbolic = mine.HasField("dim_value") and other.HasField("dim_param") and not _unknown(other)
         if static_vs_static or static_vs_symbolic:
             return [f"dim {axis}: declared {_shape_text(declared)}, inferred {_shape_text(inferred)}"]
@@ -154,12 +164,18 @@ def _unknown(dim: onnx.TensorShapeProto.Dimension) -> bool:
 
 
 def _shape_text(dims: list[onnx.TensorShapeProto.Dimension]) -> str:
-    return "[" + ", ".join(
-        str(d.dim_value) if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else "?" for d in dims
-    ) + "]"
+    return (
+        "["
+        + ", ".join(
+            str(d.dim_value) if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else "?"
+            for d in dims
+        )
+        + "]"
+    )
 
 
 # -- operators and types --------------------------------------------------------------------------
+
 
 def assert_spec_only(model: onnx.ModelProto, requested: set[str] | frozenset[str] = frozenset()) -> None:
     problems = spec_violations(model, requested)
@@ -224,9 +240,9 @@ def _node_type_violations(node: onnx.NodeProto, opset: int, types: Mapping[str, 
             else:
                 ok = type_text == formal.type_str
             if not ok:
+                where = f"{node.op_type}-{schema.since_version} node {node.name!r}: {role} {index} ({name!r})"
                 problems.append(
-                    f"{node.op_type}-{schema.since_version} node {node.name!r}: {role} {index} ({name!r}) is {type_text}, "
-                    f"which {formal.name} ({formal.type_str}) does not allow at opset {opset}"
+                    f"{where} is {type_text}, which {formal.name} ({formal.type_str}) does not allow at opset {opset}"
                 )
     return problems
 
@@ -237,7 +253,9 @@ def _type_text(type_proto: onnx.TypeProto) -> str | None:
     kind = type_proto.WhichOneof("value")
     if kind == "tensor_type":
         elem = type_proto.tensor_type.elem_type
-        return f"tensor({onnx.helper.tensor_dtype_to_string(elem).removeprefix('TensorProto.').lower()})" if elem else None
+        return (
+            f"tensor({onnx.helper.tensor_dtype_to_string(elem).removeprefix('TensorProto.').lower()})" if elem else None
+        )
     if kind in ("sequence_type", "optional_type"):
         inner = _type_text(getattr(type_proto, kind).elem_type)
         return None if inner is None else f"{'seq' if kind == 'sequence_type' else 'optional'}({inner})"

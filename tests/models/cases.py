@@ -108,7 +108,11 @@ def encoder_decoder(family: str) -> Callable[[], Case]:
             inputs["decoder_input_ids"] = text_inputs(b, target, mask=False)["input_ids"]
             calls.append(((), inputs))
         batch, seq, target = Dim("batch"), Dim("seq", min=2, max=32), Dim("target", min=2, max=32)
-        dims = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}, "decoder_input_ids": {0: batch, 1: target}}
+        dims = {
+            "input_ids": {0: batch, 1: seq},
+            "attention_mask": {0: batch, 1: seq},
+            "decoder_input_ids": {0: batch, 1: target},
+        }
         return Case(_SEQ2SEQ[family]().eval(), calls, dims)
 
     return build
@@ -147,8 +151,10 @@ CASES: dict[str, Callable[[], Case]] = {
 # The rest of the transformers families and torchvision's ResNet-18 (slow where tests use them).
 HEAVY_CASES: dict[str, Callable[[], Case]] = {
     **{family: encoder(family) for family in ["roberta", "distilbert", "albert", "electra"]},
-    **{f"{family}_kv_cache": decoder_with_kv_cache(family) for family in
-       ["gpt_neox", "opt", "llama", "mistral", "qwen2", "phi", "gemma"]},
+    **{
+        f"{family}_kv_cache": decoder_with_kv_cache(family)
+        for family in ["gpt_neox", "opt", "llama", "mistral", "qwen2", "phi", "gemma"]
+    },
     "t5": encoder_decoder("t5"),
     "bart": encoder_decoder("bart"),
     "resnet18": torchvision_classifier("resnet18"),

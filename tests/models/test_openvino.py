@@ -14,9 +14,7 @@ from tests.portability import assert_portable
 openvino = pytest.importorskip("openvino")
 
 
-@pytest.mark.parametrize(
-    "name", list(CASES) + [pytest.param(name, marks=pytest.mark.slow) for name in HEAVY_CASES]
-)
+@pytest.mark.parametrize("name", list(CASES) + [pytest.param(name, marks=pytest.mark.slow) for name in HEAVY_CASES])
 def test_model_in_openvino(name):
     case = {**CASES, **HEAVY_CASES}[name]()
     args, kwargs = case.calls[0]
