@@ -7,9 +7,9 @@
    ``deduplicate_initializers``, ``eliminate_common_subexpressions``.
 3. Fusions: ``fuse_gemm``, ``fuse_conv_batchnorm`` (into Conv, ConvTranspose and the Gemms
    just made), ``fuse_clip``, ``fuse_pad``, ``full_rank_resize``, ``fuse_layer_norm`` (opset
-   17), ``fuse_instance_norm``, ``fuse_gelu`` (opset 20), ``fuse_rms_norm`` and
-   ``fuse_attention`` (opset 23): each emits only ops of the model's opset, in that opset's
-   form.
+   17), ``fuse_instance_norm``, ``fuse_gelu`` (opset 20), ``fuse_division``, ``fuse_rms_norm``
+   and ``fuse_attention`` (opset 23): each emits only ops of the model's opset, in that opset's
+   form. With ``target="onnxruntime"``, then ``fuse_multi_head_attention`` (com.microsoft).
 4. ``remove_dead_code``, then ``fold_constants`` once more (what the fusions left computable
    from constants), ``remove_dead_code``, ``make_names_unique``.
 
@@ -35,6 +35,7 @@ from dynexport.passes.onnx.fold_shapes import fold_shapes
 from dynexport.passes.onnx.fuse_clip import fuse_clip
 from dynexport.passes.onnx.fuse_attention import fuse_attention
 from dynexport.passes.onnx.fuse_conv_batchnorm import fuse_conv_batchnorm
+from dynexport.passes.onnx.fuse_division import fuse_division
 from dynexport.passes.onnx.fuse_gelu import fuse_gelu
 from dynexport.passes.onnx.fuse_gemm import fuse_gemm
 from dynexport.passes.onnx.fuse_instance_norm import fuse_instance_norm
@@ -97,6 +98,7 @@ def optimize_model(
         fuse_layer_norm,
         fuse_instance_norm,
         fuse_gelu,
+        fuse_division,
         fuse_rms_norm,
         fuse_attention,
         *contrib,

@@ -10,6 +10,7 @@ from dynexport.passes.onnx.dead_code import remove_dead_code
 from dynexport.passes.onnx.fold_constants import fold_constants
 from dynexport.passes.onnx.fuse_attention import fuse_attention
 from dynexport.passes.onnx.fuse_conv_batchnorm import fuse_conv_batchnorm
+from dynexport.passes.onnx.fuse_division import fuse_division
 from dynexport.passes.onnx.fuse_gelu import fuse_gelu
 from dynexport.passes.onnx.fuse_gemm import fuse_gemm
 from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
@@ -153,3 +154,26 @@ def test_fusions_on_real_models():
 
     program = assert_exports_equivalent(rms_norm, (torch.randn(2, 3, 8), torch.nn.Parameter(torch.randn(8))), opset_version=23)
     assert "RMSNormalization" in op_histogram(program)
+
+
+def test_product_with_a_reciprocal_becomes_a_division():
+    """The same on zeros, infinities and NaN; an RMS norm then reads x / sqrt(...), the form
+    onnxruntime fuses into SimplifiedLayerNormalization itself."""
+    text = """g (float[N] x, float[N] y) => (float[N] z) {
+        r = Reciprocal(y)
+        z = Mul(x, r)
+    }"""
+    x = np.array([1.0, 0.0, -2.0, np.inf, 3.0, np.nan, 0.0], np.float32)
+    y = np.array([0.0, 0.0, np.inf, np.inf, -4.0, 1.0, -0.0], np.float32)
+    before = run(model(text), x=x, y=y)
+    m = model(text)
+    assert fuse_division(m.graph) == 1
+    remove_dead_code(m.graph)
+    assert ops(m) == ["Div"]
+    np.testing.assert_array_equal(run(m, x=x, y=y)[0], before[0])
+
+    def rms_norm(x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    program = assert_exports_equivalent(rms_norm, (torch.randn(2, 3, 8), torch.nn.Parameter(torch.randn(8))))
+    assert list(op_histogram(program)) == ["Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"]
