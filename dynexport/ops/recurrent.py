@@ -250,14 +250,18 @@ def _padded_source(ctx, data) -> ir.Value | None:
     """The time-major padded tensor that ``ctx.node``'s packed ``data`` was gathered from here,
     when it comes straight from packing, or from a recurrent op, with the same batch sizes (that
     tensor's steps past each length are then never read); None for other packed data."""
-    data_source, batch_sizes_source = _getitem_of(ctx.node.args[0]), _getitem_of(ctx.node.args[1])
+    data_source = _getitem_of(argument(ctx.node, "data"))
+    batch_sizes_source = _getitem_of(argument(ctx.node, "batch_sizes"))
     if data_source is None or batch_sizes_source is None or data_source[1] != 0:
         return None
     producer = data_source[0]
     if producer.target is aten._pack_padded_sequence.default:
         straight = batch_sizes_source == (producer, 1)
     else:
-        straight = producer.target in _PACKED_RECURRENT and _getitem_of(producer.args[1]) == batch_sizes_source
+        straight = (
+            producer.target in _PACKED_RECURRENT
+            and _getitem_of(argument(producer, "batch_sizes")) == batch_sizes_source
+        )
     gather = data.producer()
     if not straight or gather is None or gather.op_type != "GatherND":
         return None
@@ -323,9 +327,9 @@ def _masked_steps(ctx, padded, rank: int, lengths, total_length, fill):
 def _is_step_count(node: torch.fx.Node) -> bool:
     """Whether the padding ``node``'s total_length is its packed sequence's number of steps
     (``pad_packed_sequence`` without ``total_length``)."""
-    total_length = node.args[4]
+    total_length = argument(node, "total_length")
     total_length = total_length.meta["val"] if isinstance(total_length, torch.fx.Node) else total_length
-    return statically_known_true(total_length == node.args[1].meta["val"].shape[0])
+    return statically_known_true(total_length == argument(node, "batch_sizes").meta["val"].shape[0])
 
 
 @translates(dynexport_ops.pad_packed_sequence.default)
