@@ -276,7 +276,7 @@ def _has_real_weights(program: torch.export.ExportedProgram) -> bool:
 
 def _holds_sequences(exported_program: torch.export.ExportedProgram) -> bool:
     return any(
-        isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "dynexport"
+        isinstance(node.target, torch._ops.OpOverload) and node.target.name().startswith("dynexport::sequence_")
         for module in exported_program.graph_module.modules()
         if isinstance(module, torch.fx.GraphModule)
         for node in module.graph.nodes

@@ -174,3 +174,11 @@ def test_capture_leaves_torch_as_it_was():
     assert nn.RNNBase.check_forward_args is check_forward_args
     assert torch._VF._pad_packed_sequence is torch._C._VariableFunctions._pad_packed_sequence
     assert torch._library.simple_registry.singleton.find("aten::_pack_padded_sequence").fake_impl.kernel is None
+
+
+def test_program_verifies_against_itself_run_eagerly():
+    # Its graph holds dynexport::pad_packed_sequence, which has an eager kernel too.
+    torch.manual_seed(0)
+    model = PackedRecurrent(nn.GRU(4, 8, batch_first=True)).eval()
+    program = dynexport.export(model, _inputs(model, *EXAMPLE, with_states=False), dynamic_shapes=_dims(model, False))
+    assert program.verify(*_inputs(model, *RESIZED[0], with_states=False)).passed
