@@ -389,6 +389,33 @@ def test_fx_graph_mode_quantized(convert_function):
         assert_quantized_export(model, x, step=step, fused_steps=5, rounding_steps=3)
 
 
+# -- torchvision's quantizable models ----------------------------------------------------------
+
+
+@pytest.mark.slow  # 15 to 50 s each
+@pytest.mark.parametrize(
+    "name, fused_steps, rounding_steps",
+    [
+        ("resnet18", 6, 6),
+        ("mobilenet_v3_large", 4, 4),
+        ("mobilenet_v2", 4, 4),
+        ("shufflenet_v2_x0_5", 4, 4),
+        ("googlenet", 4, 4),
+    ],
+)
+def test_torchvision_quantized_classifiers(torchvision, name, fused_steps, rounding_steps):
+    from torchvision.models import quantization
+
+    options = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+    model = getattr(quantization, name)(weights=None, quantize=False, num_classes=10, **options).eval()
+    model.fuse_model()
+    model = _quantized(model, _randn(2, 3, 64, 64))
+    # Eighteen and more quantized layers: each can move a value by a step, and the next carry it.
+    assert_quantized_export(
+        model, _randn(2, 3, 64, 64), step=_output_scale(model), fused_steps=fused_steps, rounding_steps=rounding_steps
+    )
+
+
 # -- quantization-aware training ----------------------------------------------------------------
 
 
