@@ -114,14 +114,9 @@ def test_dropout_between_layers_is_inactive_in_eval():
     _assert_exports(PackedRecurrent(nn.LSTM(4, 8, num_layers=2, dropout=0.5)), with_states=False)
 
 
-@pytest.mark.parametrize("opset", [
-    pytest.param(13, marks=pytest.mark.xfail(strict=True, reason="translate.py's sym_size writes Shape's start and "
-                                             "end attributes, which ONNX defines from opset 15")),
-    15,
-    23,
-])
+@pytest.mark.parametrize("opset", [13, 15, 23])
 def test_opsets(opset):
-    # Sorted lengths: sorting them writes ScatterElements, with an attribute from opset 16.
+    # Sorted lengths: unsorting them is a scatter_, whose rule needs opset 16.
     model = PackedRecurrent(nn.LSTM(4, 8, num_layers=2, bidirectional=True, batch_first=True), enforce_sorted=True)
     _assert_exports(model, with_states=True, opset_version=opset)
 
