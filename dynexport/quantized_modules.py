@@ -119,8 +119,6 @@ _ACTIVATIONS: dict[type, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
     nniq.ConvReLU2d: lambda module, y: F.relu(y),
     nniq.ConvReLU3d: lambda module, y: F.relu(y),
     nniq.ConvAddReLU2d: lambda module, y: F.relu(y),
-    nniq.BNReLU2d: lambda module, y: F.relu(y),
-    nniq.BNReLU3d: lambda module, y: F.relu(y),
 }
 
 

@@ -289,7 +289,7 @@ for _function in [
     *_functions(
         F,
         "relu relu_ max_pool1d max_pool2d max_pool3d adaptive_max_pool1d adaptive_max_pool2d dropout "
-        "dropout1d dropout2d dropout3d pixel_shuffle pixel_unshuffle pad",
+        "dropout1d dropout2d dropout3d pixel_shuffle pixel_unshuffle",
     ),
 ]:
     _RULES[_function] = _on_grid
@@ -297,10 +297,11 @@ for _function in [
     *_functions(_TENSOR, "mean clamp clamp_ clip hardtanh"),
     # cat and stack take the first input's parameters and requantize the others into them.
     *_functions(torch, "mean clamp clamp_ clip cat concat concatenate stack"),
+    # (pad: a constant other than 0 is rounded to the grid.)
     *_functions(
         F,
         "avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d "
-        "interpolate upsample upsample_nearest upsample_bilinear hardtanh hardtanh_ relu6 leaky_relu leaky_relu_",
+        "interpolate upsample upsample_nearest upsample_bilinear hardtanh hardtanh_ relu6 leaky_relu leaky_relu_ pad",
     ),
 ]:
     _RULES[_function] = _requantized
