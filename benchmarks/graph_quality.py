@@ -19,7 +19,8 @@ pixel_shuffle, a bidirectional LSTM) and the realistic sizes of the onnxruntime 
 MobileNetV2 and EfficientNet-B0 at 224 px). Per model and path it prints the main graph's node
 count, the initializer bytes, the file size and the onnxruntime latency on the example inputs
 (CPU provider, one thread; the sessions run in turn, ``--rounds`` times, and the median of each
-is reported, so that the machine's load drifts over all of them alike), then the ratios
+is reported, or with ``--statistic min`` the fastest run, steadier where other processes load
+the machine; the turns make the load drift over all of them alike), then the ratios
 dynexport/torch.onnx and dynexport_ort/dynamo_ortopt, their geometric means, and a flag on every
 row where ours has more nodes or is slower by more than ``--tolerance``. Latency is noisy on a
 shared machine: re-measure a flagged row (``--models``) before acting on it; nothing here is a
@@ -329,8 +330,11 @@ def _session(path: str, inputs: list[torch.Tensor]) -> Callable[[], Any]:
     return lambda: session.run(None, feeds)
 
 
-def _interleaved_latencies(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Median seconds per run of each session, the sessions taking turns every round."""
+def _interleaved_latencies(
+    runs: dict[str, Callable[[], Any]], rounds: int, statistic: Callable[[list[float]], float] = statistics.median
+) -> dict[str, float]:
+    """``statistic`` (the median, or the minimum on a loaded machine) of the seconds per run of
+    each session, the sessions taking turns every round."""
     for run in runs.values():
         for _ in range(3):
             run()
@@ -340,14 +344,17 @@ def _interleaved_latencies(runs: dict[str, Callable[[], Any]], rounds: int) -> d
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {name: statistic(values) for name, values in times.items()}
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> int:
     return sum(onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
 
 
-def measure(name: str, factory: Callable[[], Case], exporters: list[str], rounds: int, workdir: str) -> dict[str, Any]:
+def measure(
+    name: str, factory: Callable[[], Case], exporters: list[str], rounds: int, workdir: str,
+    statistic: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, Any]:
     case = factory()
     inputs = [*case.args, *case.kwargs.values()]
     results: dict[str, Any] = {}
@@ -373,7 +380,7 @@ def measure(name: str, factory: Callable[[], Case], exporters: list[str], rounds
             runs[exporter] = _session(path, inputs)
         except Exception as error:  # a failure is a result: print it and go on with the suite
             results[exporter] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"}
-    for exporter, latency in _interleaved_latencies(runs, rounds).items():
+    for exporter, latency in _interleaved_latencies(runs, rounds, statistic).items():
         results[exporter]["latency"] = latency
     return results
 
@@ -397,7 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--tolerance", type=float, default=0.05, help="latency ratio above 1 + this is flagged")
+    parser.add_argument(
+        "--statistic", choices=("median", "min"), default="median",
+        help="of each session's timed runs; the minimum is steadier on a machine other processes load",
+    )
     options = parser.parse_args(argv)
+    statistic = {"median": statistics.median, "min": min}[options.statistic]
     torch.set_num_threads(1)
     models = {**suite(), **conv_suite(options.image_size), **realistic_suite()}
     if options.models:
@@ -419,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     failures, flagged = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for name, factory in models.items():
-            r = measure(name, factory, exporters, options.rounds, workdir)
+            r = measure(name, factory, exporters, options.rounds, workdir, statistic)
             cells = " | ".join(f"{_cell(r[e]):>36}" for e in exporters)
             ratio_text, flags = [], []
             for ours, theirs in pairs:
