@@ -345,14 +345,14 @@ class QuantizesInForward(nn.Module):
     def forward(self, x):
         q = torch.quantize_per_tensor(x, 0.05, 3, torch.qint8)
         integers = q.int_repr()
-        pooled = F.max_pool2d(q, 2)
+        pooled = F.max_pool2d(F.pad(q, (1, 1, 1, 1), value=0.33), 2)  # the pad value rounded to the grid
         return pooled.dequantize() * q.q_scale(), integers.float()
 
 
 def test_quantize_per_tensor_and_dequantize_in_forward():
     x = _randn(2, 3, 6, 6) * 4  # saturates the int8 range
     program = assert_batch_dynamic_equivalent(QuantizesInForward(), x, rtol=0.0, atol=0.0)
-    assert op_histogram(program)["QuantizeLinear"] == 2  # the quantized tensor and its integers
+    assert op_histogram(program)["QuantizeLinear"] == 3  # the quantized tensor, its integers, the padded one
 
 
 # -- FX graph mode ----------------------------------------------------------------------------
