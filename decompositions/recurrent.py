@@ -190,7 +190,6 @@ def _forward_checks_of_packed_batches() -> Iterator[None]:
         torch._check(hidden.shape[1] == batch)
         directions = 2 if self.bidirectional else 1
         self.check_hidden_size(hidden, (self.num_layers * directions, batch, self.proj_size or self.hidden_size))
-        return None
 
     torch.nn.RNNBase.check_forward_args = check_forward_args
     try:
