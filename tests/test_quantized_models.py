@@ -462,6 +462,41 @@ def test_qat_model_with_observers_on_exports_current_qparams_and_warns():
         torch.testing.assert_close(program(x), model(x), rtol=0.0, atol=0.0)
 
 
+class QatFusions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv1d, self.norm1d = nn.Conv1d(3, 4, 3), nn.BatchNorm1d(4)
+        self.conv3d, self.norm3d, self.relu3d = nn.Conv3d(4, 4, 1), nn.BatchNorm3d(4), nn.ReLU()
+        self.linear, self.norm = nn.Linear(4, 6), nn.BatchNorm1d(6)
+        self.head, self.relu = nn.Linear(6, 3), nn.ReLU()
+
+    def forward(self, x):
+        x = self.norm1d(self.conv1d(self.quant(x)))
+        x = self.relu3d(self.norm3d(self.conv3d(x[:, :, :, None, None]))).mean((2, 3, 4))
+        return self.dequant(self.relu(self.head(self.norm(self.linear(x)))))
+
+
+def test_qat_fused_conv1d_bn_conv3d_bn_relu_linear_bn_linear_relu():
+    model = fuse_modules_qat(
+        QatFusions().train(),
+        [["conv1d", "norm1d"], ["conv3d", "norm3d", "relu3d"], ["linear", "norm"], ["head", "relu"]],
+    )
+    model.qconfig = get_default_qat_qconfig("x86")
+    model = prepare_qat(model)
+    for seed in range(3):
+        model(_randn(4, 3, 8, seed=seed + 1))
+    model.eval().apply(disable_observer)
+    assert [type(m).__name__ for m in (model.conv1d, model.conv3d, model.linear, model.head)] == [
+        "ConvBn1d",
+        "ConvBnReLU3d",
+        "LinearBn1d",
+        "LinearReLU",
+    ]
+    step = model.head.activation_post_process.scale.item()
+    assert_quantized_export(model, _randn(2, 3, 8), step=step, fused_steps=2)
+
+
 # -- the PT2E form -----------------------------------------------------------------------------
 
 
