@@ -461,7 +461,7 @@ def uses_quantization(module: torch.nn.Module) -> bool:
     """Whether ``module`` holds quantized or FakeQuantize modules, or a forward of its modules
     makes quantized tensors (``torch.quantize_per_tensor``, as FX's converted graphs do)."""
     for submodule in module.modules():
-        if isinstance(submodule, FakeQuantizeBase) or type(submodule) in _TWINS or _has_quantized_attributes(submodule):
+        if isinstance(submodule, FakeQuantizeBase) or type(submodule) in _TWINS or _quantized_attributes(submodule):
             return True
         code = getattr(type(submodule).forward, "__code__", None)
         if code is not None and _QUANTIZED_NAMES & set(code.co_names):
@@ -469,20 +469,23 @@ def uses_quantization(module: torch.nn.Module) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def quantized_modules_as_float(module: torch.nn.Module) -> Iterator[None]:
-    """Within the scope, ``module``'s quantized and FakeQuantize submodules are float twins and
-    quantized tensors are their float values (the module docstring says how); everything is
-    put back when it ends.
+def quantized_modules_as_float(module: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """A scope within which ``module``'s quantized and FakeQuantize submodules are float twins
+    and quantized tensors are their float values (the module docstring says how); everything is
+    put back when it ends. The twins are planned at the call.
 
     Raises:
         QuantizedCaptureError: a quantized module with no float twin.
     """
     if not uses_quantization(module):
-        yield
-        return
+        return contextlib.nullcontext()
     tensors = QuantizedTensors()
-    swaps = _planned_swaps(module, tensors)
+    _refuse_quantized_attributes(module)
+    return _swapped(_planned_swaps(module, tensors), tensors)
+
+
+@contextlib.contextmanager
+def _swapped(swaps: list[tuple[torch.nn.Module, str, Any, Any]], tensors: QuantizedTensors) -> Iterator[None]:
     try:
         for parent, name, _, twin in swaps:
             setattr(parent, name, twin)
@@ -529,21 +532,34 @@ def _twin(child: torch.nn.Module, tensors: QuantizedTensors) -> torch.nn.Module 
     make = _TWINS.get(type(child))
     if make is not None:
         return make(tensors, child)
-    # A module of torch's quantized packages is named whole (its packed weights sit in a child).
-    holders = child.modules() if type(child).__module__.startswith("torch.ao.nn.") else [child]
-    if any(_has_quantized_attributes(holder) for holder in holders):
-        raise QuantizedCaptureError(
-            f"{type(child).__name__} ({type(child).__module__}) has no float form in dynexport yet: "
-            "leave it in float (qconfig None) or dequantize around it"
-        )
+    if type(child).__module__.startswith("torch.ao.nn."):
+        # Named whole: its packed weights sit in a child.
+        if any(_quantized_attributes(holder) for holder in child.modules()):
+            raise QuantizedCaptureError(
+                f"{type(child).__name__} ({type(child).__module__}) has no float form in dynexport yet: "
+                "leave it in float (qconfig None) or dequantize around it"
+            )
+        return None
+    _refuse_quantized_attributes(child)
     return None
 
 
-def _has_quantized_attributes(module: torch.nn.Module) -> bool:
-    """Whether ``module`` holds packed weights or quantized tensors, which torch.export cannot
-    trace (float modules of the quantized packages, such as reference modules and
-    ``nnq.MaxPool2d``, hold none)."""
-    return any(
-        isinstance(value, torch.ScriptObject) or (isinstance(value, torch.Tensor) and value.is_quantized)
-        for value in vars(module).values()
-    )
+def _refuse_quantized_attributes(module: torch.nn.Module) -> None:
+    held = _quantized_attributes(module)
+    if held:
+        raise QuantizedCaptureError(
+            f"{type(module).__name__} holds quantized tensors or packed weights ({', '.join(held)}), which "
+            "torch.export cannot trace: hold the int8 values and their scale as plain tensors, or use "
+            "torch.ao.nn.quantized modules"
+        )
+
+
+def _quantized_attributes(module: torch.nn.Module) -> list[str]:
+    """The attributes of ``module`` that are packed weights or quantized tensors, which
+    torch.export cannot trace (float modules of the quantized packages, such as reference
+    modules and ``nnq.MaxPool2d``, hold none)."""
+    return [
+        name
+        for name, value in vars(module).items()
+        if isinstance(value, torch.ScriptObject) or (isinstance(value, torch.Tensor) and value.is_quantized)
+    ]

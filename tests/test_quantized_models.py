@@ -595,6 +595,19 @@ def test_quantized_module_without_float_form_is_refused_and_model_left_unchanged
     assert type(model.body[0]).__module__.startswith("torch.ao.nn.quantized")
 
 
+def test_quantized_tensor_held_by_a_module_is_refused_naming_it():
+    class HoldsQuantized(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.quantize_per_tensor(_randn(4, 4), 0.1, 0, torch.qint8)
+
+        def forward(self, x):
+            return x @ self.table.dequantize()
+
+    with pytest.raises(dynexport.errors.CaptureError, match=r"HoldsQuantized holds quantized tensors .*\(table\)"):
+        dynexport.export(HoldsQuantized(), (_randn(2, 4),))
+
+
 def test_model_is_unchanged_after_export():
     model = _quantized(Quantized(ConvNet()), _randn(2, 3, 8, 8))
     before = [(name, type(m)) for name, m in model.named_modules()]
