@@ -149,18 +149,19 @@ def test_eager_quantized_convnet(opset):
     assert "body.grouped.weight" in int8  # (the smaller weights' DequantizeLinear folds: as floats they are small)
 
 
+@pytest.mark.parametrize("opset", [13, None], ids=["opset13", "default-opset"])
 @pytest.mark.parametrize(
     "body, shape",
     [
-        (nn.Conv1d(3, 4, 3, padding=1), (2, 3, 10)),
-        (nn.Conv3d(3, 4, 3, padding=1), (2, 3, 4, 5, 5)),
-        (nn.Sequential(nn.Linear(8, 6), nn.ReLU6()), (2, 5, 8)),
+        (lambda: nn.Conv1d(3, 4, 3, padding=1), (2, 3, 10)),
+        (lambda: nn.Conv3d(3, 4, 3, padding=1), (2, 3, 4, 5, 5)),
+        (lambda: nn.Sequential(nn.Linear(8, 6), nn.ReLU6()), (2, 5, 8)),
     ],
     ids=["conv1d", "conv3d", "linear_3d_relu6"],
 )
-def test_eager_quantized_layers(body, shape):
-    model = _quantized(Quantized(body), _randn(*shape))
-    assert_quantized_export(model, _randn(*shape), step=_output_scale(model))
+def test_eager_quantized_layers(body, shape, opset):
+    model = _quantized(Quantized(body()), _randn(*shape))
+    assert_quantized_export(model, _randn(*shape), step=_output_scale(model), opset_version=opset)
 
 
 def test_conv_transpose_with_per_tensor_weights():
