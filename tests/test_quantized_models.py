@@ -498,6 +498,17 @@ def test_qat_fused_conv1d_bn_conv3d_bn_relu_linear_bn_linear_relu():
     assert_quantized_export(model, _randn(2, 3, 8), step=step, fused_steps=2)
 
 
+def test_fixed_qparams_fake_quantize_and_learnable_refused():
+    from torch.ao.quantization import MovingAverageMinMaxObserver, default_fixed_qparams_range_0to1_fake_quant
+    from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sigmoid(), default_fixed_qparams_range_0to1_fake_quant()).eval()
+    assert_batch_dynamic_equivalent(model, _randn(3, 4), rtol=0.0, atol=0.0)
+    learnable = _LearnableFakeQuantize(MovingAverageMinMaxObserver, 0, 255, scale=0.1, zero_point=3.0)
+    with pytest.raises(dynexport.errors.CaptureError, match="_LearnableFakeQuantize: dynexport exports FakeQuantize"):
+        dynexport.export(nn.Sequential(nn.Linear(4, 4), learnable).eval(), (_randn(3, 4),))
+
+
 # -- the PT2E form -----------------------------------------------------------------------------
 
 
