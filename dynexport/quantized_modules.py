@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,7 +37,7 @@ import torch.ao.nn.intrinsic.quantized as nniq
 import torch.ao.nn.quantized as nnq
 import torch.ao.nn.quantized.dynamic as nnqd
 import torch.nn.functional as F
-from torch.ao.quantization.fake_quantize import FakeQuantizeBase
+from torch.ao.quantization.fake_quantize import FakeQuantizeBase, FixedQParamsFakeQuantize
 from torch.utils._python_dispatch import _disable_current_modes
 
 from dynexport.quantized_tensors import QParams, QuantizedCaptureError, QuantizedTensors
@@ -512,18 +514,34 @@ def _planned_swaps(module: torch.nn.Module, tensors: QuantizedTensors) -> list[t
                     continue
                 twins[id(child)] = twin
             swaps.append((parent, name, child, twins[id(child)]))
-    observing = [
-        child for _, _, child, _ in swaps if isinstance(child, FakeQuantizeBase) and child.observer_enabled[0] == 1
-    ]
+    observing = [child for _, _, child, _ in swaps if _observes(child)]
     if observing:
         warnings.warn(
             f"{len(observing)} FakeQuantize module(s) still observe (observer_enabled): PyTorch updates "
             "their scale and zero point at every call, the export uses their current values as "
             "constants, as torch.ao.quantization.convert would. Call "
             "model.apply(torch.ao.quantization.disable_observer) to make PyTorch compute the same",
-            stacklevel=5,
+            stacklevel=_user_stacklevel(),
         )
     return swaps
+
+
+def _observes(module: torch.nn.Module) -> bool:
+    """A FakeQuantize whose observer can still change its scale and zero point."""
+    return (
+        isinstance(module, FakeQuantizeBase)
+        and not isinstance(module, FixedQParamsFakeQuantize)
+        and module.observer_enabled[0] == 1
+    )
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside dynexport and torch."""
+    own = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _twin(child: torch.nn.Module, tensors: QuantizedTensors) -> torch.nn.Module | None:

@@ -455,8 +455,9 @@ def test_qat_model_frozen(backend, opset):
 def test_qat_model_with_observers_on_exports_current_qparams_and_warns():
     model = _qat(get_default_qat_qconfig("x86"))
     x = _randn(2, 3, 6, 6)
-    with pytest.warns(UserWarning, match="still observe"):
+    with pytest.warns(UserWarning, match="still observe") as record:
         program = dynexport.export(model, (x,))
+    assert record[0].filename == __file__  # the user's call
     assert model.conv.weight_fake_quant.observer_enabled.item() == 1  # the model is left as it was
     model.apply(disable_observer)
     with torch.no_grad():
