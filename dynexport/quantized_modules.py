@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -450,7 +451,7 @@ def _frozen_fake_quantize(module: FakeQuantizeBase) -> torch.nn.Module:
         raise QuantizedCaptureError(
             f"{type(module).__name__} has a fractional zero point, which QuantizeLinear cannot express"
         )
-    return _FrozenFakeQuantize(module)
+    return _named_like(_FrozenFakeQuantize, type(module))(module)
 
 
 # -- the scope -----------------------------------------------------------------------------------
@@ -549,7 +550,7 @@ def _twin(child: torch.nn.Module, tensors: QuantizedTensors) -> torch.nn.Module 
         return _frozen_fake_quantize(child)
     make = _TWINS.get(type(child))
     if make is not None:
-        return make(tensors, child)
+        return _named_like(make, type(child))(tensors, child)
     if type(child).__module__.startswith("torch.ao.nn."):
         # Named whole: its packed weights sit in a child.
         if any(_quantized_attributes(holder) for holder in child.modules()):
@@ -570,6 +571,13 @@ def _refuse_quantized_attributes(module: torch.nn.Module) -> None:
             "torch.export cannot trace: hold the int8 values and their scale as plain tensors, or use "
             "torch.ao.nn.quantized modules"
         )
+
+
+@functools.cache
+def _named_like(twin: type, original: type) -> type:
+    """``twin`` under ``original``'s name: modules exported as ONNX functions keep the names
+    of the model's modules."""
+    return type(original.__name__, (twin,), {"__module__": __name__})
 
 
 def _quantized_attributes(module: torch.nn.Module) -> list[str]:

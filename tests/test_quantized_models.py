@@ -621,6 +621,12 @@ def test_quantized_tensor_held_by_a_module_is_refused_naming_it():
         dynexport.export(HoldsQuantized(), (_randn(2, 4),))
 
 
+def test_quantized_modules_as_functions_keep_their_names():
+    model = _quantized(Quantized(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Hardswish())), _randn(2, 3, 6, 6))
+    program = dynexport.export(model, (_randn(2, 3, 6, 6),), export_modules_as_functions=True)
+    assert {"Quantize", "Conv2d", "Hardswish"} <= {function.name for function in program.model.functions.values()}
+
+
 def test_model_is_unchanged_after_export():
     model = _quantized(Quantized(ConvNet()), _randn(2, 3, 8, 8))
     before = [(name, type(m)) for name, m in model.named_modules()]
