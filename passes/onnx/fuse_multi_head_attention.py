@@ -69,11 +69,21 @@ def _match(softmax: ir.Node):
         return None
     # Whisper and BART scale the query projection before splitting it into heads.
     q, projection_scale = _scaled(q)
-    if bias is not None and (bias.shape is None or len(bias.shape) != 4 or bias.shape[1] not in (1, heads)):
+    if bias is not None and not _is_attention_bias(bias, q, k, (1, heads)):
         return None
-    if mask is not None and (mask.shape is None or len(mask.shape) != 4 or mask.shape[1] != 1):
+    if mask is not None and not _is_attention_bias(mask, q, k, (1,)):
         return None
     return q, k, v, heads, q_scale * k_scale * projection_scale, mask, bias, merged
+
+
+def _is_attention_bias(bias: ir.Value, q: ir.Value, k: ir.Value, heads: tuple[int, ...]) -> bool:
+    """True for the shape MultiHeadAttention takes as ``attention_bias``: (batch or 1, one of
+    ``heads``, query length, key length), the lengths equal to q's and k's, not broadcast."""
+    shape = bias.shape
+    return (
+        shape is not None and len(shape) == 4 and shape[0] in (1, q.shape[0]) and shape[1] in heads
+        and shape[2] == q.shape[1] and shape[3] == k.shape[1]
+    )
 
 
 def _replace(graph, opset, q, k, v, heads, scale, mask, bias, merged) -> bool:
