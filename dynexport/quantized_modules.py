@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import os
 import sys
 import warnings
@@ -462,14 +463,28 @@ _QUANTIZED_NAMES = frozenset({"quantize_per_tensor", "quantize_per_channel", "de
 
 def uses_quantization(module: torch.nn.Module) -> bool:
     """Whether ``module`` holds quantized or FakeQuantize modules, or a forward of its modules
-    makes quantized tensors (``torch.quantize_per_tensor``, as FX's converted graphs do)."""
+    (or a function it calls by a closure, as a function given to ``export`` is called) makes
+    quantized tensors (``torch.quantize_per_tensor``, as FX's converted graphs do)."""
     for submodule in module.modules():
         if isinstance(submodule, FakeQuantizeBase) or type(submodule) in _TWINS or _quantized_attributes(submodule):
             return True
-        code = getattr(type(submodule).forward, "__code__", None)
-        if code is not None and _QUANTIZED_NAMES & set(code.co_names):
+        forward = type(submodule).forward
+        functions = [forward, *_closure_functions(forward)]
+        if any(
+            _QUANTIZED_NAMES & set(function.__code__.co_names) for function in functions if inspect.isfunction(function)
+        ):
             return True
     return False
+
+
+def _closure_functions(function: Any) -> list[Any]:
+    contents = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            contents.append(cell.cell_contents)
+        except ValueError:  # a cell not yet filled
+            continue
+    return [value for value in contents if inspect.isfunction(value)]
 
 
 def quantized_modules_as_float(module: torch.nn.Module) -> contextlib.AbstractContextManager:

@@ -173,10 +173,17 @@ def _name(func: Callable) -> str:
     return f"{module}.{qualname}" if module else qualname
 
 
-def _on_grid(tensors: QuantizedTensors, qparams, func, args, kwargs):
+def _on_grid(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):
     """Functions whose results hold input values (views, relu, max pooling): PyTorch keeps the
     input's parameters, and the values are on its grid already."""
+    if qparams.axis is not None and func not in _AXIS_KEEPING:
+        raise QuantizedCaptureError(
+            f"{_name(func)} on a per-channel quantized tensor (it may move the channel axis): dequantize it first"
+        )
     return tensors.mark_floats(func(*args, **kwargs), qparams)
+
+
+_AXIS_KEEPING = frozenset({torch.Tensor.clone, torch.Tensor.contiguous, torch.Tensor.detach})
 
 
 def _requantized(tensors: QuantizedTensors, qparams: QParams, func, args, kwargs):

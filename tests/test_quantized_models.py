@@ -347,13 +347,20 @@ class QuantizesInForward(nn.Module):
         q = torch.quantize_per_tensor(x, 0.05, 3, torch.qint8)
         integers = q.int_repr()
         pooled = F.max_pool2d(F.pad(q, (1, 1, 1, 1), value=0.33), 2)  # the pad value rounded to the grid
-        return pooled.dequantize() * q.q_scale(), integers.float()
+        per_channel = torch.quantize_per_channel(
+            x, torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0, 5, -5]), 1, torch.qint8
+        )
+        return (
+            pooled.dequantize() * q.q_scale(),
+            integers.float(),
+            per_channel.contiguous().dequantize().transpose(1, 3),
+        )
 
 
 def test_quantize_per_tensor_and_dequantize_in_forward():
     x = _randn(2, 3, 6, 6) * 4  # saturates the int8 range
     program = assert_batch_dynamic_equivalent(QuantizesInForward(), x, rtol=0.0, atol=0.0)
-    assert op_histogram(program)["QuantizeLinear"] == 3  # the quantized tensor, its integers, the padded one
+    assert op_histogram(program)["QuantizeLinear"] == 4  # the tensors, the integers, the padded one
 
 
 # -- FX graph mode ----------------------------------------------------------------------------
@@ -595,6 +602,13 @@ def test_unknown_function_on_quantized_tensor_is_refused_with_its_name():
 
     with pytest.raises(dynexport.errors.CaptureError, match=r"torch\.exp on a quantized tensor"):
         dynexport.export(Exp(), (_randn(2, 3),))
+
+    def per_channel_view(x):
+        scales, zero_points = torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0, 1, 2])
+        return torch.quantize_per_channel(x, scales, zero_points, 1, torch.qint8).transpose(0, 1).dequantize()
+
+    with pytest.raises(dynexport.errors.CaptureError, match=r"Tensor\.transpose on a per-channel quantized tensor"):
+        dynexport.export(per_channel_view, (_randn(2, 3),))
 
 
 def test_quantized_module_without_float_form_is_refused_and_model_left_unchanged():
