@@ -5,6 +5,8 @@ the optimizer's forms (``target``, ``strict_clamps``)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 import pytest
 import torch
 from torch import nn
@@ -37,16 +39,20 @@ _MERGE = """
 _TYPES = """float[B, S, 2, 4] qh, float[B, S, 2, 4] kh, float[B, S, 2, 4] vh, float[B, 2, S, 4] o,
     float[B, S, 2, 4] ot, int64[4] split = {0, 0, 2, 4}, int64[3] merged = {0, 0, 8}, float scale = {0.5}"""
 
-_MASKED = f"""g (float[B, S, 8] q, float[B, S, 8] k, float[B, S, 8] v, bool[B, 1, S, S] mask) => (float[B, S, 8] y)
+def _masked(opset: int) -> str:
+    """The masked attention, its ReduceMax in the form of ``opset`` (axes an input from 18)."""
+    largest = "ReduceMax<keepdims = 1>(w, last)" if opset >= 18 else "ReduceMax<keepdims = 1, axes = [-1]>(w)"
+    return f"""g (float[B, S, 8] q, float[B, S, 8] k, float[B, S, 8] v, bool[B, 1, S, S] mask) => (float[B, S, 8] y)
     <{_TYPES}, float ninf = {{-inf}}, float zero = {{0.0}}, int64[1] last = {{-1}}> {{
     {_HEADS}
     w = Where(mask, s, ninf)
     soft = Softmax<axis = -1>(w)
-    largest = ReduceMax<keepdims = 1>(w, last)
+    largest = {largest}
     empty = Equal(largest, ninf)
     p = Where(empty, zero, soft)
     {_MERGE}
 }}"""
+
 
 # Whisper's and BART's: the query projection scaled before its split into heads.
 _BIASED = f"""g (float[B, S, 8] q, float[B, S, 8] k, float[B, S, 8] v, float[B, 2, S, S] bias) => (float[B, S, 8] y)
@@ -69,21 +75,23 @@ def _projections(batch=2, sequence=5):
     return {name: rng.standard_normal((batch, sequence, 8)).astype(np.float32) for name in "qkv"}
 
 
-def _fused(text: str, **feeds: np.ndarray):
-    before = run(model(text, 20), **feeds)
-    portable = model(text, 20)
+def _fused(text: str, opset: int = 20, **feeds: np.ndarray):
+    before = run(model(text, opset), **feeds)
+    portable = model(text, opset)
     optimize_model(portable)
     assert "MultiHeadAttention" not in ops(portable) and "com.microsoft" not in portable.opset_imports
-    fused = model(text, 20)
+    fused = model(text, opset)
     optimize_model(fused, target="onnxruntime")
+    onnx.checker.check_model(ir.serde.serialize_model(fused), full_check=True)
     assert_same_results(before, run(fused, **feeds), rtol=1e-5, atol=1e-6)
     return fused
 
 
-def test_masked_attention_between_projections_becomes_multi_head_attention():
+@pytest.mark.parametrize("opset", [13, 17, 20])
+def test_masked_attention_between_projections_becomes_multi_head_attention(opset):
     mask = rng.random((2, 1, 5, 5)) > 0.3
     mask[1, 0, 2] = False  # a row with every key masked: 0, as in PyTorch, not NaN
-    fused = _fused(_MASKED, **_projections(), mask=mask)
+    fused = _fused(_masked(opset), opset, **_projections(), mask=mask)
     (attention,) = [node for node in fused.graph if node.op_type == "MultiHeadAttention"]
     assert attention.domain == "com.microsoft" and fused.opset_imports["com.microsoft"] == 1
     assert attention.attributes["num_heads"].as_int() == 2 and attention.attributes["scale"].as_float() == 0.5
