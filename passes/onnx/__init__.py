@@ -32,18 +32,18 @@ from dynexport.passes.onnx.dead_code import remove_dead_code
 from dynexport.passes.onnx.deduplicate_initializers import deduplicate_initializers
 from dynexport.passes.onnx.fold_constants import fold_constants as fold_constants_at
 from dynexport.passes.onnx.fold_shapes import fold_shapes
-from dynexport.passes.onnx.fuse_clip import fuse_clip
+from dynexport.passes.onnx.full_rank_resize import full_rank_resize
 from dynexport.passes.onnx.fuse_attention import fuse_attention
+from dynexport.passes.onnx.fuse_clip import fuse_clip
 from dynexport.passes.onnx.fuse_conv_batchnorm import fuse_conv_batchnorm
 from dynexport.passes.onnx.fuse_division import fuse_division
 from dynexport.passes.onnx.fuse_gelu import fuse_gelu
 from dynexport.passes.onnx.fuse_gemm import fuse_gemm
 from dynexport.passes.onnx.fuse_instance_norm import fuse_instance_norm
-from dynexport.passes.onnx.fuse_pad import fuse_pad
 from dynexport.passes.onnx.fuse_layer_norm import fuse_layer_norm
 from dynexport.passes.onnx.fuse_multi_head_attention import fuse_multi_head_attention
+from dynexport.passes.onnx.fuse_pad import fuse_pad
 from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
-from dynexport.passes.onnx.full_rank_resize import full_rank_resize
 from dynexport.passes.onnx.lift_constants import lift_constants
 from dynexport.passes.onnx.naming import make_names_unique
 from dynexport.passes.onnx.remove_no_ops import remove_no_ops

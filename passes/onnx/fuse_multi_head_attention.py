@@ -81,8 +81,12 @@ def _is_attention_bias(bias: ir.Value, q: ir.Value, k: ir.Value, heads: tuple[in
     ``heads``, query length, key length), the lengths equal to q's and k's, not broadcast."""
     shape = bias.shape
     return (
-        shape is not None and len(shape) == 4 and shape[0] in (1, q.shape[0]) and shape[1] in heads
-        and shape[2] == q.shape[1] and shape[3] == k.shape[1]
+        shape is not None
+        and len(shape) == 4
+        and shape[0] in (1, q.shape[0])
+        and shape[1] in heads
+        and shape[2] == q.shape[1]
+        and shape[3] == k.shape[1]
     )
 
 
@@ -124,7 +128,9 @@ def _guarded(softmax: ir.Node) -> tuple[ir.Value, bool]:
     equal = producer(where.inputs[0], "Equal")
     largest = producer(equal.inputs[0], "ReduceMax") if equal is not None else None
     if (
-        largest is None or largest.inputs[0] is not softmax.inputs[0] or constant_scalar(equal.inputs[1]) != -math.inf
+        largest is None
+        or largest.inputs[0] is not softmax.inputs[0]
+        or constant_scalar(equal.inputs[1]) != -math.inf
         or constant_scalar(where.inputs[1]) != 0.0
     ):
         return probabilities, False
@@ -178,7 +184,11 @@ def _split_heads(value: ir.Value, perm: tuple[int, ...]) -> tuple[ir.Value | Non
 def _merged_heads(value: ir.Value) -> ir.Value | None:
     """The result of ``Reshape(Transpose(value, (0, 2, 1, 3)), (b, s, heads * size))``."""
     transpose = single_consumer(value)
-    if transpose is None or transpose.op_type != "Transpose" or tuple(transpose.attributes["perm"].as_ints()) != (0, 2, 1, 3):
+    if (
+        transpose is None
+        or transpose.op_type != "Transpose"
+        or tuple(transpose.attributes["perm"].as_ints()) != (0, 2, 1, 3)
+    ):
         return None
     reshape = single_consumer(transpose.outputs[0])
     if reshape is None or reshape.op_type != "Reshape":

@@ -39,6 +39,7 @@ _MERGE = """
 _TYPES = """float[B, S, 2, 4] qh, float[B, S, 2, 4] kh, float[B, S, 2, 4] vh, float[B, 2, S, 4] o,
     float[B, S, 2, 4] ot, int64[4] split = {0, 0, 2, 4}, int64[3] merged = {0, 0, 8}, float scale = {0.5}"""
 
+
 def _masked(opset: int) -> str:
     """The masked attention, its ReduceMax in the form of ``opset`` (axes an input from 18)."""
     largest = "ReduceMax<keepdims = 1>(w, last)" if opset >= 18 else "ReduceMax<keepdims = 1, axes = [-1]>(w)"
@@ -150,4 +151,3 @@ def test_export_keywords_choose_the_optimizers_forms():
         dynexport.export(clamped, (x,), target="tensorrt")
     with pytest.raises(TypeError, match="strict_clamps"):
         dynexport.export(clamped, (x,), strict_clamps="yes")
-

@@ -104,16 +104,22 @@ _CASES = {
     "clip": (_CLAMP, {"x": (16,)}, {13: ["Clip"], 17: ["Clip"]}),
     "pad": (_PADDED_CONV, {"x": (2, 2, 5, 5)}, {13: ["Conv"], 17: ["Conv"]}),
     "layer_norm": (
-        _LAYER_NORM, {"x": (3, 4)},
-        {13: ["ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"], 17: ["LayerNormalization"]},
+        _LAYER_NORM,
+        {"x": (3, 4)},
+        {
+            13: ["ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"],
+            17: ["LayerNormalization"],
+        },
     ),
     "gelu": (_GELU, {"x": (16,)}, {13: ["Div", "Erf", "Add", "Mul", "Mul"], 17: ["Div", "Erf", "Add", "Mul", "Mul"]}),
     "rms_norm": (
-        _RMS_NORM, {"x": (3, 4)},
+        _RMS_NORM,
+        {"x": (3, 4)},
         {opset: ["Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"] for opset in (13, 17)},
     ),
     "attention": (
-        _ATTENTION, {"q": (2, 2, 3, 4), "k": (2, 2, 3, 4), "v": (2, 2, 3, 4)},
+        _ATTENTION,
+        {"q": (2, 2, 3, 4), "k": (2, 2, 3, 4), "v": (2, 2, 3, 4)},
         {opset: ["Mul", "Transpose", "MatMul", "Softmax", "MatMul"] for opset in (13, 17)},
     ),
 }
