@@ -73,7 +73,8 @@ _LAYER_NORM = """g (float[N, 4] x) => (float[N, 4] y) <float[4] gamma = {1.0, 2.
     y = Add(g, beta)
 }"""
 
-_GELU = f"""g (float[N] x) => (float[N] y) <float half = {{0.5}}, float one = {{1.0}}, float root2 = {{{math.sqrt(2):.8f}}}> {{
+_GELU = f"""g (float[N] x) => (float[N] y)
+    <float half = {{0.5}}, float one = {{1.0}}, float root2 = {{{math.sqrt(2):.8f}}}> {{
     d = Div(x, root2)
     e = Erf(d)
     a = Add(e, one)
@@ -81,7 +82,8 @@ _GELU = f"""g (float[N] x) => (float[N] y) <float half = {{0.5}}, float one = {{
     y = Mul(h, a)
 }}"""
 
-_RMS_NORM = """g (float[N, 4] x) => (float[N, 4] y) <float[4] w = {1.0, 2.0, 0.5, -1.0}, float eps = {0.000001}, float two = {2.0}> {
+_RMS_NORM = """g (float[N, 4] x) => (float[N, 4] y)
+    <float[4] w = {1.0, 2.0, 0.5, -1.0}, float eps = {0.000001}, float two = {2.0}> {
     p = Pow(x, two)
     m = ReduceMean<axes = [-1]>(p)
     e = Add(m, eps)
@@ -90,7 +92,8 @@ _RMS_NORM = """g (float[N, 4] x) => (float[N, 4] y) <float[4] w = {1.0, 2.0, 0.5
     y = Mul(n, w)
 }"""
 
-_ATTENTION = """g (float[B, 2, S, 4] q, float[B, 2, S, 4] k, float[B, 2, S, 4] v) => (float[B, 2, S, 4] y) <float scale = {0.5}> {
+_ATTENTION = """g (float[B, 2, S, 4] q, float[B, 2, S, 4] k, float[B, 2, S, 4] v) => (float[B, 2, S, 4] y)
+    <float scale = {0.5}> {
     qs = Mul(q, scale)
     kt = Transpose<perm = [0, 1, 3, 2]>(k)
     s = MatMul(qs, kt)
@@ -133,7 +136,8 @@ def test_fusion_emits_only_ops_of_the_opset(case, opset):
     assert ops(optimized) == expected[opset]
 
 
-_UNAFFINE_INSTANCE_NORM = """g (float[N, 3, H, W] x) => (float[N, 3, H, W] y) <float[1] one = {1.0}, float[1] zero = {0.0},
+_UNAFFINE_INSTANCE_NORM = """g (float[N, 3, H, W] x) => (float[N, 3, H, W] y)
+    <float[1] one = {1.0}, float[1] zero = {0.0},
     float[3, 1, 1] s = {1.5, 0.5, -1.0}, float[3, 1, 1] b = {0.1, 0.2, 0.3}, float[N, 3, H, W] n> {
     n = LayerNormalization<axis = 2, epsilon = 0.00001>(x, one, zero)
     m = Mul(n, s)
