@@ -87,15 +87,24 @@ def capture_refining_dims(
     """
     refinements: list[DimRefinement] = []
     previous_fixes = None
+    hinted: dict[int, torch.export.Dim] = {}  # id of a Dim.DYNAMIC hint: the Dim it stands for
     for _ in range(MAX_ROUNDS):
         try:
             program, strategy = capture(module, args, kwargs, dynamic_shapes)
-            return program, strategy, refinements, dynamic_shapes
+            return program, strategy, refinements, _named(dynamic_shapes, hinted)
         except CaptureError as error:
             unrefined = error
             message = _suggested_fixes_message(error, dynamic_shapes)
             if message is None:
-                raise
+                checked = _ranges_where_guards_hold(error, dynamic_shapes)
+                if not checked:
+                    raise
+                dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
+                round_refinements = [_describe_checked(name, bounds) for name, bounds in checked.items()]
+                refinements += round_refinements
+                for refinement in round_refinements:
+                    warnings.warn(f"dynamic_shapes refined: {refinement}", stacklevel=3)
+                continue
             # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
             declared = _get_dim_name_mapping(dynamic_shapes)
             fixes = {name: fix for name, fix in _suggested_fixes(message).items() if name in declared}
@@ -203,21 +212,83 @@ def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
     1``). The smallest size from which every such guard of the dim holds becomes its minimum, as a
     "Suggested fixes:" message; torch checks the refined range again when capture is retried."""
     declared = _get_dim_name_mapping(dynamic_shapes)
-    guards: dict[str, list[tuple[str, str]]] = {}
-    for line in message.splitlines():
-        match = _UNSATISFIED_GUARD.search(line.strip())
-        if match and match.group(1) in declared:
-            guards.setdefault(match.group(1), []).append((match.group(2), match.group(3)))
     fixes = []
-    for name, conditions in guards.items():
+    for name, conditions in _unsatisfied_guards(message, declared).items():
         dim = declared[name]
         upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
         minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), upper)
         if minimum is None:
             return None
+        if minimum == int(dim.min):  # holds throughout: see _ranges_where_guards_hold
+            continue
         maximum = "" if dim.max == int_oo else f", max={int(dim.max)}"
         fixes.append(f"{name} = Dim('{name}', min={minimum}{maximum})")
     return "Suggested fixes:\n" + "\n".join(fixes) if fixes else None
+
+
+def _unsatisfied_guards(message: str, declared: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
+    """``{dim name: [(source, guard), ...]}``: the guards a constraint violation names for each
+    declared dim, with the dim's source (``L['x'].size()[3]``) as the guard reads it."""
+    guards: dict[str, list[tuple[str, str]]] = {}
+    for line in message.splitlines():
+        match = _UNSATISFIED_GUARD.search(line.strip())
+        if match and match.group(1) in declared:
+            guards.setdefault(match.group(1), []).append((match.group(2), match.group(3)))
+    return guards
+
+
+def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[str, tuple[int, int]]:
+    """``{dim name: (min, max)}`` for the declared dims whose unsatisfied guards (torch.export
+    names them without a fix) hold at every size of the dim's range, checked one size at a time:
+    torch's solver cannot prove some guards that are true throughout (ConvNeXt's
+    ``(1 % (160*(w // 4))) != 0``, a stride that is never 1). An unbounded range is checked up to
+    ``_GUARD_SEARCH_LIMIT``, which becomes its maximum. Empty when any such guard fails somewhere."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    violations = [
+        reason.msg
+        for reason in error.reasons.values()
+        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
+    ]
+    if not violations:
+        return {}
+    declared = _get_dim_name_mapping(dynamic_shapes)
+    guards = _unsatisfied_guards(violations[0], declared)
+    checked = {}
+    for name, conditions in guards.items():
+        dim = declared[name]
+        upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
+        if _smallest_size_from_which_all_hold(conditions, int(dim.min), upper) != int(dim.min):
+            return {}
+        checked[name] = (int(dim.min), upper)
+    return checked
+
+
+def _hinted(dynamic_shapes: Any, bounds: dict[str, tuple[int, int]], hinted: dict[int, Any]) -> Any:
+    """``dynamic_shapes`` with each dim named in ``bounds`` a ``Dim.DYNAMIC`` hint over its bounds:
+    torch.export then keeps the guards it cannot prove instead of refusing the spec (the hint
+    still refuses to become static). ``hinted`` records the dim each hint stands for."""
+
+    def hint(dim: Any) -> Any:
+        if isinstance(dim, torch.export.Dim) and dim.__name__ in bounds:
+            low, high = bounds[dim.__name__]
+            dynamic = torch.export.Dim.DYNAMIC(min=low, max=high)
+            hinted[id(dynamic)] = torch.export.Dim(dim.__name__, min=low, max=high)
+            return dynamic
+        return dim
+
+    return pytree.tree_map(hint, dynamic_shapes)
+
+
+def _named(dynamic_shapes: Any, hinted: dict[int, Any]) -> Any:
+    """``dynamic_shapes`` with the hints of :func:`_hinted` back to the named dims they stand for,
+    so that ONNX dims keep the user's names."""
+    return pytree.tree_map(lambda dim: hinted.get(id(dim), dim), dynamic_shapes)
+
+
+def _describe_checked(name: str, bounds: tuple[int, int]) -> DimRefinement:
+    low, high = bounds
+    return DimRefinement(name, f"min={low}, max={high}, guards torch cannot prove checked at each size")
 
 
 def _smallest_size_from_which_all_hold(conditions: list[tuple[str, str]], lower: int, upper: int) -> int | None:
@@ -232,6 +303,8 @@ def _smallest_size_from_which_all_hold(conditions: list[tuple[str, str]], lower:
                 return None
             try:
                 holds = bool(eval(expression, {"__builtins__": {}}))  # noqa: S307 (torch's guard text)
+            except ZeroDivisionError:  # a size the model cannot take (``1 % (w // 4)`` below 4)
+                holds = False
             except Exception:
                 return None
             if not holds:

@@ -2,6 +2,7 @@
 
 from dynexport.ops import (  # noqa: F401
     activation,
+    antialias,
     attention,
     control_flow,
     convolution,
