@@ -1,12 +1,22 @@
-"""transformers' ``DynamicCache`` as an export input or output.
+"""transformers' cache objects as export inputs and outputs, and the names their tensors get.
 
 torch.export walks inputs and outputs with pytree, and transformers does not register its caches
-there. While an export runs (and while an ``ONNXProgram`` is called), ``DynamicCache`` is a
-pytree node with two children, ``key_cache`` and ``value_cache`` (each a list of one tensor per
-layer): graph inputs are named ``cache_key_cache_0``, ..., outputs after their path in the
-returned structure, and ``dynamic_shapes`` gives the cache as ``[[key specs per layer], [value
-specs per layer]]``. The registration is undone afterwards, so dynexport leaves pytree as it found
-it.
+there. While an export runs (and while an ``ONNXProgram`` is called) these classes are pytree
+nodes, and the registration is undone afterwards, so dynexport leaves pytree as it found it:
+
+- ``DynamicCache``: two children, ``key_cache`` and ``value_cache``, each a list of one tensor
+  per layer ``[batch, heads, past, head_dim]``; ``dynamic_shapes`` gives the cache as
+  ``[[key specs per layer], [value specs per layer]]``.
+- ``StaticCache``: ``key_cache``, ``value_cache`` (``[batch, heads, max_cache_len, head_dim]``)
+  and ``cumulative_length`` (one 0-d int64 tensor per layer: the tokens written so far);
+  ``dynamic_shapes`` is ``[[keys], [values], [lengths]]``.
+- ``EncoderDecoderCache``: ``self_attention_cache`` and ``cross_attention_cache``, each one of
+  the above; ``dynamic_shapes`` is ``[self-attention specs, cross-attention specs]``.
+
+The ONNX graph names a cache's tensors as onnxruntime-genai and optimum do
+(:func:`cache_leaf_names`): ``past_key_values.<layer>.key`` / ``.value`` for a cache among the
+inputs, ``present.<layer>.key`` / ``.value`` for one among the outputs, with ``.decoder`` /
+``.encoder`` before ``.key`` in an encoder-decoder cache.
 """
 
 from __future__ import annotations
@@ -16,71 +26,182 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 
-__all__ = ["caches_flattened"]
+__all__ = ["CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "cache_leaf_names", "caches_flattened", "is_cache"]
 
-_CHILDREN = ("key_cache", "value_cache")
+CACHE_INPUT_PREFIX = "past_key_values"
+CACHE_OUTPUT_PREFIX = "present"
+
+_LAYER_CHILDREN = {"DynamicCache": ("key_cache", "value_cache"),
+                   "StaticCache": ("key_cache", "value_cache", "cumulative_length")}
+_ENCODER_DECODER_CHILDREN = ("self_attention_cache", "cross_attention_cache")
+_LAYER_TYPE = {"DynamicCache": "DynamicLayer", "StaticCache": "StaticLayer"}
+# The part of an encoder-decoder cache each child is, in the ecosystem's names.
+_ENCODER_DECODER_PARTS = {"self_attention_cache": "decoder", "cross_attention_cache": "encoder"}
+_TENSOR_KINDS = {"key_cache": "key", "value_cache": "value"}
 
 
 @contextlib.contextmanager
 def caches_flattened(values: Any = None) -> Iterator[None]:
-    """Make ``DynamicCache`` a pytree node within the block, when ``values`` (any nesting of
-    lists, tuples and dicts; None: always) holds one and nothing registered it already."""
-    cache_type = _dynamic_cache_type()
-    wanted = cache_type is not None and (
-        values is None or any(type(leaf) is cache_type for leaf in pytree.tree_leaves(values))
+    """Make transformers' ``DynamicCache``, ``StaticCache`` and ``EncoderDecoderCache`` pytree
+    nodes within the block: those that nothing registered already, when ``values`` (any nesting
+    of lists, tuples and dicts; None: always) holds a cache."""
+    cache_types = _cache_types()
+    wanted = bool(cache_types) and (
+        values is None or any(type(leaf) in cache_types.values() for leaf in pytree.tree_leaves(values))
     )
-    if not wanted or cache_type in pytree.SUPPORTED_NODES:
-        yield
-        return
-    pytree._private_register_pytree_node(
-        cache_type,
-        _flatten,
-        lambda children, context: _unflatten(cache_type, children),
-        serialized_type_name=f"{cache_type.__module__}.{cache_type.__name__}",
-        flatten_with_keys_fn=_flatten_with_keys,
-    )
-    fx_pytree.register_pytree_flatten_spec(cache_type, lambda cache, spec: _flatten(cache)[0])
+    registered = []
     try:
+        if wanted:
+            for name, cache_type in cache_types.items():
+                if cache_type in pytree.SUPPORTED_NODES:
+                    continue
+                _register(name, cache_type)
+                registered.append(cache_type)
         yield
     finally:
-        pytree._deregister_pytree_node(cache_type)
-        fx_pytree._deregister_pytree_flatten_spec(cache_type)
+        for cache_type in registered:
+            pytree._deregister_pytree_node(cache_type)
+            fx_pytree._deregister_pytree_flatten_spec(cache_type)
 
 
-def _dynamic_cache_type() -> type | None:
-    # Only a model that already imported transformers can hold its cache.
+def is_cache(value: Any) -> bool:
+    """Whether ``value`` is one of the transformers caches dynexport flattens."""
+    return type(value) in _cache_types().values()
+
+
+def cache_leaf_names(spec: pytree.TreeSpec | None, prefix: str) -> dict[int, str]:
+    """The ecosystem's names for the cache tensors among the leaves of ``spec`` (a call's or a
+    result's tree spec), by leaf position: ``<prefix>.<layer>.key`` and so on (module doc).
+    Only the first cache of the tree is named; a StaticCache's written lengths are named
+    ``<prefix>.<layer>.cumulative_length``."""
+    if spec is None:
+        return {}
+    names: dict[int, str] = {}
+    _name_first_cache(spec, 0, prefix, names)
+    return names
+
+
+def _name_first_cache(spec: pytree.TreeSpec, first_leaf: int, prefix: str, names: dict[int, str]) -> bool:
+    kind = _cache_kind(spec.type)
+    if kind is not None:
+        _name_cache(spec, kind, first_leaf, prefix, "", names)
+        return True
+    position = first_leaf
+    for child in spec.children_specs:
+        if _name_first_cache(child, position, prefix, names):
+            return True
+        position += child.num_leaves
+    return False
+
+
+def _name_cache(spec: pytree.TreeSpec, kind: str, first_leaf: int, prefix: str, part: str, names: dict[int, str]) -> None:
+    position = first_leaf
+    if kind == "EncoderDecoderCache":
+        for child_name, child in zip(_ENCODER_DECODER_CHILDREN, spec.children_specs):
+            child_kind = _cache_kind(child.type)
+            if child_kind is not None:
+                _name_cache(child, child_kind, position, prefix, f".{_ENCODER_DECODER_PARTS[child_name]}", names)
+            position += child.num_leaves
+        return
+    for child_name, child in zip(_LAYER_CHILDREN[kind], spec.children_specs):
+        tensor = _TENSOR_KINDS.get(child_name, child_name)
+        for layer in range(child.num_leaves):
+            names[position + layer] = f"{prefix}.{layer}{part}.{tensor}"
+        position += child.num_leaves
+
+
+def _cache_kind(node_type: Any) -> str | None:
+    for name, cache_type in _cache_types().items():
+        if node_type is cache_type:
+            return name
+    return None
+
+
+def _cache_types() -> dict[str, type]:
+    # Only a model that already imported transformers can hold its caches.
     cache_utils = sys.modules.get("transformers.cache_utils")
-    return getattr(cache_utils, "DynamicCache", None)
+    if cache_utils is None:
+        return {}
+    return {name: getattr(cache_utils, name) for name in (*_LAYER_CHILDREN, "EncoderDecoderCache") if hasattr(cache_utils, name)}
 
 
-def _flatten(cache: Any) -> tuple[list[list[Any]], None]:
+def _register(name: str, cache_type: type) -> None:
+    if name == "EncoderDecoderCache":
+        flatten, children_names = _flatten_encoder_decoder, _ENCODER_DECODER_CHILDREN
+        unflatten = lambda children, context: _unflatten_encoder_decoder(cache_type, children)  # noqa: E731
+    else:
+        layer_type = getattr(sys.modules[cache_type.__module__], _LAYER_TYPE[name])
+        flatten = lambda cache: _flatten_layers(cache, name, layer_type)  # noqa: E731
+        unflatten = lambda children, context: _unflatten_layers(cache_type, layer_type, children, context)  # noqa: E731
+        children_names = _LAYER_CHILDREN[name]
+
+    def flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], Any]:
+        children, context = flatten(cache)
+        return [(pytree.MappingKey(key), child) for key, child in zip(children_names, children)], context
+
+    pytree._private_register_pytree_node(
+        cache_type, flatten, unflatten,
+        serialized_type_name=f"{cache_type.__module__}.{cache_type.__name__}",
+        flatten_with_keys_fn=flatten_with_keys,
+    )
+    fx_pytree.register_pytree_flatten_spec(cache_type, lambda cache, spec: flatten(cache)[0])
+
+
+def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[Any]], Any]:
     layers = cache.layers
-    layer_type = sys.modules[type(cache).__module__].DynamicLayer
     if any(type(layer) is not layer_type for layer in layers):
         raise TypeError(
-            "dynexport flattens a DynamicCache of full-attention layers only (DynamicLayer); this one "
+            f"dynexport flattens a {name} of full-attention layers only ({layer_type.__name__}); this one "
             f"holds {sorted({type(layer).__name__ for layer in layers})}"
         )
-    return [[layer.keys for layer in layers], [layer.values for layer in layers]], None
+    if any(not layer.is_initialized for layer in layers):
+        raise ValueError(
+            f"a {name} whose layers hold no tensors yet cannot be an export input or output: fill it "
+            + ("(an empty cache: tensors of shape [batch, heads, 0, head_dim], as "
+               "DynamicCache([(keys, values)] * layers) makes)" if name == "DynamicCache"
+               else "with cache.early_initialization(batch_size, num_heads, head_dim, dtype, device)")
+        )
+    children = [[layer.keys for layer in layers], [layer.values for layer in layers]]
+    if name == "StaticCache":
+        children.append([layer.cumulative_length for layer in layers])
+        return children, tuple(layer.max_cache_len for layer in layers)
+    return children, None
 
 
-def _flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], None]:
-    children, context = _flatten(cache)
-    return [(pytree.MappingKey(name), child) for name, child in zip(_CHILDREN, children)], context
-
-
-def _unflatten(cache_type: type, children: list[list[Any]]) -> Any:
-    # The layers take the leaves as they are (the constructor would concatenate them to empty
+def _unflatten_layers(cache_type: type, layer_type: type, children: list[list[Any]], context: Any) -> Any:
+    # The layers take the leaves as they are (the constructor would allocate or concatenate
     # tensors): naming outputs unflattens placeholders that are no tensors.
-    layer_type = sys.modules[cache_type.__module__].DynamicLayer
-    cache = cache_type()
-    cache.layers = []
-    for keys, values in zip(*children):
-        layer = layer_type()
-        layer.keys, layer.values, layer.is_initialized = keys, values, True
-        layer.device = getattr(keys, "device", None)
-        cache.layers.append(layer)
+    cache = cache_type.__new__(cache_type)
+    layers = []
+    for index, tensors in enumerate(zip(*children)):
+        layer = layer_type(max_cache_len=context[index]) if context is not None else layer_type()
+        layer.keys, layer.values = tensors[:2]
+        if len(tensors) == 3:
+            layer.cumulative_length = tensors[2]
+        layer.is_initialized = True
+        layer.device = getattr(layer.keys, "device", None)
+        if isinstance(layer.keys, torch.Tensor) and context is not None:
+            layer.batch_size, layer.num_heads, _, layer.k_head_dim = layer.keys.shape
+            layer.v_head_dim = layer.values.shape[-1]
+        layers.append(layer)
+    super(cache_type, cache).__init__(layers=layers)
+    return cache
+
+
+def _flatten_encoder_decoder(cache: Any) -> tuple[list[Any], None]:
+    return [cache.self_attention_cache, cache.cross_attention_cache], None
+
+
+def _unflatten_encoder_decoder(cache_type: type, children: list[Any]) -> Any:
+    cache = cache_type.__new__(cache_type)
+    cache.self_attention_cache, cache.cross_attention_cache = children
+    # As the constructor decides: a cross-attention layer holding keys is reused, not recomputed.
+    cache.is_updated = {
+        index: isinstance(layer.keys, torch.Tensor) and bool(layer.keys.shape[-2] > 0)
+        for index, layer in enumerate(cache.cross_attention_cache.layers)
+    }
     return cache

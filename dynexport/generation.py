@@ -1,0 +1,187 @@
+"""Greedy generation over an exported language model, as ``model.generate(do_sample=False)``.
+
+The program is an export of the model's forward called with keyword arguments, the way
+``generate`` calls it:
+
+- a decoder: ``input_ids``, optionally ``attention_mask`` and ``position_ids``, and a
+  ``DynamicCache`` (under the forward's own name for it, ``cache`` or ``past_key_values``) whose
+  past length is dynamic down to 0, so that one graph runs the prompt (an empty cache) and every
+  step after it (the cache it returned);
+- any model exported without a cache (a decoder, or an encoder-decoder taking ``input_ids`` or
+  ``input_features`` and ``decoder_input_ids``): every step runs the whole sequence so far.
+
+Other keyword arguments of the export call that were baked in as constants (``use_cache=True``)
+are passed again as they were. Position ids follow ``generate``: the count of attended tokens
+before each one (0 at padding), so left-padded rows decode as if unpadded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export.graph_signature import ConstantArgument
+
+from dynexport.call_convention import placeholders, user_input_specs
+from dynexport.model_caches import is_cache
+
+__all__ = ["greedy_generate"]
+
+_CACHE_ARGUMENTS = ("cache", "past_key_values")
+_ENCODER_INPUTS = ("input_ids", "input_features")
+
+
+def greedy_generate(
+    program: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    decoder_start_token_id: int | None = None,
+) -> torch.Tensor:
+    """Generate ``max_new_tokens`` tokens greedily with an exported model (module doc).
+
+    Args:
+        program: an :class:`~dynexport.ONNXProgram` exported from the model's forward.
+        input_ids: the prompts, ``[batch, length]`` (left-padded where ``attention_mask`` is 0);
+            for an encoder-decoder, the encoder's input (token ids or audio features).
+        attention_mask: 1 for tokens, 0 for padding; None: all ones.
+        max_new_tokens: how many tokens to generate at most.
+        eos_token_id: the token(s) that end a sequence; a finished row gets ``pad_token_id``
+            until every row has finished or ``max_new_tokens`` are generated.
+        pad_token_id: the token after a sequence ended (default: the first ``eos_token_id``).
+        decoder_start_token_id: an encoder-decoder's first decoder token.
+
+    Returns:
+        For a decoder, the prompts followed by the generated tokens; for an encoder-decoder,
+        the decoder's tokens from ``decoder_start_token_id`` on: what ``generate`` returns.
+
+    Raises:
+        ValueError: the program takes arguments this loop cannot give, or a needed token id
+            is missing.
+    """
+    if program.exported_program is None:
+        raise ValueError("greedy_generate needs a program exported from a model (its exported_program is None)")
+    call = _CallConvention.of(program.exported_program)
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    if eos and pad_token_id is None:
+        pad_token_id = eos[0]
+    batch = input_ids.shape[0]
+    if attention_mask is None:
+        attention_mask = torch.ones(input_ids.shape[:2], dtype=torch.int64)
+    if call.encoder_input is not None:
+        if decoder_start_token_id is None:
+            raise ValueError("an encoder-decoder needs decoder_start_token_id (the model's config holds it)")
+        tokens = torch.full((batch, 1), decoder_start_token_id, dtype=torch.int64)
+    else:
+        tokens = input_ids
+    unfinished = torch.ones(batch, dtype=torch.bool)
+    cache = call.empty_cache(batch)
+    step_ids = tokens
+    for _ in range(max_new_tokens):
+        kwargs = call.arguments(input_ids, attention_mask, tokens, step_ids, cache)
+        result = program(**kwargs)
+        logits, cache = _logits_and_cache(result, cached=call.cache_argument is not None)
+        next_tokens = logits[:, -1].argmax(-1)
+        if eos:
+            next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad_token_id))
+            unfinished &= ~torch.isin(next_tokens, torch.tensor(eos))
+        tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
+        step_ids = next_tokens[:, None]
+        if call.encoder_input is None:
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=-1)
+        if not unfinished.any():
+            break
+    return tokens
+
+
+class _CallConvention:
+    """Which keyword arguments an exported forward takes, and how each step fills them."""
+
+    def __init__(self, names: list[str], baked: dict[str, Any], cache_argument: str | None, cache_layers: list[tuple]):
+        self.names = names
+        self.baked = baked
+        self.cache_argument = cache_argument
+        self.cache_layers = cache_layers  # (heads, head_dim, dtype) of keys and of values, per layer
+        self.encoder_input = next((n for n in _ENCODER_INPUTS if n in names), None) if "decoder_input_ids" in names else None
+
+    @classmethod
+    def of(cls, exported: torch.export.ExportedProgram) -> _CallConvention:
+        in_spec = exported.call_spec.in_spec
+        if in_spec.child(0).num_leaves:
+            raise ValueError("greedy_generate calls the model with keyword arguments only: export it with args=() and kwargs=")
+        kwargs_spec = in_spec.child(1)
+        names = list(kwargs_spec.context)
+        specs = user_input_specs(exported)
+        nodes = placeholders(exported)
+        baked: dict[str, Any] = {}
+        cache_argument, cache_layers = None, []
+        position = 0
+        for name, child in zip(names, kwargs_spec.children_specs):
+            leaf_specs = specs[position:position + child.num_leaves]
+            position += child.num_leaves
+            if name in _CACHE_ARGUMENTS and child.num_leaves:
+                cache_argument = name
+                cache_layers = _cache_layers(name, child, [nodes[s.arg.name].meta.get("val") for s in leaf_specs])
+            elif child.num_leaves == 1 and isinstance(leaf_specs[0].arg, ConstantArgument):
+                baked[name] = leaf_specs[0].arg.value
+        known = {"input_ids", "attention_mask", "position_ids", "decoder_input_ids", *_ENCODER_INPUTS, *_CACHE_ARGUMENTS, *baked}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(
+                f"greedy_generate gives input_ids, attention_mask, position_ids, decoder_input_ids and the cache; "
+                f"the program also takes {unknown}"
+            )
+        return cls(names, baked, cache_argument, cache_layers)
+
+    def empty_cache(self, batch: int) -> Any:
+        if self.cache_argument is None:
+            return None
+        import transformers
+
+        return transformers.DynamicCache([
+            (torch.zeros(batch, key_heads, 0, key_size, dtype=key_dtype),
+             torch.zeros(batch, value_heads, 0, value_size, dtype=value_dtype))
+            for (key_heads, key_size, key_dtype), (value_heads, value_size, value_dtype) in self.cache_layers
+        ])
+
+    def arguments(self, encoder_input: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, step_ids: torch.Tensor, cache: Any) -> dict:
+        """The keyword arguments of one step: the new tokens and the cache (or, without a cache,
+        the whole sequence), the mask over past and new tokens, their positions."""
+        new_ids = step_ids if cache is not None and cache.get_seq_length() > 0 else tokens
+        given: dict[str, Any] = dict(self.baked)
+        if self.encoder_input is not None:
+            given.update({self.encoder_input: encoder_input, "attention_mask": mask, "decoder_input_ids": tokens})
+        else:
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+            given.update({"input_ids": new_ids, "attention_mask": mask, "position_ids": positions[:, -new_ids.shape[1]:]})
+        if self.cache_argument is not None:
+            given[self.cache_argument] = cache
+        return {name: given.get(name) for name in self.names}
+
+
+def _cache_layers(name: str, spec: pytree.TreeSpec, values: list[Any]) -> list[tuple]:
+    if getattr(spec.type, "__name__", None) != "DynamicCache":
+        raise ValueError(f"greedy_generate feeds {name!r} a DynamicCache; the program was exported with a {spec.type.__name__}")
+    layers = len(values) // 2
+    described = []
+    for tensor in values:
+        heads, size = tensor.shape[1], tensor.shape[3]
+        if not isinstance(heads, int) or not isinstance(size, int):
+            raise ValueError(f"the cache's heads and head size must be static; the program has {list(tensor.shape)}")
+        described.append((heads, size, tensor.dtype))
+    return list(zip(described[:layers], described[layers:]))
+
+
+def _logits_and_cache(result: Any, *, cached: bool) -> tuple[torch.Tensor, Any]:
+    items = list(result.values()) if hasattr(result, "keys") else list(result) if isinstance(result, (tuple, list)) else [result]
+    logits = result["logits"] if hasattr(result, "keys") and "logits" in result else next(
+        item for item in items if isinstance(item, torch.Tensor)
+    )
+    cache = next((item for item in items if is_cache(item)), None)
+    if cached and cache is None:
+        raise ValueError("the program takes a cache but returns none: export the model with use_cache=True")
+    return logits, cache
