@@ -5,7 +5,9 @@ Inputs are flattened the way torch.export flattens them: positional arguments, t
 arguments in the order of the forward signature, each nested list/tuple/dict walked depth
 first. ONNX input names default to torch.export's placeholder names, which follow that walk
 (``past_key_values_0_1`` for ``past_key_values[0][1]``). Outputs are named by their path in the
-returned structure (``logits``, ``output_0``) unless ``output_names`` says otherwise.
+returned structure (``logits``, ``output_0``) unless ``output_names`` says otherwise. A
+transformers cache's tensors are named as the ecosystem names them (``past_key_values.0.key``,
+``present.0.key``: :func:`dynexport.model_caches.cache_leaf_names`).
 Python int/float/bool arguments are baked into the graph as constants.
 """
 
@@ -26,6 +28,7 @@ from dynexport.call_convention import (
     user_input_specs,
     user_outputs,
 )
+from dynexport.model_caches import CACHE_INPUT_PREFIX, CACHE_OUTPUT_PREFIX, cache_leaf_names
 from dynexport.passes.onnx.naming import unique_name
 
 __all__ = [
@@ -225,8 +228,10 @@ def graph_io(
     _check_names_free("input_names", custom.values(), initializers, "a parameter, buffer or constant of the model")
     taken = initializers | set(custom.values())
     input_name = {}
-    for spec in specs:
-        input_name[spec.arg.name] = custom.get(spec.arg.name) or unique_name(spec.arg.name, taken)
+    cache_names = cache_leaf_names(program.call_spec.in_spec, CACHE_INPUT_PREFIX)
+    for position, spec in enumerate(specs):
+        default = cache_names.get(position, spec.arg.name)
+        input_name[spec.arg.name] = custom.get(spec.arg.name) or unique_name(default, taken)
         taken.add(input_name[spec.arg.name])
     names = [input_name[s.arg.name] for s in specs]
 
@@ -280,6 +285,8 @@ def _output_paths(program: torch.export.ExportedProgram, count: int) -> list[str
     for path, _leaf in paths:
         parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
         names.append(".".join(parts) if isinstance(dummy, dict) else "output_" + "_".join(parts))
+    for position, name in cache_leaf_names(spec, CACHE_OUTPUT_PREFIX).items():
+        names[position] = name
     return names
 
 
