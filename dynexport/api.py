@@ -91,7 +91,7 @@ def export(
             more names than tensor inputs, of every argument in order (a name for one left None
             is warned about and unused).
         output_names: names of the ONNX graph's outputs, in flattened order.
-        opset_version: ONNX opset, 18 to 23 (default 20).
+        opset_version: ONNX opset, 13 to 23 (default 20).
         dynamic_axes: torch.onnx's legacy form, ``{input_or_output_name: {axis: dim_name}}``
             or ``{name: [axes]}``; converted to ``dynamic_shapes``. Output dims take the names
             given (model metadata ``pkg.dynexport.output_dims`` holds the sizes they stand for).

@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--dynamic", action="append", metavar="INPUT:AXIS[=NAME][,AXIS[=NAME]]",
                         help="make these axes of an input dynamic (repeatable), e.g. input_ids:0=batch,1=seq; "
                              "'none' exports static shapes; default: the factory's dynamic_shapes")
-    export.add_argument("--opset", type=int, default=None, help="ONNX opset (18-23, default 20)")
+    export.add_argument("--opset", type=int, default=None, help="ONNX opset (13-23, default 20)")
     export.add_argument("--verify", action="store_true",
                         help="compare onnxruntime with PyTorch on the example (and resized) inputs")
     export.add_argument("--report", nargs="?", const=True, default=False, metavar="PATH",

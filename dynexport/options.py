@@ -18,7 +18,7 @@ from dynexport.registry import TranslationTable, default_table
 from dynexport.report import default_report_path
 from dynexport.translate import TranslationOptions
 
-__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "TARGETS", "ExportOptions", "check_opset"]
+__all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "TARGETS", "ExportOptions", "check_opset", "check_target"]
 
 DEFAULT_OPSET = 20
 SUPPORTED_OPSETS = range(13, 24)
@@ -35,6 +35,16 @@ def check_opset(opset_version: Any) -> int:
             f"{SUPPORTED_OPSETS.start}..{SUPPORTED_OPSETS.stop - 1} (default {DEFAULT_OPSET})"
         )
     return opset
+
+
+def check_target(target: Any) -> str | None:
+    """``target`` checked: None (standard ONNX operators) or "onnxruntime"; ValueError otherwise."""
+    if target not in TARGETS:
+        raise ValueError(
+            f"target={target!r} is not supported; use None (standard ONNX operators, any runtime) or "
+            "'onnxruntime' (also onnxruntime's com.microsoft operators where they are faster there)"
+        )
+    return target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +148,7 @@ class ExportOptions:
                 f"input_names and output_names share {shared_names}; ONNX needs every input and output named apart"
             )
         opset = check_opset(opset_version)
-        if target not in TARGETS:
-            raise ValueError(
-                f"target={target!r} is not supported; use None (standard ONNX operators, any runtime) or "
-                "'onnxruntime' (also onnxruntime's com.microsoft operators where they are faster there)"
-            )
+        check_target(target)
         if f is not None:
             files.check_destination(f)
         if fallback not in (None, "custom_domain"):

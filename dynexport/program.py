@@ -136,11 +136,13 @@ class ONNXProgram:
 
     # -- passes -----------------------------------------------------------------------------
 
-    def optimize(self) -> ONNXProgram:
-        """Run dynexport's ONNX optimization passes on the model again (in place)."""
+    def optimize(self, *, target: str | None = None, strict_clamps: bool = False) -> ONNXProgram:
+        """Run dynexport's ONNX optimization passes on the model again (in place); ``target`` and
+        ``strict_clamps`` mean what they mean to :func:`dynexport.export`."""
+        from dynexport.options import check_target
         from dynexport.passes.onnx import optimize_model
 
-        optimize_model(self.model)
+        optimize_model(self.model, clamps_as_clip=not strict_clamps, target=check_target(target))
         self._changed()
         return self
 

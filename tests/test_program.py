@@ -154,6 +154,23 @@ def test_include_initializers_false_and_initializers(small, tmp_path):
     assert_close(program(x), model(x))
 
 
+def test_optimize_again_takes_exports_target_and_clamp_keywords():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Hardtanh()).eval()
+    x = torch.randn(2, 4) * 3
+
+    def ops(program):
+        return {node.op_type for node in program.model_proto.graph.node}
+
+    strict = dynexport.export(model, (x,), optimize=False).optimize(strict_clamps=True)
+    assert {"Max", "Min"} <= ops(strict) and "Clip" not in ops(strict)
+    fast = dynexport.export(model, (x,), optimize=False).optimize()
+    assert "Clip" in ops(fast) and not {"Max", "Min"} & ops(fast)
+    for program in (strict, fast):
+        assert_close(program(x), model(x))
+    with pytest.raises(ValueError, match="target='tensorrt' is not supported"):
+        fast.optimize(target="tensorrt")
+
+
 def test_text_form_lists_inputs_then_nodes_with_modules(small, capsys):
     model, x = small
     text = dynexport.export_to_pretty_string(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
