@@ -161,10 +161,16 @@ def _add_torch_initializer(graph: ir.Graph, data, output: ir.Value) -> ir.Value:
     return value
 
 
+# A constant's dequantization stays a node: runtimes fuse it with its consumer into an integer
+# kernel (QLinearConv, QGemm, MatMulNBits), which a folded float weight would undo.
+_KEPT_FOR_QUANTIZED_KERNELS = frozenset({"DequantizeLinear"})
+
+
 def _is_foldable(node: ir.Node) -> bool:
     return (
         node.domain in ("", "ai.onnx")
         and node.op_type not in NONDETERMINISTIC_OPS
+        and node.op_type not in _KEPT_FOR_QUANTIZED_KERNELS
         and node.op_type != "Constant"
         and any(v is not None for v in node.inputs)
         and not any(isinstance(v.type, ir.SequenceType) for v in node.outputs)

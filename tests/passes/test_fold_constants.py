@@ -46,6 +46,15 @@ def test_random_ops_and_non_constant_inputs_are_not_folded():
     assert ops(m) == ["RandomNormal", "Add"]
 
 
+def test_a_small_weight_dequantization_is_kept_for_the_runtime_to_fuse():
+    m = model("""g (float[2, 2] x) => (float[2, 3] y) <int8[2, 3] q = {1, -2, 3, 4, 5, -6}, float s = {0.5}> {
+        w = DequantizeLinear(q, s)
+        y = MatMul(x, w)
+    }""")
+    assert fold_constants(m.graph, opset=20) == 0
+    assert ops(m) == ["DequantizeLinear", "MatMul"]
+
+
 def test_transposed_weight_of_a_real_model_is_folded():
     model_ = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
     x = torch.randn(2, 5, 4)
