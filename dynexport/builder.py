@@ -169,15 +169,23 @@ class OnnxScriptError(ValueError):
 
 
 class OperatorNotInOpset(OnnxScriptError):
-    """A rule wrote the default-domain op ``op_type``, which ONNX defines only from opset
-    ``since``, into a model of opset ``opset``."""
+    """A rule wrote the default-domain op ``op_type`` (or its ``feature``, an attribute or a
+    mode), which ONNX defines only from opset ``since``, into a model of opset ``opset``."""
 
-    def __init__(self, op_type: str, opset: int, since: int):
-        super().__init__(
-            f"ONNX {op_type} exists from opset {since}; the model is opset {opset}",
-            f"export with opset_version={since} (or later)",
-        )
+    def __init__(self, op_type: str, opset: int, since: int, feature: str | None = None):
+        self.what = f"ONNX {op_type}" + (f"'s {feature}" if feature else "") + f" exists from opset {since}"
+        super().__init__(f"{self.what}; the model is opset {opset}", f"export with opset_version={since} (or later)")
         self.op_type, self.opset, self.since = op_type, opset, since
+
+
+@functools.lru_cache(maxsize=None)
+def _attribute_since(op_type: str, attribute: str, opset: int) -> int | None:
+    """The first opset after ``opset`` whose ``op_type`` (default domain) has ``attribute``."""
+    versions = sorted(
+        s.since_version for s in onnx.defs.get_all_schemas_with_history()
+        if s.name == op_type and s.domain == "" and s.since_version > opset and attribute in s.attributes
+    )
+    return versions[0] if versions else None
 
 
 # Ops whose meaning changed between opsets 18 and 23, not only their types or optional
@@ -428,6 +436,8 @@ class ModelBuilder(HookedGraphBuilder):
         """Sequence types, and element types of tensors (see :func:`_element_type`): shapes and
         exact types of a rule's tensor results come from the FX node's ``meta["val"]`` once the
         rule returns."""
+        if node.domain == "":
+            self._check_attributes(node)
         for value, dtype, sequence in zip(node.outputs, _element_type(node), _sequence_types(node)):
             if value.type is not None:
                 continue
@@ -435,6 +445,18 @@ class ModelBuilder(HookedGraphBuilder):
                 value.type = sequence
             elif dtype is not None:
                 value.type = ir.TensorType(dtype)
+
+    def _check_attributes(self, node: ir.Node) -> None:
+        """Raise OperatorNotInOpset for an attribute that ``node``'s op takes only at a later
+        opset than the node's (Split's num_outputs from 18, Reshape's allowzero from 14)."""
+        schema = _schema(node.op_type, "", node.version or self.graph.opset_imports[""])
+        if schema is None:
+            return
+        for name in node.attributes:
+            if name not in schema.attributes:
+                since = _attribute_since(node.op_type, name, schema.since_version)
+                if since is not None:
+                    raise OperatorNotInOpset(node.op_type, self.graph.opset_imports[""], since, name)
 
     def annotate_node(self, node: ir.Node) -> None:
         node.metadata_props.update(self._origin_props)

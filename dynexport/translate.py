@@ -118,6 +118,8 @@ class TranslationContext:
 
     def sym_size(self, x: ir.Value, dim: int) -> ir.Value:
         """Size of ``x`` along ``dim`` as an int64 scalar."""
+        if self.opset < 15:  # Shape takes start and end from opset 15
+            return self.op.Gather(self.op.Shape(x), self.constant(dim, ir.DataType.INT64))
         size = self.op.Shape(x, start=dim, end=dim + 1 if dim != -1 else None)
         size.shape = ir.Shape([1])
         return self.op.Squeeze(size)
@@ -344,10 +346,7 @@ class _Translator:
         except ExportError:
             raise
         except OperatorNotInOpset as error:
-            use = UnsupportedUse(
-                target_name(node.target), 1, source_line(origin or node), error.since,
-                f"ONNX {error.op_type} exists from opset {error.since}",
-            )
+            use = UnsupportedUse(target_name(node.target), 1, source_line(origin or node), error.since, error.what)
             raise OpsetTooLowError([use], error.opset) from error
         except OnnxScriptError as error:
             raise TranslationError(

@@ -35,10 +35,13 @@ __all__ = [
     "per_dim",
     "rank",
     "reduce",
+    "reshape",
     "run_batched",
     "scalar",
     "scalar_like",
+    "scatter_elements_add",
     "select",
+    "shape_of",
     "shape_tensor",
     "size_of",
     "size_of_dims",
@@ -275,6 +278,55 @@ def shape_tensor(ctx, sizes: Sequence[int | ir.Value] | ir.Value) -> ir.Value:
     return pieces[0] if len(pieces) == 1 else ctx.op.Concat(*pieces, axis=0)
 
 
+def scatter_elements_add(ctx, data: ir.Value, indices: ir.Value, updates: ir.Value, axis: int) -> ir.Value:
+    """ONNX ScatterElements of ``updates`` into ``data`` along ``axis`` with reduction "add",
+    for ``indices`` (and ``updates``) that match ``data``'s sizes along every other dim. The
+    reduction exists from opset 16; before it each target sums the updates whose index names it,
+    from an [n, size] comparison along ``axis``."""
+    if ctx.opset >= 16:
+        return ctx.op.ScatterElements(data, indices, updates, axis=axis, reduction="add")
+    r = rank(data)
+    zero, one = ctx.constant(0, ir.DataType.INT64), ctx.constant(1, ir.DataType.INT64)
+    targets = ctx.op.Reshape(ctx.op.Range(zero, ctx.sym_size(data, axis), one), ints(ctx, [-1] + [1] * (r - 1 - axis)))
+    hits = ctx.op.Equal(ctx.op.Unsqueeze(indices, ints(ctx, [axis + 1])), targets)
+    terms = ctx.op.Where(hits, ctx.op.Unsqueeze(updates, ints(ctx, [axis + 1])), ctx.constant(0, updates.dtype))
+    return ctx.op.Add(data, reduce(ctx, "ReduceSum", terms, [axis], keepdims=False))
+
+
+def shape_of(ctx, x: ir.Value, start: int = 0, end: int | None = None) -> ir.Value:
+    """The sizes of ``x``'s dims ``start`` to ``end`` (excluded; None: the last) as a 1-D int64
+    tensor. Shape takes ``start`` and ``end`` from opset 15; before it a Slice cuts them."""
+    if ctx.opset >= 15 or (start == 0 and end is None):
+        return ctx.op.Shape(x, start=start or None, end=end)
+    return ctx.op.Slice(ctx.op.Shape(x), ints(ctx, [start]), ints(ctx, [_INT64_MAX if end is None else end]))
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def reshape(ctx, x: ir.Value, shape: ir.Value | Sequence[int | ir.Value]) -> ir.Value:
+    """``x`` reshaped to ``shape`` (a 1-D int64 tensor, or sizes as :func:`shape_tensor` takes
+    them), whose 0s are sizes, never copies of ``x``'s. Reshape takes ``allowzero`` from opset
+    14."""
+    # PyTorch infers a -1 only where no size is 0.
+    infers = not isinstance(shape, ir.Value) and -1 in shape
+    if not isinstance(shape, ir.Value):
+        shape = shape_tensor(ctx, shape)
+    if ctx.opset >= 14:
+        return ctx.op.Reshape(x, shape, allowzero=1)
+    known = ir.convenience.get_const_tensor(shape)
+    if infers or (known is not None and 0 not in known.numpy().tolist()):
+        return ctx.op.Reshape(x, shape)
+    # Before it a 0 copies x's size. A 0 means no elements, where any tensor of the shape is the
+    # result: an empty x gets one element, is reshaped to ones and broadcast to the shape.
+    zero, one = ctx.constant(0, ir.DataType.INT64), ints(ctx, [1])
+    empty = ctx.op.Equal(ctx.op.Size(x), zero)
+    filler = ctx.op.Expand(ctx.op.Reshape(ctx.constant(0, x.dtype), one), ctx.op.Reshape(cast(ctx, empty, ir.DataType.INT64), one))
+    padded = ctx.op.Concat(ctx.op.Reshape(x, ints(ctx, [-1])), filler, axis=0)
+    target = ctx.op.Where(empty, ctx.op.Expand(one, ctx.op.Shape(shape)), shape)
+    return ctx.op.Expand(ctx.op.Reshape(padded, target), shape)
+
+
 def size_of(ctx, x: ir.Value, dim: int) -> int | ir.Value:
     """The size of ``x`` along ``dim``: a Python int when static, else an int64 scalar."""
     size = x.shape[dim]
@@ -290,7 +342,7 @@ def size_of_dims(ctx, x: ir.Value, start: int, end: int) -> int | ir.Value:
     sizes = x.shape[start:end]
     if all(isinstance(size, int) for size in sizes):
         return math.prod(sizes)
-    return reduce(ctx, "ReduceProd", ctx.op.Shape(x, start=start, end=end), keepdims=False)
+    return reduce(ctx, "ReduceProd", shape_of(ctx, x, start, end), keepdims=False)
 
 
 def pad(

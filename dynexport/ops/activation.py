@@ -35,6 +35,10 @@ _DOUBLE = ir.DataType.DOUBLE
 def relu(ctx, self):
     if self.dtype in _NON_NEGATIVE:
         return self
+    if self.dtype.is_integer() and ctx.opset < 14:
+        # Relu takes integers from opset 14; onnxruntime's Max none narrower than 32 bits.
+        wide = cast(ctx, self, ir.DataType.INT32) if self.dtype.itemsize < 4 else self
+        return cast(ctx, ctx.op.Max(wide, scalar_like(ctx, 0, wide)), self.dtype)
     # onnxruntime has no int16 or int64 Relu.
     if self.dtype == ir.DataType.INT16:
         return cast(ctx, ctx.op.Relu(cast(ctx, self, ir.DataType.INT32)), self.dtype)

@@ -16,7 +16,9 @@ from dynexport.ops._helpers import (
     ints,
     rank,
     reduce,
+    reshape,
     scalar,
+    shape_of,
     shape_tensor,
     size_of,
 )
@@ -133,7 +135,7 @@ def _repeat_heads(ctx, x, query) -> ir.Value:
         groups = ctx.op.Div(scalar(ctx, size_of(ctx, query, -3), ir.DataType.INT64), scalar(ctx, size_of(ctx, x, -3), ir.DataType.INT64))
     repeated = ctx.op.Expand(ctx.op.Unsqueeze(x, ints(ctx, [-3])), shape_tensor(ctx, [groups, 1, 1]))
     # The head count spelled out: Reshape cannot infer a -1 when the batch is empty.
-    shape = ctx.op.Concat(ctx.op.Shape(x, end=-3), ctx.op.Shape(query, start=-3, end=-2), ctx.op.Shape(x, start=-2), axis=0)
-    return ctx.op.Reshape(repeated, shape, allowzero=1)
+    shape = ctx.op.Concat(shape_of(ctx, x, end=-3), shape_of(ctx, query, -3, -2), shape_of(ctx, x, -2), axis=0)
+    return reshape(ctx, repeated, shape)
 
 

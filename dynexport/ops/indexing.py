@@ -9,6 +9,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import to_torch_dtype
+from dynexport.builder import OperatorNotInOpset
 from dynexport.ops._helpers import (
     argument,
     cast,
@@ -17,8 +18,11 @@ from dynexport.ops._helpers import (
     normalize_dim,
     only_first_output_used,
     rank,
+    reshape,
     scalar,
+    scatter_elements_add,
     select,
+    shape_of,
     shape_tensor,
     size_of,
     with_shape,
@@ -91,7 +95,7 @@ def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, includ
     if padding is not None:
         padding_row = ctx.constant(padding, indices.dtype)
         if padding < 0:  # counted from the end of the table
-            padding_row = ctx.op.Add(padding_row, cast(ctx, ctx.op.Shape(weight, start=0, end=1), indices.dtype))
+            padding_row = ctx.op.Add(padding_row, cast(ctx, shape_of(ctx, weight, end=1), indices.dtype))
         kept = ctx.op.Not(ctx.op.Equal(indices, padding_row))
     filler = -math.inf if reduce == "max" else 0.0
     if kept is not None:
@@ -104,7 +108,7 @@ def _bags(ctx, weight, indices, offsets, reduce: str, per_sample_weights, includ
         return totals
     members = ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(indices)) if kept is None else cast(ctx, kept, _INT64)
     zeros = ctx.op.Expand(ctx.constant(0, _INT64), shape_tensor(ctx, [bag_count]))
-    sizes = ctx.op.Unsqueeze(ctx.op.ScatterElements(zeros, bags, members, axis=0, reduction="add"), ints(ctx, [1]))
+    sizes = ctx.op.Unsqueeze(scatter_elements_add(ctx, with_shape(zeros, [None]), bags, members, 0), ints(ctx, [1]))
     if reduce == "mean":
         return ctx.op.Div(totals, cast(ctx, ctx.op.Max(sizes, ctx.constant(1, _INT64)), weight.dtype))
     return ctx.op.Where(ctx.op.Greater(sizes, ctx.constant(0, _INT64)), totals, ctx.constant(0.0, weight.dtype))
@@ -141,14 +145,14 @@ def segment_reduce(ctx, data, reduce, *, lengths=None, indices=None, offsets=Non
         start = _identity(ctx, "a" + reduce if reduce in ("max", "min") else reduce, data.dtype)
     else:
         start = ctx.constant(initial, data.dtype)
-    result_shape = ctx.op.Concat(ctx.op.Shape(starts), ctx.op.Shape(data, start=1), axis=0)
+    result_shape = ctx.op.Concat(ctx.op.Shape(starts), shape_of(ctx, data, 1), axis=0)
     reduction = _SEGMENT_REDUCTIONS[reduce]
     totals = _reduced(ctx, "ScatterElements", ctx.op.Expand(start, result_shape), targets, data, reduction, axis=0)
     if reduce != "mean":
         return totals
     ones = ctx.op.Expand(ctx.constant(1, _INT64), ctx.op.Shape(segments))
     zeros = ctx.op.Expand(ctx.constant(0, _INT64), ctx.op.Shape(starts))
-    sizes = ctx.op.ScatterElements(zeros, segments, ones, axis=0, reduction="add")
+    sizes = scatter_elements_add(ctx, with_shape(zeros, [None]), segments, ones, 0)
     if rank(data) > 1:
         sizes = ctx.op.Unsqueeze(sizes, trailing)
     if initial is not None:
@@ -246,7 +250,7 @@ def index_put(ctx, self, indices, values, accumulate=False):
     index_rank, position = _index_layout(indices)
     if position:
         values = _index_dims_first(ctx, values, position, index_rank, rank(self) - dims[-1] - 1)
-    shape = ctx.op.Concat(ctx.op.Shape(stacked, end=-1), ctx.op.Shape(moved, start=len(dims)), axis=0)
+    shape = ctx.op.Concat(shape_of(ctx, stacked, end=-1), shape_of(ctx, moved, len(dims)), axis=0)
     updates = ctx.op.Expand(values, shape)
     written = _reduced(ctx, "ScatterND", moved, stacked, updates, "add" if accumulate else "none")
     return _transpose(ctx, written, _inverse(perm))
@@ -286,7 +290,7 @@ def masked_scatter(ctx, self, mask, source):
     flat_source = ctx.op.Concat(ctx.op.Reshape(source, ints(ctx, [-1])), ctx.constant([0], source.dtype), axis=0)
     taken = ctx.op.Gather(flat_source, ctx.op.Max(ordinals, ctx.constant(0, _INT64)), axis=0)
     flat = select(ctx, flat_mask, taken, ctx.op.Reshape(self, ints(ctx, [-1])))
-    return ctx.op.Reshape(flat, ctx.op.Shape(self), allowzero=1)
+    return reshape(ctx, flat, ctx.op.Shape(self))
 
 
 @translates(aten.nonzero_static.default)
@@ -325,10 +329,19 @@ def _empty(x: ir.Value) -> bool:
     return x.shape is not None and any(size == 0 for size in x.shape if isinstance(size, int))
 
 
+# ScatterElements and ScatterND reduce by add and mul from opset 16, by max and min from 18 in
+# ONNX; onnxruntime's kernels take max and min from 16, where they are written too (a graph
+# that other runtimes may refuse at 16 and 17).
+_REDUCTIONS_SINCE = {"add": 16, "mul": 16, "max": 16, "min": 16}
+
+
 def _reduced(ctx, op_type: str, self, index, updates, reduction: str, **attributes) -> ir.Value:
     """A ScatterND/ScatterElements; reductions run in float for 16-bit floats and in uint8 for
     bools (as 0/1 bytes max is or, min is and), which onnxruntime's CPU kernels only scatter
     with reduction "none"."""
+    since = _REDUCTIONS_SINCE.get(reduction, 1)
+    if ctx.opset < since:
+        raise OperatorNotInOpset(op_type, ctx.opset, since, f"reduction {reduction!r}")
     dtype = self.dtype
     if reduction != "none" and dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         dtype = ir.DataType.FLOAT
@@ -477,7 +490,7 @@ def diagonal_scatter(ctx, self, src, offset=0, dim1=0, dim2=1):
     # at (i + first row, i + first column); src is as long as the diagonal.
     perm = [dim1, dim2] + rest
     moved = _transpose(ctx, self, perm)
-    length = ctx.op.Shape(src, start=-1)
+    length = shape_of(ctx, src, -1)
     positions = ctx.op.Range(ctx.constant(0, _INT64), ctx.op.Squeeze(length, ints(ctx, [0])), ctx.constant(1, _INT64))
     positions = ctx.op.Unsqueeze(positions, ints(ctx, [1]))
     corner = ints(ctx, [max(-offset, 0), max(offset, 0)])
@@ -495,7 +508,7 @@ def put(ctx, self, index, source, accumulate=False):
     positions = ctx.op.Reshape(positions, ints(ctx, [-1, 1]))
     updates = ctx.op.Reshape(cast(ctx, source, self.dtype), ints(ctx, [-1]))
     written = _reduced(ctx, "ScatterND", flat, positions, updates, "add" if accumulate else "none")
-    return ctx.op.Reshape(written, ctx.op.Shape(self), allowzero=1)
+    return reshape(ctx, written, ctx.op.Shape(self))
 
 
 # -- moving elements --------------------------------------------------------------------------
@@ -505,14 +518,37 @@ def put(ctx, self, index, source, accumulate=False):
 _TRILU_STAND_INS = {ir.DataType.INT8: _INT32, ir.DataType.UINT8: _INT32, ir.DataType.INT16: _INT32}
 
 
-@translates(aten.tril.default)
+@translates(aten.tril.default, min_opset=14)
 def tril(ctx, self, diagonal=0):
     return computed_in(ctx, self, _TRILU_STAND_INS, lambda x: ctx.op.Trilu(x, scalar(ctx, diagonal, _INT64), upper=0))
 
 
-@translates(aten.triu.default)
+@translates(aten.triu.default, min_opset=14)
 def triu(ctx, self, diagonal=0):
     return computed_in(ctx, self, _TRILU_STAND_INS, lambda x: ctx.op.Trilu(x, scalar(ctx, diagonal, _INT64), upper=1))
+
+
+# Trilu exists from opset 14; before it the kept triangle is a mask of column - row against the
+# diagonal.
+
+
+@translates(aten.tril.default)
+def tril_masked(ctx, self, diagonal=0):
+    return _triangle(ctx, self, diagonal, ctx.op.LessOrEqual)
+
+
+@translates(aten.triu.default)
+def triu_masked(ctx, self, diagonal=0):
+    return _triangle(ctx, self, diagonal, ctx.op.GreaterOrEqual)
+
+
+def _triangle(ctx, self, diagonal, keeps) -> ir.Value:
+    zero, one = ctx.constant(0, _INT64), ctx.constant(1, _INT64)
+    rows = ctx.op.Range(zero, ctx.sym_size(self, -2), one)
+    columns = ctx.op.Range(zero, ctx.sym_size(self, -1), one)
+    offsets = ctx.op.Sub(ctx.op.Unsqueeze(columns, ints(ctx, [0])), ctx.op.Unsqueeze(rows, ints(ctx, [1])))
+    kept = keeps(offsets, scalar(ctx, diagonal, _INT64))
+    return select(ctx, kept, self, ctx.constant(0, self.dtype))
 
 
 @translates(aten.repeat.default)
@@ -530,7 +566,7 @@ def roll(ctx, self, shifts, dims=()):
         numel = ctx.out.numel()
         size = numel if isinstance(numel, int) else ctx.op.Size(self)
         flat = _roll(ctx, ctx.op.Reshape(self, ints(ctx, [-1])), shifts[0], 0, size)
-        return ctx.op.Reshape(flat, ctx.op.Shape(self), allowzero=1)
+        return reshape(ctx, flat, ctx.op.Shape(self))
     rolled = self
     for shift, dim in zip(shifts, dims):
         dim = normalize_dim(dim, rank(self))
@@ -574,11 +610,11 @@ def diagonal(ctx, self, offset=0, dim1=0, dim2=1):
     if offset:
         axis = -1 if offset > 0 else -2
         x = ctx.op.Slice(x, ints(ctx, [abs(offset)]), ints(ctx, [2**63 - 1]), ints(ctx, [axis]))
-    rows, columns = ctx.op.Shape(x, start=-2, end=-1), ctx.op.Shape(x, start=-1)
+    rows, columns = shape_of(ctx, x, -2, -1), shape_of(ctx, x, -1)
     length = ctx.op.Min(rows, columns)
     x = ctx.op.Slice(x, ints(ctx, [0]), length, ints(ctx, [-2]))
     positions = ctx.op.Range(ctx.constant(0, _INT64), ctx.op.Squeeze(length, ints(ctx, [0])), ctx.constant(1, _INT64))
     positions = ctx.op.Unsqueeze(positions, ints(ctx, [1]))
-    along = ctx.op.Concat(ctx.op.Shape(x, end=-1), ints(ctx, [1]), axis=0)
+    along = ctx.op.Concat(shape_of(ctx, x, end=-1), ints(ctx, [1]), axis=0)
     picked = ctx.op.GatherElements(x, ctx.op.Expand(positions, along), axis=-1)
     return ctx.op.Squeeze(picked, ints(ctx, [-1]))

@@ -10,7 +10,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import FLOATING
-from dynexport.ops._helpers import argument, cast, ints, rank, reduce, scalar_like, shape_tensor, size_of
+from dynexport.ops._helpers import argument, cast, ints, rank, reduce, scalar_like, shape_of, shape_tensor, size_of
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -59,7 +59,7 @@ def _matmul(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
 def _equal_batches(ctx, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
     """``a`` and ``b`` with their batch dims (all but the last two) broadcast to each other's."""
     return tuple(
-        ctx.op.Expand(x, ctx.op.Concat(ctx.op.Shape(other, end=-2), ints(ctx, [1, 1]), axis=0))
+        ctx.op.Expand(x, ctx.op.Concat(shape_of(ctx, other, end=-2), ints(ctx, [1, 1]), axis=0))
         for x, other in ((a, b), (b, a))
     )
 

@@ -12,8 +12,8 @@ from dynexport.ops._helpers import (
     only_first_output_used,
     rank,
     reduce,
+    reshape,
     scalar_like,
-    shape_tensor,
     size_of,
     size_of_dims,
     with_shape,
@@ -88,12 +88,31 @@ def _native_batch_norm_legit_no_training(ctx, input, weight, bias, running_mean,
 
 
 def _layer_normalization(ctx, input, normalized_shape, weight, bias, eps, outputs=1):
-    inputs = [input, _one(ctx, input.dtype) if weight is None else cast(ctx, weight, input.dtype)]
-    if bias is not None:
+    scale = _one(ctx, input.dtype) if weight is None else cast(ctx, weight, input.dtype)
+    bias = None if bias is None else cast(ctx, bias, input.dtype)
+    return _normalized(ctx, input, scale, bias, rank(input) - len(normalized_shape), eps, outputs)
+
+
+def _normalized(ctx, x, scale, bias, axis: int, eps: float, outputs: int = 1):
+    """ONNX LayerNormalization of ``x`` over its dims from ``axis``: the result, then (for 3
+    ``outputs``) the mean and the inverse standard deviation, kept in float32 (its stash_type)."""
+    if ctx.opset >= 17:
         # Not an empty-named B: onnxruntime 1.31's LayerNormalization crashes on one.
-        inputs.append(cast(ctx, bias, input.dtype))
-    axis = rank(input) - len(normalized_shape)
-    return ctx.op.LayerNormalization(*inputs, axis=axis, epsilon=eps, _outputs=outputs)
+        inputs = [x, scale] if bias is None else [x, scale, bias]
+        return ctx.op.LayerNormalization(*inputs, axis=axis, epsilon=eps, _outputs=outputs)
+    # LayerNormalization exists from opset 17; before it, its two passes written out.
+    stash = ir.DataType.FLOAT if x.dtype in _LOW_PRECISION else x.dtype
+    axes = list(range(axis, rank(x)))
+    wide = cast(ctx, x, stash)
+    mean = reduce(ctx, "ReduceMean", wide, axes)
+    centered = ctx.op.Sub(wide, mean)
+    variance = reduce(ctx, "ReduceMean", ctx.op.Mul(centered, centered), axes)
+    inverse_std = ctx.op.Reciprocal(ctx.op.Sqrt(ctx.op.Add(variance, ctx.constant(eps, stash))))
+    result = ctx.op.Mul(ctx.op.Mul(centered, inverse_std), cast(ctx, scale, stash))
+    if bias is not None:
+        result = ctx.op.Add(result, cast(ctx, bias, stash))
+    result = cast(ctx, result, x.dtype)
+    return result if outputs == 1 else (result, cast(ctx, mean, ir.DataType.FLOAT), cast(ctx, inverse_std, ir.DataType.FLOAT))
 
 
 @translates(aten.layer_norm.default)
@@ -119,10 +138,10 @@ def group_norm(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_e
     # (A zero-size spatial dim fails: onnxruntime's LayerNormalization wants a non-empty axis.)
     per_group = size_of_dims(ctx, input, 1, rank(input))
     per_group = per_group // num_groups if isinstance(per_group, int) else ctx.op.Div(per_group, ctx.constant(num_groups, ir.DataType.INT64))
-    grouped = ctx.op.Reshape(input, shape_tensor(ctx, [size_of(ctx, input, 0), num_groups, per_group]), allowzero=1)
+    grouped = reshape(ctx, input, [size_of(ctx, input, 0), num_groups, per_group])
     grouped = with_shape(grouped, [input.shape[0], num_groups, per_group if isinstance(per_group, int) else None])
-    normalized = ctx.op.LayerNormalization(grouped, _one(ctx, input.dtype), axis=2, epsilon=eps)
-    normalized = ctx.op.Reshape(normalized, ctx.op.Shape(input), allowzero=1)
+    normalized = _normalized(ctx, grouped, _one(ctx, input.dtype), None, 2, eps)
+    normalized = reshape(ctx, normalized, ctx.op.Shape(input))
     return _channel_affine(ctx, normalized, input, weight, bias)
 
 
@@ -139,7 +158,7 @@ def instance_norm(
         return _batch_norm_inference(ctx, input, weight, bias, running_mean, running_var, eps)
     # LayerNormalization over dims 2.. rather than InstanceNormalization: onnxruntime has no
     # double kernel for the latter and computes float16 in float16, where PyTorch uses float32.
-    normalized = ctx.op.LayerNormalization(input, _one(ctx, input.dtype), axis=2, epsilon=eps)
+    normalized = _normalized(ctx, input, _one(ctx, input.dtype), None, 2, eps)
     return _channel_affine(ctx, normalized, input, weight, bias)
 
 

@@ -18,6 +18,7 @@ from dynexport.ops._helpers import (
     rank,
     reduce,
     run_batched,
+    shape_of,
     size_of,
 )
 from dynexport.registry import translates
@@ -91,7 +92,7 @@ def _drop_ceil_windows_in_padding(
 def _plane_size(ctx, spatial: Sequence, x: ir.Value) -> ir.Value:
     if all(isinstance(s, int) for s in spatial):
         return ctx.constant(math.prod(spatial), ir.DataType.INT64)
-    return reduce(ctx, "ReduceProd", ctx.op.Shape(x, start=2), keepdims=False)
+    return reduce(ctx, "ReduceProd", shape_of(ctx, x, 2), keepdims=False)
 
 
 def _max_pool(ctx, self, n, window, dilations, ceil_mode, with_indices):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-from dynexport.ops._helpers import cast, ints, rank, scalar, shape_tensor
+from dynexport.ops._helpers import cast, ints, rank, scalar, shape_of, shape_tensor
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -224,5 +224,5 @@ def dropout(ctx, input, p, train):
 @translates(aten.feature_dropout.default, checker=lambda node: bool(node.args[2]))
 def feature_dropout(ctx, input, p, train):
     # Whole channels drop: the mask has the input's batch and channel dims and ones elsewhere.
-    noise_shape = ctx.op.Concat(ctx.op.Shape(input, start=0, end=2), ints(ctx, [1] * (rank(input) - 2)), axis=0)
+    noise_shape = ctx.op.Concat(shape_of(ctx, input, end=2), ints(ctx, [1] * (rank(input) - 2)), axis=0)
     return _dropout(ctx, input, p, noise_shape)

@@ -23,7 +23,9 @@ from dynexport.ops._helpers import (
     normalize_dims,
     rank,
     reduce,
+    reshape,
     scalar_like,
+    shape_of,
 )
 from dynexport.registry import translates
 
@@ -156,7 +158,7 @@ def _scan(ctx, op_type: str, prefixes: ir.Value, x: ir.Value) -> ir.Value:
     """``prefixes`` reduced over each row, shaped like ``x``: onnxruntime gives wrong shapes when
     it reduces an empty axis, and the reshape (of no elements then) corrects them."""
     reduced = reduce(ctx, op_type, prefixes, [-1], keepdims=False)
-    return ctx.op.Reshape(reduced, ctx.op.Shape(x), allowzero=1)
+    return reshape(ctx, reduced, ctx.op.Shape(x))
 
 
 def _last(ctx, x: ir.Value, dim: int, rank_: int) -> ir.Value:
@@ -479,4 +481,4 @@ def pdist(ctx, self, p=2):
     differences = ctx.op.Sub(first, second)
     norms = _vector_norm(ctx, _accumulator(ctx, differences, self.dtype), p, [-1], False)
     # onnxruntime reduces a single row's no pairs to shape [0, m]; the reshape corrects it.
-    return cast(ctx, ctx.op.Reshape(norms, ctx.op.Shape(differences, end=1), allowzero=1), self.dtype)
+    return cast(ctx, reshape(ctx, norms, shape_of(ctx, differences, end=1)), self.dtype)

@@ -18,6 +18,7 @@ from dynexport.ops._helpers import (
     size_of,
     size_of_dims,
 )
+from dynexport.ops._helpers import reshape as onnx_reshape
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -33,9 +34,8 @@ def _static_out_shape(ctx) -> list[int] | None:
 @translates(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 def reshape(ctx, self, size):
     static = _static_out_shape(ctx)
-    target = ints(ctx, static) if static is not None else shape_tensor(ctx, size)
     # PyTorch never means "copy this dim" by 0, so sizes of 0 are taken literally.
-    return ctx.op.Reshape(self, target, allowzero=1)
+    return onnx_reshape(ctx, self, static if static is not None else size)
 
 
 @translates(aten.permute.default)
@@ -131,10 +131,10 @@ def flatten(ctx, self, start_dim=0, end_dim=-1):
         return self
     static = _static_out_shape(ctx)
     if static is not None:
-        return ctx.op.Reshape(self, ints(ctx, static), allowzero=1)
+        return onnx_reshape(ctx, self, static)
     merged = size_of_dims(ctx, self, start, end + 1)
     sizes = [size_of(ctx, self, d) for d in range(start)] + [merged] + [size_of(ctx, self, d) for d in range(end + 1, r)]
-    return ctx.op.Reshape(self, shape_tensor(ctx, sizes), allowzero=1)
+    return onnx_reshape(ctx, self, sizes)
 
 
 @translates(aten.slice.Tensor)

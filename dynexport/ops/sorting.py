@@ -22,6 +22,8 @@ from dynexport.ops._helpers import (
     pad,
     rank,
     reduce,
+    reshape,
+    scatter_elements_add,
     shape_tensor,
     size_of,
     with_shape,
@@ -176,7 +178,7 @@ def _end_of_longest_run(ctx, ordered: ir.Value, size, axis: int) -> ir.Value:
     run_starts = with_shape(cast(ctx, ctx.op.Not(repeated), _INT64), [None] * rank(ordered))
     runs = ctx.op.CumSum(pad(ctx, run_starts, [1, 0], [axis]), ctx.constant(axis, _INT64))
     zeros, ones = (ctx.op.Expand(ctx.constant(n, _INT64), ctx.op.Shape(runs)) for n in (0, 1))
-    lengths = ctx.op.ScatterElements(zeros, runs, ones, axis=axis, reduction="add")
+    lengths = scatter_elements_add(ctx, with_shape(zeros, [None] * rank(ordered)), runs, ones, axis)
     longest = ctx.op.ArgMax(lengths, axis=axis, keepdims=1, select_last_index=0)
     run_ends = ctx.op.CumSum(lengths, ctx.constant(axis, _INT64))
     return ctx.op.Sub(ctx.op.GatherElements(run_ends, longest, axis=axis), ctx.constant(1, _INT64))
@@ -221,7 +223,7 @@ def count_below(ctx, boundaries: ir.Value, values: ir.Value, right: bool, out_in
         below = ctx.op.Or(below, ctx.op.IsNaN(columns))
     counts = reduce(ctx, "ReduceSum", cast(ctx, below, _INT64), [-1], keepdims=False)
     # onnxruntime shapes a reduction over an empty axis wrongly; the reshape corrects it.
-    counts = ctx.op.Reshape(counts, ctx.op.Shape(values), allowzero=1)
+    counts = reshape(ctx, counts, ctx.op.Shape(values))
     return cast(ctx, counts, ir.DataType.INT32 if out_int32 else _INT64)
 
 

@@ -7,7 +7,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.errors import TranslationError, source_line
-from dynexport.ops._helpers import bfloat16_to_float, cast, ints, normalize_dim, rank, reduce
+from dynexport.ops._helpers import bfloat16_to_float, cast, ints, normalize_dim, rank, reduce, reshape, shape_of
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -36,7 +36,7 @@ def unique(ctx, self, sorted=True, return_inverse=False, return_counts=False):
     # first occurrence instead.
     flat = ctx.op.Reshape(_unique_input(ctx, self), ints(ctx, [-1]))
     values, _, inverse, counts = ctx.op.Unique(flat, sorted=1, _outputs=4)
-    inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self), allowzero=1)
+    inverse = reshape(ctx, inverse, ctx.op.Shape(self))
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
 
 
@@ -63,7 +63,7 @@ def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim
         axis = 0
     else:
         axis = normalize_dim(dim, rank(self))
-    length = ctx.op.Shape(x, start=axis, end=axis + 1)
+    length = shape_of(ctx, x, axis, axis + 1)
     differs = ctx.op.Not(
         ctx.op.Equal(
             ctx.op.Slice(x, ints(ctx, [1]), length, ints(ctx, [axis])),
@@ -81,5 +81,5 @@ def unique_consecutive(ctx, self, return_inverse=False, return_counts=False, dim
     ends = ctx.op.Concat(ctx.op.Slice(first_positions, ints(ctx, [1]), length), length, axis=0)
     counts = ctx.op.Sub(ends, first_positions)
     if dim is None:
-        inverse = ctx.op.Reshape(inverse, ctx.op.Shape(self), allowzero=1)
+        inverse = reshape(ctx, inverse, ctx.op.Shape(self))
     return [cast(ctx, values, self.dtype), inverse if return_inverse else None, counts if return_counts else None]
