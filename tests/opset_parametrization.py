@@ -1,6 +1,7 @@
 """The opsets the op tests and property specs run at: dynexport's default and 17, the opset most
-deployments pin (TensorRT, OpenVINO, mobile and web runtimes). A test that names its own
-``opset_version`` keeps it.
+deployments pin (TensorRT, OpenVINO, mobile and web runtimes), or the one the environment
+variable DYNEXPORT_TEST_LOW_OPSET names (13 to check every rule there once). A test that names
+its own ``opset_version`` keeps it.
 
 :data:`LATER_OPSET_OPS` lists the operators that no ONNX opset below a later one expresses, and
 why; a test of one wraps its export in :func:`refused_below_its_opset`, which expects the
@@ -10,6 +11,7 @@ export to fail with :class:`dynexport.errors.OpsetTooLowError` below that opset.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +21,7 @@ from dynexport.options import DEFAULT_OPSET
 from dynexport.registry import target_name
 from tests.equivalence import TESTED_OPSET
 
-LOW_OPSET = 17
+LOW_OPSET = int(os.environ.get("DYNEXPORT_TEST_LOW_OPSET", "17"))
 
 # Operator -> (the lowest opset that expresses it, why).
 LATER_OPSET_OPS = {

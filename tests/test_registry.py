@@ -13,6 +13,7 @@ import torch
 from onnxscript import opset18
 
 import dynexport
+from dynexport.errors import OpsetTooLowError
 from dynexport.registry import Rule, RuleForm, TranslationTable, default_table, rule_form
 
 aten = torch.ops.aten
@@ -29,6 +30,38 @@ def test_highest_applicable_opset_wins():
     table = TranslationTable([_rule("old"), _rule("new", min_opset=21)])
     assert table.lookup(aten.relu.default, None, 20).fn(None) == "old"
     assert table.lookup(aten.relu.default, None, 23).fn(None) == "new"
+
+
+def test_lowest_opset_is_that_of_the_oldest_rule_accepting_the_node():
+    table = TranslationTable([_rule("new", min_opset=21), _rule("newest", min_opset=23)])
+    assert table.lookup(aten.relu.default, None, 20) is None
+    assert table.lowest_opset(aten.relu.default, None) == 21
+    assert TranslationTable([_rule("declines", min_opset=19, checker=lambda n: False)]).lowest_opset(
+        aten.relu.default, object()
+    ) is None
+    assert table.lowest_opset(aten.sin.default, None) is None
+
+
+def test_an_operator_translated_only_at_a_later_opset_is_refused_naming_that_opset():
+    def model(x):
+        return torch.nn.functional.grid_sample(x, torch.zeros(1, 2, 2, 2, 3), align_corners=False)
+
+    with pytest.raises(OpsetTooLowError, match=r"aten.grid_sampler_3d.default .*from opset 20") as raised:
+        dynexport.export(model, (torch.randn(1, 2, 3, 3, 3),), opset_version=19)
+    assert raised.value.min_opset == 20 and "opset_version=20" in str(raised.value)
+
+
+def test_a_rule_writing_an_op_the_opset_lacks_is_refused_naming_the_op():
+    def mish(ctx, self):
+        return ctx.op.Mish(self)
+
+    with pytest.raises(OpsetTooLowError, match=r"ONNX Mish exists from opset 18") as raised:
+        dynexport.export(
+            torch.nn.Mish(), (torch.randn(2, 3),), opset_version=17,
+            custom_translation_table={aten.mish.default: mish},
+        )
+    assert raised.value.uses[0].target == "aten.mish.default"
+    assert "opset_version=18" in str(raised.value)
 
 
 def test_checker_declines_to_the_next_rule():

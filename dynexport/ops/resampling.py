@@ -158,11 +158,12 @@ _GRID_MODES = {16: ["bilinear", "nearest", "bicubic"], 20: ["linear", "nearest",
 _GRID_PADDINGS = ["zeros", "border", "reflection"]
 
 
-# GridSample samples volumes (5-D inputs) from opset 20.
+# GridSample exists from opset 16 and samples volumes (5-D inputs) from opset 20; below 16 the
+# node decomposes.
 @translates(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, aten.grid_sampler.default, min_opset=20)
 @translates(
     aten.grid_sampler_2d.default, aten.grid_sampler.default,
-    checker=lambda node: node.args[0].meta["val"].dim() == 4,
+    checker=lambda node: node.args[0].meta["val"].dim() == 4, min_opset=16,
 )
 @bfloat16_as_float
 def grid_sampler_2d(ctx, input, grid, interpolation_mode, padding_mode, align_corners):

@@ -77,6 +77,11 @@ def _integer_ops(i, j):
     return i & j, i | j, i ^ j, ~i, i >> 2, i << 1, torch.relu(i), torch.clamp(i, -3, 4), i.abs().amax(1)
 
 
+def _grid_sample(x, grid):
+    # GridSample exists from opset 16: below it the node decomposes.
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
 def _activations(x):
     return F.mish(x), F.hardswish(x), F.gelu(x, approximate="tanh"), F.silu(x), F.elu(x), torch.softmax(x, -1)
 
@@ -89,6 +94,7 @@ CASES = {
     "padding_and_resizing": (_padding_and_resizing, lambda: (torch.randn(2, 3, 5),)),
     "integer_ops": (_integer_ops, lambda: (torch.randint(-50, 50, (2, 6)), torch.randint(-50, 50, (2, 6)))),
     "activations": (_activations, lambda: (torch.randn(2, 7) * 3,)),
+    "grid_sample": (_grid_sample, lambda: (torch.randn(2, 3, 5, 6), torch.rand(2, 4, 4, 2) * 2.4 - 1.2)),
 }
 
 
@@ -125,7 +131,9 @@ def test_an_op_of_a_later_opset_is_refused_with_the_opset_that_has_it():
 
 def test_batch_dynamic_at_opset_13_with_empty_batches():
     # Reshape takes allowzero from opset 14: below it a batch of 0 still reshapes to zeros.
-    model = lambda x: (x.reshape(x.shape[0], 2, 3) * 2, x.flatten(0, 1))  # noqa: E731
+    def model(x):
+        return x.reshape(x.shape[0], 2, 3) * 2, x.flatten(0, 1)
+
     program = dynexport.export(model, (torch.randn(3, 6),), opset_version=13, dynamic_shapes=({0: BATCH},))
     for batch in (0, 1, 4):
         x = torch.randn(batch, 6)

@@ -185,9 +185,12 @@ def _status(op, table, decomposition_for) -> str:
 def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
     import dynexport.ops  # noqa: F401  (fills the table)
     from dynexport.decompositions import decomposition_for
-    from tests.preserved_ops import PRESERVED_OPS
+    from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS
     from dynexport.registry import default_table
+    from tests.opset_parametrization import LATER_OPSET_OPS, LOW_OPSET
+    from tests.preserved_ops import PRESERVED_OPS
 
+    lowest = SUPPORTED_OPSETS.start
     core = _core_overloads()
     preserved = sorted(PRESERVED_OPS, key=str)
     passing: dict[str, set[str]] = collections.defaultdict(set)
@@ -227,8 +230,23 @@ def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
         "onnxruntime, or — marked † — in onnx's reference evaluator because onnxruntime has no CPU "
         f"kernel for it. {len(records)} runs took {seconds:.0f} s.",
         "",
+        f"dynexport exports at ONNX opsets {lowest} to {SUPPORTED_OPSETS.stop - 1} (default {DEFAULT_OPSET}). "
+        f"The dtypes below passed at the default opset; the op tests and property specs also run at opset "
+        f"{LOW_OPSET}, and tests/ops/test_low_opsets.py exports a representative set at {lowest} to 16. The "
+        "*min opset* column is the lowest opset the table translates an overload at (from its rules' "
+        "`min_opset`; below a rule's, the overload decomposes where PyTorch has a decomposition). An "
+        "overload whose ONNX form needs a later opset than the export's raises OpsetTooLowError naming it.",
+        "",
     ]
     summary = collections.Counter()
+
+    def min_opset(op, status: str) -> str:
+        if status == "unsupported":
+            return "—"
+        declared = max(default_table.lowest_opset(op, None) or lowest, lowest) if status == "rule" else lowest
+        if declared > lowest and decomposition_for(op) is not None:
+            return f"{lowest} (decomposed below {declared})"
+        return str(declared)
 
     def row(op) -> str:
         name = str(op)
@@ -241,16 +259,21 @@ def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
             gaps.append(reason)
         summary[status] += 1
         summary["exercised" if ok else "not exercised"] += 1
-        return f"| `{name}` | {status} | {', '.join(shown) or '—'} | {'; '.join(gaps) or ''} |"
+        return f"| `{name}` | {status} | {min_opset(op, status)} | {', '.join(shown) or '—'} | {'; '.join(gaps) or ''} |"
 
     def _ort_dtypes(name):
         return passing.get(name, set()) - reference.get(name, set())
 
     for title, ops in (("Core ATen overloads (`torch.Tag.core`)", core), ("Preserved ops (`tests/preserved_ops.py`)", preserved)):
-        lines += [f"## {title}: {len(ops)}", "", "| overload | translation | dtypes passing | known gaps |", "| --- | --- | --- | --- |"]
+        lines += [
+            f"## {title}: {len(ops)}", "", "| overload | translation | min opset | dtypes passing | known gaps |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         lines += [row(op) for op in sorted(ops, key=str)]
         lines.append("")
-    lines += ["## Known bugs found by the property tests (strict xfails)", ""]
+    lines += [f"## Operators no opset below a later one expresses (refused at {LOW_OPSET} in the tests)", ""]
+    lines += [f"- `{op}`: from opset {opset}: {why}" for op, (opset, why) in sorted(LATER_OPSET_OPS.items())]
+    lines += ["", "## Known bugs found by the property tests (strict xfails)", ""]
     for name, dtype, reason in sorted(set(spec_failures)):
         lines.append(f"- `{name}` {dtype}: {reason}")
     lines += ["", "## OpInfo samples that fail", ""]
