@@ -241,7 +241,9 @@ class ONNXProgram:
         """Run the model in onnxruntime on torch inputs and return torch tensors.
 
         Arguments follow the same conventions as at export. The outputs have the model's own
-        structure.
+        structure. transformers caches (``DynamicCache``, ``StaticCache``,
+        ``EncoderDecoderCache``) are taken and returned as cache objects; a returned cache is a
+        new object (an input cache is not updated in place).
 
         Raises:
             ValueError: an input lies outside what the export proved the graph valid for (see
@@ -249,15 +251,14 @@ class ONNXProgram:
         """
         if self._session is None:
             self._session = runtime.inference_session(self.model_proto.SerializeToString())
-        with caches_flattened():  # a transformers cache among the inputs or outputs
-            feeds = self.input_feeds(*args, **kwargs)
-            feeds.update({name: runtime.to_numpy(value) for name, value in self.buffers.items()})
-            outputs = runtime.run_session(self._session, feeds, self.model.graph.outputs)
-            if self.buffer_updates:
-                by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
-                for buffer, output in self.buffer_updates.items():
-                    self.buffers[buffer] = by_name[output].clone()
-            return self.output_structure(outputs)
+        feeds = self.input_feeds(*args, **kwargs)
+        feeds.update({name: runtime.to_numpy(value) for name, value in self.buffers.items()})
+        outputs = runtime.run_session(self._session, feeds, self.model.graph.outputs)
+        if self.buffer_updates:
+            by_name = dict(zip((v.name for v in self.model.graph.outputs), outputs))
+            for buffer, output in self.buffer_updates.items():
+                self.buffers[buffer] = by_name[output].clone()
+        return self.output_structure(outputs)
 
     @functools.cached_property
     def buffer_updates(self) -> dict[str, str]:
@@ -310,21 +311,24 @@ class ONNXProgram:
                 value than at export. The message names the input, the dim and what is allowed.
         """
         args, kwargs = split_legacy_args(args, kwargs)
-        if self.exported_program is None:
-            values = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        else:
-            leaves, _ = flatten_call(self.exported_program, args, kwargs)
-            specs = user_input_specs(self.exported_program)
-            self.input_guards.check_baked(leaves, specs)
-            values = [leaf for leaf, spec in zip(leaves, specs) if is_graph_input(spec)]
-            self.input_guards.check(values)
+        with caches_flattened():  # a transformers cache among the inputs
+            if self.exported_program is None:
+                values = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            else:
+                leaves, _ = flatten_call(self.exported_program, args, kwargs)
+                specs = user_input_specs(self.exported_program)
+                self.input_guards.check_baked(leaves, specs)
+                values = [leaf for leaf, spec in zip(leaves, specs) if is_graph_input(spec)]
+                self.input_guards.check(values)
         return runtime.feeds(self.model.graph, values)
 
     def output_structure(self, outputs: list[Any]) -> Any:
-        """The graph's outputs (torch tensors, in order) in the structure the model returns."""
+        """The graph's outputs (torch tensors, in order) in the structure the model returns
+        (transformers caches included)."""
         if self.exported_program is None:
             return outputs[0] if len(outputs) == 1 else outputs
-        return self._output_layout.unflatten(outputs)
+        with caches_flattened():
+            return self._output_layout.unflatten(outputs)
 
     @functools.cached_property
     def _output_layout(self) -> OutputLayout:

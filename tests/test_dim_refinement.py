@@ -274,7 +274,7 @@ def test_decoder_with_a_populated_dynamic_cache(family, mask_length, refinement)
     assert (transformers.DynamicCache in pytree.SUPPORTED_NODES) == registered  # a pytree node for the export only
     assert _refinements(program) == {"total": refinement}
     dims = _input_dims(program)
-    assert dims["attention_mask"] == ["batch", mask_length] and dims["cache_key_cache_0"][2] == "past"
+    assert dims["attention_mask"] == ["batch", mask_length] and dims["past_key_values.0.key"][2] == "past"
     assert str(program.model.graph.outputs[1].shape[2]) == "past + seq"
     for sizes in [(2, 5, 3), (3, 9, 1), (1, 2, 6)]:
         with torch.no_grad():
