@@ -28,7 +28,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_kn
 
 from dynexport.decompositions import recurrent  # noqa: F401  (defines dynexport::pad_packed_sequence)
 from dynexport.errors import TranslationError, source_line
-from dynexport.ops._helpers import argument, cast, ints, pad, reduce, scalar, shape_tensor, with_shape
+from dynexport.ops._helpers import argument, cast, ints, pad, reduce, scalar, shape_tensor, split_equally, with_shape
 from dynexport.registry import translates
 
 aten = torch.ops.aten
@@ -355,7 +355,7 @@ def _projected(ctx, x, weight, bias):
 
 
 def _gate_blocks(ctx, gates, count: int) -> list:
-    return list(ctx.op.Split(gates, axis=-1, num_outputs=count, _outputs=count))
+    return split_equally(ctx, gates, -1, count)
 
 
 @translates(aten.lstm_cell.default)

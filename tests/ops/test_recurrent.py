@@ -109,3 +109,21 @@ def test_packed_sequence_one_node_per_layer_with_sequence_lens():
         rtol=1e-4, atol=1e-5,
     )
     assert op_histogram(program)["GRU"] == 2
+
+
+@pytest.mark.parametrize("cell", [nn.LSTMCell(5, 6), nn.GRUCell(5, 6), nn.RNNCell(5, 6, nonlinearity="relu")], ids=["lstm", "gru", "rnn_relu"])
+def test_one_step_of_a_cell_is_its_gate_arithmetic(cell):
+    torch.manual_seed(0)
+    cell.eval()
+    states = 2 if isinstance(cell, nn.LSTMCell) else 1
+
+    def inputs(batch):
+        state = tuple(torch.randn(batch, 6) for _ in range(states))
+        return (torch.randn(batch, 5), state if states == 2 else state[0])
+
+    batch = Dim("batch")
+    state_dims = ({0: batch}, {0: batch}) if states == 2 else {0: batch}
+    program = assert_exports_equivalent(
+        cell, inputs(2), dynamic_shapes=({0: batch}, state_dims), resized=[inputs(5), inputs(1)], atol=1e-5
+    )
+    assert not {"LSTM", "GRU", "RNN"} & set(op_histogram(program))
