@@ -39,7 +39,20 @@ def _empty_cache_call(model, batch: int, seq: int) -> dict:
     }
 
 
-def export_decoder(model) -> dynexport.ONNXProgram:
+def _filled_cache_call(model, batch: int, past: int, seq: int) -> dict:
+    """A decode call: ``past`` random keys and values per layer, all of them attended."""
+    call = _empty_cache_call(model, batch, seq)
+    generator = torch.Generator().manual_seed(past)
+    call["cache"] = transformers.DynamicCache([
+        tuple(torch.randn(batch, l.keys.shape[1], past, l.keys.shape[3], generator=generator) for _ in "kv")
+        for l in call["cache"].layers
+    ])
+    call["attention_mask"] = torch.ones(batch, past + seq, dtype=torch.int64)
+    call["position_ids"] = torch.arange(past, past + seq).expand(batch, seq).contiguous()
+    return call
+
+
+def export_decoder(model, example_past: int = 0) -> dynexport.ONNXProgram:
     """One graph for the prompt and the decode steps: past is a Dim from 0."""
     batch, seq, past = Dim("batch"), Dim("seq"), Dim("past", min=0)
     layers = model.config.num_hidden_layers
@@ -49,7 +62,8 @@ def export_decoder(model) -> dynexport.ONNXProgram:
         "position_ids": {0: batch, 1: seq},
         "cache": [[{0: batch, 2: past}] * layers] * 2,
     }
-    return dynexport.export(model, (), kwargs=_empty_cache_call(model, 2, 4), dynamic_shapes=dynamic_shapes)
+    example = _filled_cache_call(model, 2, example_past, 4) if example_past else _empty_cache_call(model, 2, 4)
+    return dynexport.export(model, (), kwargs=example, dynamic_shapes=dynamic_shapes)
 
 
 def _prompts(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,6 +104,12 @@ def test_llama_generates_as_eager_from_one_graph():
     outputs = [v.name for v in program.model.graph.outputs]
     assert outputs == ["logits"] + [f"present.{i}.{t}" for t in ("key", "value") for i in (0, 1)]
     assert json.loads(program.model.metadata_props["pkg.dynexport.dim_ranges"])["past"][0] == 0
+
+
+def test_a_decoder_exported_with_a_filled_cache_also_runs_the_prompt():
+    # Past 3 at export, past 0 for the prompt: the same graph, declared from 0.
+    model = DECODERS["llama"](True).eval()
+    _assert_generates_as_eager(model, export_decoder(model, example_past=3))
 
 
 @pytest.mark.slow
