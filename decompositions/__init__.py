@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
 from torch._decomp import decomposition_table as torch_decompositions
 from torch.func import functionalize
+from torch.fx.experimental import _config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from dynexport.decompositions.fused import FUSED_DECOMPOSITIONS
@@ -102,7 +103,10 @@ def trace_decomposition(
         return tuple(result) if isinstance(result, tuple) else result
 
     examples = [leaf.meta["val"] for leaf in leaves]
-    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+    # Size-oblivious, as capture is for an example size of 0 or 1: otherwise a decomposition's
+    # broadcast against a dim whose example is 1 gives its result a static 1 (quantile's lerp).
+    fake = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with fake, fx_config.patch(backed_size_oblivious=True):
         try:
             graph = make_fx(run, decomposition_table=table)(*examples).graph
             if not inplace_ops_are_local(graph):
