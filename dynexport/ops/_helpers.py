@@ -172,7 +172,9 @@ def invert(ctx, x: ir.Value) -> ir.Value:
     if ctx.opset >= 18:
         return ctx.op.BitwiseNot(x)
     bounds = torch.iinfo(to_torch_dtype(x.dtype))
-    return ctx.op.Sub(scalar_like(ctx, -1 if bounds.min < 0 else bounds.max, x), x)
+    # Sub takes 8- and 16-bit integers from opset 14; the difference fits x's dtype.
+    wide = cast(ctx, x, ir.DataType.INT32) if bounds.bits < 32 else x
+    return cast(ctx, ctx.op.Sub(scalar_like(ctx, -1 if bounds.min < 0 else bounds.max, wide), wide), x.dtype)
 
 
 def bitwise(ctx, op_type: str, a: ir.Value, b: ir.Value) -> ir.Value:

@@ -348,7 +348,9 @@ def _reduced(ctx, op_type: str, self, index, updates, reduction: str, **attribut
     elif reduction != "none" and dtype == ir.DataType.BOOL:
         dtype = ir.DataType.UINT8
     scatter = getattr(ctx.op, op_type)
-    result = scatter(cast(ctx, self, dtype), index, cast(ctx, updates, dtype), reduction=reduction, **attributes)
+    if reduction != "none":  # an attribute from opset 16
+        attributes["reduction"] = reduction
+    result = scatter(cast(ctx, self, dtype), index, cast(ctx, updates, dtype), **attributes)
     return cast(ctx, result, self.dtype)
 
 
