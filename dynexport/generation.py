@@ -7,8 +7,11 @@ The program is an export of the model's forward called with keyword arguments, t
   ``DynamicCache`` (under the forward's own name for it, ``cache`` or ``past_key_values``) whose
   past length is dynamic down to 0, so that one graph runs the prompt (an empty cache) and every
   step after it (the cache it returned);
-- any model exported without a cache (a decoder, or an encoder-decoder taking ``input_ids`` or
-  ``input_features`` and ``decoder_input_ids``): every step runs the whole sequence so far.
+- an encoder-decoder (``input_ids`` or ``input_features``, ``attention_mask``,
+  ``decoder_input_ids``) with an ``EncoderDecoderCache``: two programs, since transformers
+  decides in Python whether the cross-attention keys and values are computed (the first step,
+  an empty cache: ``prompt_program``) or read from the cache (every later step: ``program``);
+- any model exported without a cache: every step runs the whole sequence so far.
 
 Other keyword arguments of the export call that were baked in as constants (``use_cache=True``)
 are passed again as they were. Position ids follow ``generate``: the count of attended tokens
@@ -41,6 +44,7 @@ def greedy_generate(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     decoder_start_token_id: int | None = None,
+    prompt_program: Any = None,
 ) -> torch.Tensor:
     """Generate ``max_new_tokens`` tokens greedily with an exported model (module doc).
 
@@ -54,6 +58,10 @@ def greedy_generate(
             until every row has finished or ``max_new_tokens`` are generated.
         pad_token_id: the token after a sequence ended (default: the first ``eos_token_id``).
         decoder_start_token_id: an encoder-decoder's first decoder token.
+        prompt_program: the program of the first step, when ``program`` cannot run it: an
+            encoder-decoder whose ``program`` takes a filled ``EncoderDecoderCache`` starts with
+            the model exported with an empty one (``EncoderDecoderCache(DynamicCache(),
+            DynamicCache())``), which fills the cross-attention keys and values.
 
     Returns:
         For a decoder, the prompts followed by the generated tokens; for an encoder-decoder,
@@ -61,11 +69,15 @@ def greedy_generate(
 
     Raises:
         ValueError: the program takes arguments this loop cannot give, or a needed token id
-            is missing.
+            or the prompt program is missing.
     """
-    if program.exported_program is None:
-        raise ValueError("greedy_generate needs a program exported from a model (its exported_program is None)")
-    call = _CallConvention.of(program.exported_program)
+    call = _CallConvention.of(program)
+    first_call = _CallConvention.of(prompt_program) if prompt_program is not None else call
+    if call.cache_kind == "EncoderDecoderCache" and prompt_program is None:
+        raise ValueError(
+            "the program reads the cross-attention cache an EncoderDecoderCache holds; the first step fills it: "
+            "pass prompt_program=, the model exported with EncoderDecoderCache(DynamicCache(), DynamicCache())"
+        )
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     if eos and pad_token_id is None:
         pad_token_id = eos[0]
@@ -79,18 +91,17 @@ def greedy_generate(
     else:
         tokens = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
-    cache = call.empty_cache(batch)
-    step_ids = tokens
-    for _ in range(max_new_tokens):
-        kwargs = call.arguments(input_ids, attention_mask, tokens, step_ids, cache)
-        result = program(**kwargs)
-        logits, cache = _logits_and_cache(result, cached=call.cache_argument is not None)
+    cache = first_call.empty_cache(batch)
+    for step in range(max_new_tokens):
+        step_call, step_program = (first_call, prompt_program or program) if step == 0 else (call, program)
+        new_tokens = tokens if step == 0 or step_call.cache_kind is None else tokens[:, -1:]
+        result = step_program(**step_call.arguments(input_ids, attention_mask, tokens, new_tokens, cache))
+        logits, cache = _logits_and_cache(result, cached=step_call.cache_kind is not None)
         next_tokens = logits[:, -1].argmax(-1)
         if eos:
             next_tokens = torch.where(unfinished, next_tokens, torch.tensor(pad_token_id))
             unfinished &= ~torch.isin(next_tokens, torch.tensor(eos))
         tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
-        step_ids = next_tokens[:, None]
         if call.encoder_input is None:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=-1)
         if not unfinished.any():
@@ -101,15 +112,20 @@ def greedy_generate(
 class _CallConvention:
     """Which keyword arguments an exported forward takes, and how each step fills them."""
 
-    def __init__(self, names: list[str], baked: dict[str, Any], cache_argument: str | None, cache_layers: list[tuple]):
+    def __init__(self, names: list[str], baked: dict[str, Any], cache_argument: str | None,
+                 cache_kind: str | None, cache_layers: list[tuple]):
         self.names = names
         self.baked = baked
         self.cache_argument = cache_argument
-        self.cache_layers = cache_layers  # (heads, head_dim, dtype) of keys and of values, per layer
+        self.cache_kind = cache_kind  # the class name of the cache the program takes
+        self.cache_layers = cache_layers  # a DynamicCache's (heads, head_dim, dtype) of keys and of values, per layer
         self.encoder_input = next((n for n in _ENCODER_INPUTS if n in names), None) if "decoder_input_ids" in names else None
 
     @classmethod
-    def of(cls, exported: torch.export.ExportedProgram) -> _CallConvention:
+    def of(cls, program: Any) -> _CallConvention:
+        exported = program.exported_program
+        if exported is None:
+            raise ValueError("greedy_generate needs a program exported from a model (its exported_program is None)")
         in_spec = exported.call_spec.in_spec
         if in_spec.child(0).num_leaves:
             raise ValueError("greedy_generate calls the model with keyword arguments only: export it with args=() and kwargs=")
@@ -118,14 +134,20 @@ class _CallConvention:
         specs = user_input_specs(exported)
         nodes = placeholders(exported)
         baked: dict[str, Any] = {}
-        cache_argument, cache_layers = None, []
+        cache_argument, cache_kind, cache_layers = None, None, []
         position = 0
         for name, child in zip(names, kwargs_spec.children_specs):
             leaf_specs = specs[position:position + child.num_leaves]
             position += child.num_leaves
-            if name in _CACHE_ARGUMENTS and child.num_leaves:
-                cache_argument = name
-                cache_layers = _cache_layers(name, child, [nodes[s.arg.name].meta.get("val") for s in leaf_specs])
+            if name in _CACHE_ARGUMENTS and child.type is not type(None):
+                cache_argument, cache_kind = name, getattr(child.type, "__name__", None)
+                if cache_kind == "DynamicCache":
+                    cache_layers = _cache_layers([nodes[s.arg.name].meta.get("val") for s in leaf_specs])
+                elif cache_kind != "EncoderDecoderCache":
+                    raise ValueError(
+                        f"greedy_generate feeds {name!r} a DynamicCache (an EncoderDecoderCache for an "
+                        f"encoder-decoder); the program was exported with a {cache_kind}"
+                    )
             elif child.num_leaves == 1 and isinstance(leaf_specs[0].arg, ConstantArgument):
                 baked[name] = leaf_specs[0].arg.value
         known = {"input_ids", "attention_mask", "position_ids", "decoder_input_ids", *_ENCODER_INPUTS, *_CACHE_ARGUMENTS, *baked}
@@ -135,37 +157,38 @@ class _CallConvention:
                 f"greedy_generate gives input_ids, attention_mask, position_ids, decoder_input_ids and the cache; "
                 f"the program also takes {unknown}"
             )
-        return cls(names, baked, cache_argument, cache_layers)
+        return cls(names, baked, cache_argument, cache_kind, cache_layers)
 
     def empty_cache(self, batch: int) -> Any:
-        if self.cache_argument is None:
+        """The cache of the first step: a DynamicCache of past length 0, or an
+        EncoderDecoderCache of two DynamicCaches that hold no layer yet."""
+        if self.cache_kind is None:
             return None
         import transformers
 
+        if self.cache_kind == "EncoderDecoderCache":
+            return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
         return transformers.DynamicCache([
             (torch.zeros(batch, key_heads, 0, key_size, dtype=key_dtype),
              torch.zeros(batch, value_heads, 0, value_size, dtype=value_dtype))
             for (key_heads, key_size, key_dtype), (value_heads, value_size, value_dtype) in self.cache_layers
         ])
 
-    def arguments(self, encoder_input: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, step_ids: torch.Tensor, cache: Any) -> dict:
-        """The keyword arguments of one step: the new tokens and the cache (or, without a cache,
-        the whole sequence), the mask over past and new tokens, their positions."""
-        new_ids = step_ids if cache is not None and cache.get_seq_length() > 0 else tokens
+    def arguments(self, encoder_input: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, new_tokens: torch.Tensor, cache: Any) -> dict:
+        """The keyword arguments of one step: the tokens the step reads (the new ones with a
+        cache, else all), the mask over past and new tokens, their positions, the cache."""
         given: dict[str, Any] = dict(self.baked)
         if self.encoder_input is not None:
-            given.update({self.encoder_input: encoder_input, "attention_mask": mask, "decoder_input_ids": tokens})
+            given.update({self.encoder_input: encoder_input, "attention_mask": mask, "decoder_input_ids": new_tokens})
         else:
             positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-            given.update({"input_ids": new_ids, "attention_mask": mask, "position_ids": positions[:, -new_ids.shape[1]:]})
+            given.update({"input_ids": new_tokens, "attention_mask": mask, "position_ids": positions[:, -new_tokens.shape[1]:]})
         if self.cache_argument is not None:
             given[self.cache_argument] = cache
         return {name: given.get(name) for name in self.names}
 
 
-def _cache_layers(name: str, spec: pytree.TreeSpec, values: list[Any]) -> list[tuple]:
-    if getattr(spec.type, "__name__", None) != "DynamicCache":
-        raise ValueError(f"greedy_generate feeds {name!r} a DynamicCache; the program was exported with a {spec.type.__name__}")
+def _cache_layers(values: list[Any]) -> list[tuple]:
     layers = len(values) // 2
     described = []
     for tensor in values:

@@ -188,7 +188,10 @@ def _unflatten_layers(cache_type: type, layer_type: type, children: list[list[An
             layer.batch_size, layer.num_heads, _, layer.k_head_dim = layer.keys.shape
             layer.v_head_dim = layer.values.shape[-1]
         layers.append(layer)
-    super(cache_type, cache).__init__(layers=layers)
+    if layers:
+        super(cache_type, cache).__init__(layers=layers)
+    else:  # a DynamicCache that holds no layer yet adds them as the model fills it
+        super(cache_type, cache).__init__(layer_class_to_replicate=layer_type)
     return cache
 
 

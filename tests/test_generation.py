@@ -75,7 +75,7 @@ def _prompts(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _assert_generates_as_eager(model, program, **generate_kwargs):
+def _assert_generates_as_eager(model, program, prompt_program=None, **generate_kwargs):
     eos = model.generation_config.eos_token_id
     for batch in (1, 2):
         ids, mask = _prompts(batch)
@@ -85,7 +85,8 @@ def _assert_generates_as_eager(model, program, **generate_kwargs):
                 **generate_kwargs,
             )
         actual = greedy_generate(
-            program, ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0, **generate_kwargs
+            program, ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0,
+            prompt_program=prompt_program, **generate_kwargs,
         )
         assert actual.tolist() == expected.tolist(), f"batch {batch}"
 
@@ -118,18 +119,46 @@ def test_decoder_generates_as_eager(family):
     _check_decoder(family)
 
 
+def _empty_encoder_decoder_cache():
+    return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
+
+
+def _export_seq2seq(model, step: str | None) -> dynexport.ONNXProgram:
+    """BART's forward for a ``step``: ``"prompt"`` (an EncoderDecoderCache with no layer yet,
+    which the model fills), ``"decode"`` (the cache it filled with 2 tokens) or None (no cache)."""
+    ids, mask = _prompts(2)
+    batch, seq, target = Dim("batch"), Dim("seq"), Dim("target")
+    kwargs = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, :2].clone()}
+    dynamic_shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}, "decoder_input_ids": {0: batch, 1: target}}
+    if step == "prompt":
+        kwargs["cache"], dynamic_shapes["cache"] = _empty_encoder_decoder_cache(), [[[], []], [[], []]]
+    elif step == "decode":
+        with torch.no_grad():
+            kwargs["cache"] = model(**kwargs, use_cache=True).past_key_values
+        layers = model.config.decoder_layers
+        dynamic_shapes["cache"] = [[[{0: batch, 2: Dim("past")}] * layers] * 2, [[{0: batch, 2: seq}] * layers] * 2]
+    return dynexport.export(model, (), kwargs=kwargs, dynamic_shapes=dynamic_shapes)
+
+
+def test_encoder_decoder_with_a_cache_generates_as_eager():
+    from tests.models.test_transformers import _SEQ2SEQ
+
+    model = _SEQ2SEQ["bart"]().eval()
+    prompt_program, program = _export_seq2seq(model, "prompt"), _export_seq2seq(model, "decode")
+    assert "past_key_values.0.encoder.key" in [v.name for v in program.model.graph.inputs]
+    assert "present.1.encoder.value" in [v.name for v in prompt_program.model.graph.outputs]
+    start = model.config.decoder_start_token_id
+    _assert_generates_as_eager(model, program, decoder_start_token_id=start, prompt_program=prompt_program)
+    with pytest.raises(ValueError, match="prompt_program"):
+        greedy_generate(program, *_prompts(1), max_new_tokens=2, decoder_start_token_id=start)
+
+
 @pytest.mark.slow
 def test_encoder_decoder_without_a_cache_generates_as_eager():
     from tests.models.test_transformers import _SEQ2SEQ
 
     model = _SEQ2SEQ["bart"]().eval()
-    ids, mask = _prompts(2)
-    batch, seq, target = Dim("batch"), Dim("seq"), Dim("target")
-    program = dynexport.export(
-        model, (), kwargs={"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, :3].clone()},
-        dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq},
-                        "decoder_input_ids": {0: batch, 1: target}},
-    )
+    program = _export_seq2seq(model, None)
     _assert_generates_as_eager(model, program, decoder_start_token_id=model.config.decoder_start_token_id)
 
 
