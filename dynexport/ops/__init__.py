@@ -10,6 +10,7 @@ from dynexport.ops import (  # noqa: F401
     elementwise,
     indexing,
     linalg,
+    multinomial,
     normalization,
     padding,
     pooling,
