@@ -476,11 +476,18 @@ class _Translator:
             # A Python number returned where PyTorch holds a 0-d tensor (a SymInt specialized).
             value = self.constant(value, to_onnx_dtype(torch.tensor(value).dtype))
         if value.producer() is None or value.producer().graph is not graph or value.is_graph_output():
-            identity = self.builder.op.Identity(value)
+            identity = self._copy(value)
             identity.type, identity.shape = value.type, value.shape
             identity.name = name
             value = identity
         return value
+
+    def _copy(self, value: ir.Value) -> ir.Value:
+        if isinstance(value.type, ir.SequenceType) and self.opset < 14:
+            # Identity takes sequences from opset 14: before it, one element appended and erased.
+            element = self.constant(0, value.type.elem_type.dtype)
+            return self.builder.op.SequenceErase(self.builder.op.SequenceInsert(value, element))
+        return self.builder.op.Identity(value)
 
 
 def _check_custom_result(node: torch.fx.Node, origin: torch.fx.Node | None, rule: Rule, result: Any) -> None:
