@@ -8,6 +8,7 @@ from dynexport.ops import (  # noqa: F401
     convolution,
     creation,
     elementwise,
+    embedding_renorm,
     indexing,
     linalg,
     multinomial,
