@@ -1,0 +1,230 @@
+"""The wider zoo: timm families and the rest of torchvision (segmentation, video, optical flow,
+the transformer classifiers), each built small with random weights (nothing downloaded),
+exported with a dynamic batch, and dynamic spatial dims where the model allows, then compared
+with eager PyTorch in onnxruntime at the export size and at another (docs/models.md lists each
+family's dims and limits).
+
+Dims are plain ``Dim``s with wide ranges: what a model requires of them (a multiple of its
+stride, a minimum size) torch.export states as suggested fixes, which capture applies
+(dynexport/dim_refinement.py). A handful of families run by default; the rest are slow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.equivalence import BATCH, assert_exports_equivalent
+from tests.models.test_torchvision import calibrated
+
+Dim = torch.export.Dim
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model: ``build(library)`` makes it (the ``timm`` or ``torchvision`` fixture's module);
+    its inputs are ``len(inputs)`` tensors of shape ``(batch, *example)`` exported at batch 2 and
+    checked again at batch 3 with shape ``(3, *other)``; ``dynamic`` names the dims of
+    ``example`` (counting from 1, after the batch) exported dynamic besides the batch."""
+
+    name: str
+    build: Callable[[Any], torch.nn.Module]
+    example: tuple[int, ...] = (3, 64, 64)
+    other: tuple[int, ...] = (3, 96, 128)
+    dynamic: tuple[int, ...] = (2, 3)
+    inputs: int = 1
+
+    def tensors(self, batch: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        generator = torch.Generator().manual_seed(batch * 1000 + sum(shape))
+        return tuple(torch.rand(batch, *shape, generator=generator) for _ in range(self.inputs))
+
+
+def timm_family(name: str, *, example=(3, 64, 64), other=(3, 96, 128), dynamic=(2, 3), **config) -> Family:
+    def build(timm):
+        return timm.create_model(name, pretrained=False, num_classes=10, **config)
+
+    return Family(name, build, example, other, dynamic)
+
+
+def still(name: str, **config) -> Family:
+    """A timm family whose image size is fixed by the model (position embeddings, attention
+    biases sized at construction): the batch alone is dynamic."""
+    return timm_family(name, other=(3, 64, 64), dynamic=(), **config)
+
+
+TIMM = [
+    timm_family("resnet10t"),
+    timm_family("mobilenetv3_small_050"),
+    timm_family("convnext_atto"),
+    timm_family("deit_tiny_patch16_224", img_size=64, depth=2, dynamic_img_size=True),
+]
+SLOW_TIMM = [
+    timm_family("efficientnet_b0"),
+    timm_family("vit_tiny_patch16_224", img_size=64, depth=2, dynamic_img_size=True),
+    still("swin_tiny_patch4_window7_224", img_size=64, window_size=4, embed_dim=24, depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)),
+    timm_family("regnetx_002"),
+    timm_family("rexnet_100"),
+    timm_family("ghostnet_050"),
+    still("ghostnetv2_100"),  # torch.export fixes its image sides (docs/models.md)
+    timm_family("poolformer_s12"),
+    timm_family("nf_regnet_b0"),
+    timm_family("res2net50_26w_4s", layers=(1, 1, 1, 1)),
+    timm_family("pvt_v2_b0"),
+    timm_family("edgenext_xx_small"),
+    timm_family("fastvit_t8"),
+    timm_family("efficientvit_b0"),
+    still("levit_128s", img_size=64),
+    # At 64 pixels its last stage holds one 2x2 patch, and torch specializes size-1 dims.
+    timm_family("mobilevit_xxs", example=(3, 128, 128), other=(3, 192, 256)),
+    still("coat_lite_tiny", img_size=64),
+    still("twins_svt_small", img_size=64, depths=(1, 1, 1, 1)),
+    still("cait_xxs24_224", img_size=64, depth=2),
+    still("beit_base_patch16_224", img_size=64, embed_dim=48, depth=2, num_heads=2),
+    timm_family("dla46_c"),
+    timm_family("hrnet_w18_small"),
+    timm_family("tresnet_m", layers=(1, 1, 1, 1)),
+    timm_family("xception41"),
+    timm_family("inception_v3", example=(3, 160, 160), other=(3, 192, 224)),
+]
+
+
+def torchvision_family(name: str, builder: Callable[[Any], torch.nn.Module], **shapes) -> Family:
+    return Family(name, builder, **shapes)
+
+
+def tiny_vit(tv):
+    return tv.models.VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10)
+
+
+def tiny_swin(tv):
+    return tv.models.swin_transformer.SwinTransformer(
+        patch_size=[4, 4], embed_dim=24, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1], window_size=[4, 4],
+        stochastic_depth_prob=0.0, num_classes=10,
+    )
+
+
+def tiny_maxvit(tv):
+    return tv.models.maxvit.MaxVit(
+        input_size=(64, 64), stem_channels=16, partition_size=4, block_channels=[16, 32], block_layers=[1, 1],
+        head_dim=8, stochastic_depth_prob=0.0, num_classes=10,
+    )
+
+
+def tiny_convnext(tv):
+    from torchvision.models.convnext import CNBlockConfig
+
+    return tv.models.convnext.ConvNeXt([CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)], num_classes=10)
+
+
+def tiny_swin3d(tv):
+    return tv.models.video.swin_transformer.SwinTransformer3d(
+        patch_size=[2, 4, 4], embed_dim=24, depths=[1, 1], num_heads=[1, 1], window_size=[2, 4, 4],
+        stochastic_depth_prob=0.0, num_classes=10,
+    )
+
+
+def tiny_mvit(tv):
+    from torchvision.models.video.mvit import MSBlockConfig
+
+    blocks = [
+        MSBlockConfig(num_heads=1, input_channels=16, output_channels=16, kernel_q=[3, 3, 3], kernel_kv=[3, 3, 3], stride_q=[1, 1, 1], stride_kv=[1, 4, 4]),
+        MSBlockConfig(num_heads=2, input_channels=16, output_channels=32, kernel_q=[3, 3, 3], kernel_kv=[3, 3, 3], stride_q=[1, 2, 2], stride_kv=[1, 2, 2]),
+    ]
+    return tv.models.video.mvit.MViT(
+        spatial_size=(32, 32), temporal_size=4, block_setting=blocks, residual_pool=True, residual_with_cls_embed=False,
+        rel_pos_embed=True, proj_after_attn=True, num_classes=10,
+    )
+
+
+class FlowWithTwoUpdates(torch.nn.Module):
+    """RAFT with two refinement steps (12 by default): the same graph, repeated fewer times."""
+
+    def __init__(self, raft: torch.nn.Module):
+        super().__init__()
+        self.raft = raft
+
+    def forward(self, image1, image2):
+        return self.raft(image1, image2, num_flow_updates=2)
+
+
+def segmentation(name: str) -> Callable[[Any], torch.nn.Module]:
+    return lambda tv: getattr(tv.models.segmentation, name)(weights=None, weights_backbone=None, num_classes=5, aux_loss=False)
+
+
+def video(name: str) -> Callable[[Any], torch.nn.Module]:
+    return lambda tv: getattr(tv.models.video, name)(weights=None, num_classes=10)
+
+
+# 16 frames: the ResNet-3D family halves time three times, and a clip that ends in one frame
+# has torch specialize that size-1 dim.
+CLIP, OTHER_CLIP = (3, 16, 32, 32), (3, 24, 48, 40)
+
+TORCHVISION = [
+    torchvision_family("lraspp_mobilenet_v3_large", segmentation("lraspp_mobilenet_v3_large")),
+]
+SLOW_TORCHVISION = [
+    torchvision_family("r3d_18", video("r3d_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
+    torchvision_family("vit", tiny_vit, other=(3, 64, 64), dynamic=()),
+    # torch.export fails in its own solver on the window padding's guards (docs/models.md).
+    torchvision_family("swin", tiny_swin, other=(3, 64, 64), dynamic=()),
+    torchvision_family("maxvit", tiny_maxvit, other=(3, 64, 64), dynamic=()),
+    torchvision_family("convnext", tiny_convnext),
+    torchvision_family(
+        "googlenet",
+        lambda tv: tv.models.googlenet(weights=None, aux_logits=False, init_weights=True, num_classes=10),
+        example=(3, 128, 128), other=(3, 160, 192),
+    ),
+    torchvision_family(
+        "inception_v3",
+        lambda tv: tv.models.inception_v3(weights=None, aux_logits=False, init_weights=True, num_classes=10),
+        example=(3, 160, 160), other=(3, 192, 224),
+    ),
+    torchvision_family("fcn_resnet50", segmentation("fcn_resnet50")),
+    torchvision_family("deeplabv3_mobilenet_v3_large", segmentation("deeplabv3_mobilenet_v3_large")),
+    torchvision_family("mc3_18", video("mc3_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
+    torchvision_family("r2plus1d_18", video("r2plus1d_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
+    torchvision_family("mvit", tiny_mvit, example=(3, 4, 32, 32), other=(3, 4, 32, 32), dynamic=()),
+    torchvision_family("swin3d", tiny_swin3d, example=(3, 4, 32, 32), other=(3, 4, 32, 32), dynamic=()),
+    Family(
+        "raft_small",
+        lambda tv: FlowWithTwoUpdates(tv.models.optical_flow.raft_small(weights=None)),
+        # Its correlation pyramid needs feature maps of 16 or more: images of 128 or more.
+        example=(3, 128, 128), other=(3, 160, 192), inputs=2,
+    ),
+]
+
+
+def export_and_compare(model: torch.nn.Module, family: Family) -> None:
+    torch.manual_seed(0)
+    calibrated(model, *family.tensors(4, family.example))
+    dims = {0: BATCH} | {d: Dim(f"size{d}", min=2, max=1024) for d in family.dynamic}
+    example, other = family.tensors(2, family.example), family.tensors(3, family.other)
+    with torch.no_grad():
+        scale = max(float(leaf.abs().max()) for x in (example, other) for leaf in torch.utils._pytree.tree_leaves(model(*x)))
+    # Deep float32 networks round differently in onnxruntime (its own convolution algorithms):
+    # differences are measured against the largest output.
+    assert_exports_equivalent(
+        model, example, dynamic_shapes=(dims,) * family.inputs, resized=[other], atol=1e-3 * scale, rtol=0
+    )
+
+
+def params(families: list[Family], slow: list[Family]) -> list:
+    return [pytest.param(f, id=f.name) for f in families] + [
+        pytest.param(f, id=f.name, marks=pytest.mark.slow) for f in slow
+    ]
+
+
+@pytest.mark.parametrize("family", params(TIMM, SLOW_TIMM))
+def test_timm_family(timm, family):
+    torch.manual_seed(0)
+    export_and_compare(family.build(timm), family)
+
+
+@pytest.mark.parametrize("family", params(TORCHVISION, SLOW_TORCHVISION))
+def test_torchvision_family(torchvision, family):
+    torch.manual_seed(0)
+    export_and_compare(family.build(torchvision), family)
