@@ -294,10 +294,11 @@ class ONNXProgram:
                 self, args, kwargs, model=model, resized=resized, rtol=rtol, atol=atol
             )
             return self.verification
-        self.verification = verify_program(
-            self, args, kwargs, model=model, resized=resized,
-            compare_intermediates=compare_intermediates, rtol=rtol, atol=atol,
-        )
+        with caches_flattened():  # each run gets its own copy of a transformers cache, which eager updates
+            self.verification = verify_program(
+                self, args, kwargs, model=model, resized=resized,
+                compare_intermediates=compare_intermediates, rtol=rtol, atol=atol,
+            )
         return self.verification
 
     def input_feeds(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
