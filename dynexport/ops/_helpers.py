@@ -19,6 +19,7 @@ from dynexport.dtypes import FLOATING, to_torch_dtype
 
 __all__ = [
     "argument",
+    "arithmetic",
     "bfloat16_as_float",
     "bfloat16_to_float",
     "bitwise",
@@ -164,6 +165,19 @@ def bfloat16_to_float(ctx, value):
     if isinstance(value, ir.Value) and value.dtype == ir.DataType.BFLOAT16:
         return cast(ctx, value, ir.DataType.FLOAT)
     return value
+
+
+# Add, Sub, Mul and Div take 8- and 16-bit integers from opset 14.
+_NARROW_INTEGERS = frozenset({ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16})
+
+
+def arithmetic(ctx, op_type: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    """ONNX ``op_type`` (``"Add"``, ``"Sub"``, ``"Mul"``) of ``a`` and ``b`` of one dtype; below
+    opset 14 narrow integers compute in int32, the cast back wrapping around as PyTorch does."""
+    if ctx.opset >= 14 or a.dtype not in _NARROW_INTEGERS:
+        return getattr(ctx.op, op_type)(a, b)
+    wide = getattr(ctx.op, op_type)(cast(ctx, a, ir.DataType.INT32), cast(ctx, b, ir.DataType.INT32))
+    return cast(ctx, wide, a.dtype)
 
 
 def invert(ctx, x: ir.Value) -> ir.Value:

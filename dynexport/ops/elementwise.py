@@ -9,6 +9,7 @@ import torch
 
 from dynexport.ops import _float64 as float64
 from dynexport.ops._helpers import (
+    arithmetic,
     bfloat16_as_float,
     bitwise,
     cast,
@@ -33,15 +34,15 @@ def add(ctx, self, other, alpha=1):
     if self.dtype == ir.DataType.BOOL:
         return ctx.op.Or(self, other)
     if alpha != 1:
-        other = ctx.op.Mul(other, scalar_like(ctx, alpha, other))
-    return ctx.op.Add(self, other)
+        other = arithmetic(ctx, "Mul", other, scalar_like(ctx, alpha, other))
+    return arithmetic(ctx, "Add", self, other)
 
 
 @translates(aten.sub.Tensor, aten.sub.Scalar, prims.sub.default, promote=Promote.RESULT)
 def sub(ctx, self, other, alpha=1):
     if alpha != 1:
-        other = ctx.op.Mul(other, scalar_like(ctx, alpha, other))
-    return ctx.op.Sub(self, other)
+        other = arithmetic(ctx, "Mul", other, scalar_like(ctx, alpha, other))
+    return arithmetic(ctx, "Sub", self, other)
 
 
 @translates(aten.rsub.Tensor, aten.rsub.Scalar, promote=Promote.RESULT)
@@ -53,7 +54,7 @@ def rsub(ctx, self, other, alpha=1):
 def mul(ctx, self, other):
     if self.dtype == ir.DataType.BOOL:
         return ctx.op.And(self, other)
-    return ctx.op.Mul(self, other)
+    return arithmetic(ctx, "Mul", self, other)
 
 
 @translates(aten.div.Tensor, aten.div.Scalar, promote=Promote.RESULT)
