@@ -129,7 +129,7 @@ def _empty_encoder_decoder_cache():
 
 
 def _export_seq2seq(model, step: str | None) -> dynexport.ONNXProgram:
-    """BART's forward for a ``step``: ``"prompt"`` (an EncoderDecoderCache with no layer yet,
+    """An encoder-decoder's forward for a ``step``: ``"prompt"`` (an EncoderDecoderCache with no layer yet,
     which the model fills), ``"decode"`` (the cache it filled with 2 tokens) or None (no cache)."""
     ids, mask = _prompts(2)
     batch, seq, target = Dim("batch"), Dim("seq"), Dim("target")
@@ -140,19 +140,22 @@ def _export_seq2seq(model, step: str | None) -> dynexport.ONNXProgram:
     elif step == "decode":
         with torch.no_grad():
             kwargs["cache"] = model(**kwargs, use_cache=True).past_key_values
-        layers = model.config.decoder_layers
+        layers = len(kwargs["cache"].self_attention_cache.layers)
         dynamic_shapes["cache"] = [[[{0: batch, 2: Dim("past")}] * layers] * 2, [[{0: batch, 2: seq}] * layers] * 2]
     return dynexport.export(model, (), kwargs=kwargs, dynamic_shapes=dynamic_shapes)
 
 
-def test_encoder_decoder_with_a_cache_generates_as_eager():
+@pytest.mark.parametrize("family", ["bart", pytest.param("t5", marks=pytest.mark.slow)])
+def test_encoder_decoder_with_a_cache_generates_as_eager(family):
     from tests.models.test_transformers import _SEQ2SEQ
 
-    model = _SEQ2SEQ["bart"]().eval()
+    model = _SEQ2SEQ[family]().eval()
+    if model.generation_config.decoder_start_token_id is None:
+        model.generation_config.decoder_start_token_id = 0  # T5's, as its released configs say
     prompt_program, program = _export_seq2seq(model, "prompt"), _export_seq2seq(model, "decode")
     assert "past_key_values.0.encoder.key" in [v.name for v in program.model.graph.inputs]
     assert "present.1.encoder.value" in [v.name for v in prompt_program.model.graph.outputs]
-    start = model.config.decoder_start_token_id
+    start = model.generation_config.decoder_start_token_id
     _assert_generates_as_eager(model, program, decoder_start_token_id=start, prompt_program=prompt_program)
     with pytest.raises(ValueError, match="prompt_program"):
         greedy_generate(program, *_prompts(1), max_new_tokens=2, decoder_start_token_id=start)
