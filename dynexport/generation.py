@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch.export.graph_signature import ConstantArgument
 
 from dynexport.call_convention import placeholders, user_input_specs
@@ -70,6 +69,7 @@ def greedy_generate(
     Raises:
         ValueError: the program takes arguments this loop cannot give, or a needed token id
             or the prompt program is missing.
+        TypeError: the program takes a cache other than a DynamicCache or EncoderDecoderCache.
     """
     call = _CallConvention.of(program)
     first_call = _CallConvention.of(prompt_program) if prompt_program is not None else call
@@ -144,7 +144,7 @@ class _CallConvention:
                 if cache_kind == "DynamicCache":
                     cache_layers = _cache_layers([nodes[s.arg.name].meta.get("val") for s in leaf_specs])
                 elif cache_kind != "EncoderDecoderCache":
-                    raise ValueError(
+                    raise TypeError(
                         f"greedy_generate feeds {name!r} a DynamicCache (an EncoderDecoderCache for an "
                         f"encoder-decoder); the program was exported with a {cache_kind}"
                     )
@@ -193,8 +193,8 @@ def _cache_layers(values: list[Any]) -> list[tuple]:
     described = []
     for tensor in values:
         heads, size = tensor.shape[1], tensor.shape[3]
-        if not isinstance(heads, int) or not isinstance(size, int):
-            raise ValueError(f"the cache's heads and head size must be static; the program has {list(tensor.shape)}")
+        if not isinstance(heads, int) or not isinstance(size, int):  # a symbolic size
+            raise ValueError(  # noqa: TRY004f"the cache's heads and head size must be static; the program has {list(tensor.shape)}")
         described.append((heads, size, tensor.dtype))
     return list(zip(described[:layers], described[layers:]))
 

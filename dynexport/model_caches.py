@@ -131,13 +131,22 @@ def _cache_types() -> dict[str, type]:
 
 def _register(name: str, cache_type: type) -> None:
     if name == "EncoderDecoderCache":
-        flatten, children_names = _flatten_encoder_decoder, _ENCODER_DECODER_CHILDREN
-        unflatten = lambda children, context: _unflatten_encoder_decoder(cache_type, children)  # noqa: E731
+        children_names = _ENCODER_DECODER_CHILDREN
+
+        def flatten(cache: Any) -> tuple[list[Any], Any]:
+            return _flatten_encoder_decoder(cache)
+
+        def unflatten(children: list[Any], context: Any) -> Any:
+            return _unflatten_encoder_decoder(cache_type, children)
     else:
-        layer_type = getattr(sys.modules[cache_type.__module__], _LAYER_TYPE[name])
-        flatten = lambda cache: _flatten_layers(cache, name, layer_type)  # noqa: E731
-        unflatten = lambda children, context: _unflatten_layers(cache_type, layer_type, children, context)  # noqa: E731
         children_names = _LAYER_CHILDREN[name]
+        layer_type = getattr(sys.modules[cache_type.__module__], _LAYER_TYPE[name])
+
+        def flatten(cache: Any) -> tuple[list[Any], Any]:
+            return _flatten_layers(cache, name, layer_type)
+
+        def unflatten(children: list[Any], context: Any) -> Any:
+            return _unflatten_layers(cache_type, layer_type, children, context)
 
     def flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], Any]:
         children, context = flatten(cache)

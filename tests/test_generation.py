@@ -16,7 +16,7 @@ from dynexport.generation import greedy_generate
 
 transformers = pytest.importorskip("transformers")
 
-from tests.models.families import DECODERS, VOCAB  # noqa: E402  (after the importorskip)
+from tests.models.families import DECODERS, VOCAB  # after the importorskip
 
 Dim = torch.export.Dim
 NEW_TOKENS = 8

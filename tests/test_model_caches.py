@@ -15,7 +15,7 @@ from tests.equivalence import assert_close
 
 transformers = pytest.importorskip("transformers")
 
-from tests.models.families import DECODERS, VOCAB  # noqa: E402  (after the importorskip)
+from tests.models.families import DECODERS, VOCAB  # after the importorskip
 
 Dim = torch.export.Dim
 CACHES = ("DynamicCache", "StaticCache", "EncoderDecoderCache")
