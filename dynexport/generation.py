@@ -194,7 +194,9 @@ def _cache_layers(values: list[Any]) -> list[tuple]:
     for tensor in values:
         heads, size = tensor.shape[1], tensor.shape[3]
         if not isinstance(heads, int) or not isinstance(size, int):  # a symbolic size
-            raise ValueError(  # noqa: TRY004f"the cache's heads and head size must be static; the program has {list(tensor.shape)}")
+            raise ValueError(  # noqa: TRY004
+                f"the cache's heads and head size must be static; the program has {list(tensor.shape)}"
+            )
         described.append((heads, size, tensor.dtype))
     return list(zip(described[:layers], described[layers:]))
 
