@@ -155,7 +155,8 @@ def _schema(op_type: str, domain: str, version: int) -> onnx.defs.OpSchema | Non
 @functools.lru_cache(maxsize=None)
 def _first_version(op_type: str) -> int | None:
     """The opset the default-domain op ``op_type`` first appears in (None: it never does)."""
-    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and s.domain == ""]
+    schemas = onnx.defs.get_all_schemas_with_history()
+    versions = [s.since_version for s in schemas if s.name == op_type and s.domain == ""]
     return min(versions, default=None)
 
 

@@ -233,7 +233,9 @@ def _from_bits(ctx, bits: ir.Value, width: int, signed: bool) -> ir.Value:
         weights = [1 << (k - first) for k in range(first, stop)]
         if stop == width and (signed or width == 64):
             weights[-1] = -weights[-1]
-        part = bits if (first, stop) == (0, width) else ctx.op.Slice(bits, ints(ctx, [first]), ints(ctx, [stop]), ints(ctx, [-1]))
+        part = bits
+        if (first, stop) != (0, width):
+            part = ctx.op.Slice(bits, ints(ctx, [first]), ints(ctx, [stop]), ints(ctx, [-1]))
         return reduce(ctx, "ReduceSum", ctx.op.Where(part, ints(ctx, weights), zero), [-1], keepdims=False)
 
     if width <= 32:
@@ -337,7 +339,8 @@ def reshape(ctx, x: ir.Value, shape: ir.Value | Sequence[int | ir.Value]) -> ir.
     # result: an empty x gets one element, is reshaped to ones and broadcast to the shape.
     zero, one = ctx.constant(0, ir.DataType.INT64), ints(ctx, [1])
     empty = ctx.op.Equal(ctx.op.Size(x), zero)
-    filler = ctx.op.Expand(ctx.op.Reshape(ctx.constant(0, x.dtype), one), ctx.op.Reshape(cast(ctx, empty, ir.DataType.INT64), one))
+    filler_count = ctx.op.Reshape(cast(ctx, empty, ir.DataType.INT64), one)
+    filler = ctx.op.Expand(ctx.op.Reshape(ctx.constant(0, x.dtype), one), filler_count)
     padded = ctx.op.Concat(ctx.op.Reshape(x, ints(ctx, [-1])), filler, axis=0)
     target = ctx.op.Where(empty, ctx.op.Expand(one, ctx.op.Shape(shape)), shape)
     return ctx.op.Expand(ctx.op.Reshape(padded, target), shape)

@@ -170,7 +170,8 @@ def _narrow_integer_pow(ctx, self, exponent):
     result = ctx.op.Expand(one, ctx.op.Shape(ctx.op.Add(base, magnitude)))
     power = base
     for bit in range(_NARROW_POW_BITS[self.dtype]):
-        bit_set = ctx.op.GreaterOrEqual(ctx.op.Mod(magnitude, ctx.constant(2 << bit, int32)), ctx.constant(1 << bit, int32))
+        low_bits = ctx.op.Mod(magnitude, ctx.constant(2 << bit, int32))
+        bit_set = ctx.op.GreaterOrEqual(low_bits, ctx.constant(1 << bit, int32))
         result = ctx.op.Where(bit_set, wrapped_product(result, power), result)
         power = wrapped_product(power, power)
     # A negative exponent truncates 1 / base**-exponent: zero unless the base is 1 or -1.

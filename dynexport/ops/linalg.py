@@ -10,7 +10,18 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import FLOATING
-from dynexport.ops._helpers import argument, cast, ints, rank, reduce, scalar_like, shape_of, shape_tensor, size_of
+from dynexport.ops._helpers import (
+    argument,
+    arithmetic,
+    cast,
+    ints,
+    rank,
+    reduce,
+    scalar_like,
+    shape_of,
+    shape_tensor,
+    size_of,
+)
 from dynexport.registry import Promote, translates
 
 aten = torch.ops.aten
@@ -90,12 +101,12 @@ def _nonempty_inner_dim(mat1: ir.Value) -> bool:
 def _scaled_add(ctx, self: ir.Value, product: ir.Value, beta, alpha) -> ir.Value:
     """``beta * self + alpha * product``; beta=0 ignores self, NaN and inf included, as in PyTorch."""
     if alpha != 1:
-        product = ctx.op.Mul(product, scalar_like(ctx, alpha, self))
+        product = arithmetic(ctx, "Mul", product, scalar_like(ctx, alpha, self))
     if beta == 0:
         return product
     if beta != 1:
-        self = ctx.op.Mul(self, scalar_like(ctx, beta, self))
-    return ctx.op.Add(self, product)
+        self = arithmetic(ctx, "Mul", self, scalar_like(ctx, beta, self))
+    return arithmetic(ctx, "Add", self, product)
 
 
 @translates(

@@ -97,7 +97,7 @@ CASES = {
     # Add, Sub and Mul take 8- and 16-bit integers from opset 14 (their products wrap around).
     "narrow_integers": (
         lambda a, b: (a + b, a - b, a * b, torch.add(a, b, alpha=3), ~a),
-        lambda: (torch.randint(-128, 128, (2, 9), dtype=torch.int8), torch.randint(-128, 128, (2, 9), dtype=torch.int8)),
+        lambda: tuple(torch.randint(-128, 128, (2, 9), dtype=torch.int8) for _ in range(2)),
     ),
     "grid_sample": (_grid_sample, lambda: (torch.randn(2, 3, 5, 6), torch.rand(2, 4, 4, 2) * 2.4 - 1.2)),
 }
