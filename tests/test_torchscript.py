@@ -797,3 +797,25 @@ class TupleOfOptionals(torch.nn.Module):
 def test_none_inside_a_tuple_argument_is_refused():
     with pytest.raises(TypeError, match="argument 'y' holds None inside a tuple"):
         dynexport.export(torch.jit.script(TupleOfOptionals()), (torch.randn(2, 3), (None, torch.randn(2, 3))))
+
+
+class AppendsInABranchOnData(torch.nn.Module):
+    def forward(self, x):
+        parts = [x]
+        if bool(x.sum() > 0):
+            parts.append(x * 2)
+        return torch.cat(parts)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_scripted_lists_and_branches_at_low_opsets(opset):
+    # The branch returns a sequence: below opset 14 (Identity of sequences) it is copied
+    # by SequenceInsert and SequenceErase.
+    program = assert_exports_equivalent(
+        torch.jit.script(AppendsInABranchOnData()),
+        (torch.ones(2, 3),),
+        dynamic_shapes={"x": {0: Dim("rows")}},
+        resized=[(-torch.ones(4, 3),), (torch.randn(5, 3),)],
+        opset_version=opset,
+    )
+    assert program.model.opset_imports[""] == opset and "If" in op_histogram(program)
