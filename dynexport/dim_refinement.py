@@ -96,14 +96,16 @@ def capture_refining_dims(
             unrefined = error
             message = _suggested_fixes_message(error, dynamic_shapes)
             if message is None:
-                checked = _ranges_where_guards_hold(error, dynamic_shapes)
+                declared = _get_dim_name_mapping(dynamic_shapes)
+                checked = {
+                    name: bounds
+                    for name, bounds in _ranges_where_guards_hold(error, dynamic_shapes).items()
+                    if bounds[0] == int(declared[name].min)  # else _minimums_from_guards raises the minimum
+                }
                 if not checked:
                     raise
                 dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
-                round_refinements = [_describe_checked(name, bounds) for name, bounds in checked.items()]
-                refinements += round_refinements
-                for refinement in round_refinements:
-                    warnings.warn(f"dynamic_shapes refined: {refinement}", stacklevel=3)
+                refinements += _warned([_describe_checked(name, bounds) for name, bounds in checked.items()])
                 continue
             # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
             declared = _get_dim_name_mapping(dynamic_shapes)
@@ -112,6 +114,14 @@ def capture_refining_dims(
                 raise
             previous_fixes = fixes
             static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
+            checked = _ranges_where_guards_hold(error, dynamic_shapes)
+            if static and all(name in checked and checked[name][0] <= size for name, size in static.items()):
+                # torch's solver specializes dims whose guards it cannot solve (RAFT's batch:
+                # ``(3*n - 1) // n == 2``), though they hold at every size.
+                checked = {name: checked[name] for name in static}
+                dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
+                refinements += _warned([_describe_checked(name, bounds) for name, bounds in checked.items()])
+                continue
             if static:
                 line = _specializing_line(set(static.values()), capture, module, args, kwargs, dynamic_shapes)
                 raise DimSpecializedError(static, line, error.reasons) from error
@@ -119,11 +129,14 @@ def capture_refining_dims(
                 dynamic_shapes = _refined(message, dynamic_shapes)
             except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
                 raise error from None
-            round_refinements = [_describe(name, fix) for name, fix in fixes.items()]
-            refinements += round_refinements
-            for refinement in round_refinements:
-                warnings.warn(f"dynamic_shapes refined: {refinement}", stacklevel=3)
+            refinements += _warned([_describe(name, fix) for name, fix in fixes.items()])
     raise unrefined
+
+
+def _warned(refinements: list[DimRefinement]) -> list[DimRefinement]:
+    for refinement in refinements:
+        warnings.warn(f"dynamic_shapes refined: {refinement}", stacklevel=4)
+    return refinements
 
 
 def refinements_metadata(refinements: list[DimRefinement]) -> str:
@@ -238,11 +251,12 @@ def _unsatisfied_guards(message: str, declared: dict[str, Any]) -> dict[str, lis
 
 
 def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[str, tuple[int, int]]:
-    """``{dim name: (min, max)}`` for the declared dims whose unsatisfied guards (torch.export
-    names them without a fix) hold at every size of the dim's range, checked one size at a time:
-    torch's solver cannot prove some guards that are true throughout (ConvNeXt's
-    ``(1 % (160*(w // 4))) != 0``, a stride that is never 1). An unbounded range is checked up to
-    ``_GUARD_SEARCH_LIMIT``, which becomes its maximum. Empty when any such guard fails somewhere."""
+    """``{dim name: (min, max)}`` for the declared dims whose unsatisfied guards hold at every size
+    from ``min`` to ``max``, checked one size at a time: torch's solver cannot prove some guards
+    that are true throughout (ConvNeXt's ``(1 % (160*(w // 4))) != 0``, RAFT's batch
+    ``(3*n - 1) // n == 2``). ``min`` is the smallest such size in the declared range; an unbounded
+    range is checked up to ``_GUARD_SEARCH_LIMIT``, which becomes ``max``. A dim with a guard
+    that fails near its maximum, or that reads another dim, is left out."""
     from torch._dynamo.exc import UserError, UserErrorType
 
     violations = [
@@ -258,9 +272,9 @@ def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[
     for name, conditions in guards.items():
         dim = declared[name]
         upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
-        if _smallest_size_from_which_all_hold(conditions, int(dim.min), upper) != int(dim.min):
-            return {}
-        checked[name] = (int(dim.min), upper)
+        minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), upper)
+        if minimum is not None:
+            checked[name] = (minimum, upper)
     return checked
 
 
