@@ -169,6 +169,13 @@ CLIP, OTHER_CLIP = (3, 16, 32, 32), (3, 24, 48, 40)
 
 TORCHVISION = [
     torchvision_family("lraspp_mobilenet_v3_large", segmentation("lraspp_mobilenet_v3_large")),
+    torchvision_family("mc3_18", video("mc3_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
+    Family(
+        "raft_small",
+        lambda tv: FlowWithTwoUpdates(tv.models.optical_flow.raft_small(weights=None)),
+        # Its correlation pyramid needs feature maps of 16 or more: images of 128 or more.
+        example=(3, 128, 128), other=(3, 160, 192), inputs=2,
+    ),
 ]
 SLOW_TORCHVISION = [
     torchvision_family("r3d_18", video("r3d_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
@@ -190,16 +197,9 @@ SLOW_TORCHVISION = [
     ),
     torchvision_family("fcn_resnet50", segmentation("fcn_resnet50")),
     torchvision_family("deeplabv3_mobilenet_v3_large", segmentation("deeplabv3_mobilenet_v3_large")),
-    torchvision_family("mc3_18", video("mc3_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
     torchvision_family("r2plus1d_18", video("r2plus1d_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
     torchvision_family("mvit", tiny_mvit, example=(3, 4, 32, 32), other=(3, 4, 32, 32), dynamic=()),
     torchvision_family("swin3d", tiny_swin3d, example=(3, 4, 32, 32), other=(3, 4, 32, 32), dynamic=()),
-    Family(
-        "raft_small",
-        lambda tv: FlowWithTwoUpdates(tv.models.optical_flow.raft_small(weights=None)),
-        # Its correlation pyramid needs feature maps of 16 or more: images of 128 or more.
-        example=(3, 128, 128), other=(3, 160, 192), inputs=2,
-    ),
 ]
 
 
