@@ -6,7 +6,8 @@ family's dims and limits).
 
 Dims are plain ``Dim``s with wide ranges: what a model requires of them (a multiple of its
 stride, a minimum size) torch.export states as suggested fixes, which capture applies
-(dynexport/dim_refinement.py). A handful of families run by default; the rest are slow.
+(dynexport/dim_refinement.py); two models branch on divisibility and are declared multiples of
+32. A handful of families run by default; the rest are slow.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ Dim = torch.export.Dim
 @dataclasses.dataclass(frozen=True)
 class Family:
     """One model: ``build(library)`` makes it (the ``timm`` or ``torchvision`` fixture's module);
-    its inputs are ``len(inputs)`` tensors of shape ``(batch, *example)`` exported at batch 2 and
-    checked again at batch 3 with shape ``(3, *other)``; ``dynamic`` names the dims of
-    ``example`` (counting from 1, after the batch) exported dynamic besides the batch, each a
-    multiple of ``multiple``."""
+    it takes ``inputs`` tensors of shape ``(batch, *example)``, exported at batch 2 and checked
+    again at batch 3 with shape ``(3, *other)``; ``dynamic`` names the input dims (0 is the batch)
+    exported dynamic besides the batch, each declared a multiple of ``multiple``."""
 
     name: str
     build: Callable[[Any], torch.nn.Module]
