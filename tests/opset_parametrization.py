@@ -5,7 +5,10 @@ its own ``opset_version`` keeps it.
 
 :data:`LATER_OPSET_OPS` lists the operators that no ONNX opset below a later one expresses, and
 why; a test of one wraps its export in :func:`refused_below_its_opset`, which expects the
-export to fail with :class:`dynexport.errors.OpsetTooLowError` below that opset.
+export to fail with :class:`dynexport.errors.OpsetTooLowError` below that opset. Scatters that
+reduce by max or min (scatter_reduce amax/amin, index_reduce, embedding_bag max, segment_reduce
+max/min) need opset 18, where ScatterElements and ScatterND take those reductions: a test of one
+wraps its export in :func:`max_min_scatter_refused_below_18`.
 """
 
 from __future__ import annotations
@@ -53,3 +56,26 @@ def refused_below_its_opset(op) -> Iterator[None]:
         yield
     assert [(use.target, use.min_opset) for use in raised.value.uses] == [(name, min_opset)]
     assert f"opset_version={min_opset}" in str(raised.value)
+
+
+# ONNX's ScatterElements and ScatterND reduce by max and min from opset 18 (onnxruntime's kernels
+# accept them earlier; other runtimes do not).
+MAX_MIN_SCATTER_OPSET = 18
+MAX_MIN_SCATTER_REFUSAL = (
+    "scatters that reduce by max or min (`aten.scatter_reduce` amax/amin, `aten.index_reduce` amax/amin, "
+    "`aten._embedding_bag` max, `aten.segment_reduce` max/min): from opset 18, where ScatterElements and "
+    "ScatterND take those reductions"
+)
+
+
+@contextlib.contextmanager
+def max_min_scatter_refused_below_18(reduce: str) -> Iterator[None]:
+    """Run the body, an export of a scatter reducing by ``reduce`` (PyTorch's name): below
+    opset 18, a max or min reduction must raise OpsetTooLowError naming opset 18."""
+    opset = TESTED_OPSET.get() or DEFAULT_OPSET
+    if reduce not in ("amax", "amin", "max", "min") or opset >= MAX_MIN_SCATTER_OPSET:
+        yield
+        return
+    with pytest.raises(OpsetTooLowError, match=r"reduction '(max|min)' exists from opset 18") as raised:
+        yield
+    assert f"opset_version={MAX_MIN_SCATTER_OPSET}" in str(raised.value)

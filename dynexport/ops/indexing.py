@@ -329,10 +329,9 @@ def _empty(x: ir.Value) -> bool:
     return x.shape is not None and any(size == 0 for size in x.shape if isinstance(size, int))
 
 
-# ScatterElements and ScatterND reduce by add and mul from opset 16, by max and min from 18 in
-# ONNX; onnxruntime's kernels take max and min from 16, where they are written too (a graph
-# that other runtimes may refuse at 16 and 17).
-_REDUCTIONS_SINCE = {"add": 16, "mul": 16, "max": 16, "min": 16}
+# ScatterElements and ScatterND reduce by add and mul from opset 16, by max and min from 18
+# (onnxruntime's kernels take max and min from 16, other runtimes do not).
+_REDUCTIONS_SINCE = {"add": 16, "mul": 16, "max": 18, "min": 18}
 
 
 def _reduced(ctx, op_type: str, self, index, updates, reduction: str, **attributes) -> ir.Value:

@@ -12,6 +12,7 @@ from tests.equivalence import (
     assert_exports_equivalent,
     op_histogram,
 )
+from tests.opset_parametrization import max_min_scatter_refused_below_18
 
 B = torch.export.Dim("batch", min=2)
 COLUMNS = torch.export.Dim("columns", min=4)
@@ -254,7 +255,8 @@ def test_scatter_reduce(reduce):
     x = torch.randn(3, 5)
     index = torch.tensor([[0, 1, 0, 4], [2, 2, 2, 2], [1, 3, 1, 0]])
     src = torch.randn(3, 4)
-    _batch_dynamic(lambda x, i, s: x.scatter_reduce(1, i, s, reduce), (x, index, src), (True, True, True))
+    with max_min_scatter_refused_below_18(reduce):
+        _batch_dynamic(lambda x, i, s: x.scatter_reduce(1, i, s, reduce), (x, index, src), (True, True, True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.int32])
@@ -265,9 +267,10 @@ def test_scatter_reduce_mean_and_without_self_like_pytorch(dtype, reduce, includ
     x = (torch.tensor([[3.0, -7.0, 5.0, 1.0, -2.0], [4.0, 2.0, -1.0, 9.0, 6.0], [-3.0, 8.0, 0.0, 2.0, -5.0]]) * 2).to(dtype)
     index = torch.tensor([[0, 1, 0, 4], [3, 3, 3, 3], [1, 3, 1, 0]])
     src = torch.tensor([[1.0, -4.0, 2.0, 7.0], [-3.0, 5.0, -6.0, 2.0], [8.0, -1.0, -9.0, 3.0]]).to(dtype)
-    _batch_dynamic(
-        lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self), (x, index, src), (True, True, True)
-    )
+    with max_min_scatter_refused_below_18(reduce):
+        _batch_dynamic(
+            lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self), (x, index, src), (True, True, True)
+        )
 
 
 @pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
@@ -277,20 +280,23 @@ def test_scatter_reduce_of_bools(reduce, include_self):
     x = torch.tensor([[True, False, True, False, False], [False, True, True, False, True]])
     index = torch.tensor([[0, 1, 0, 4], [3, 3, 3, 3]])
     src = torch.tensor([[False, True, True, False], [True, False, True, True]])
-    _batch_dynamic(
-        lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self), (x, index, src), (True, True, True)
-    )
+    with max_min_scatter_refused_below_18(reduce):
+        _batch_dynamic(
+            lambda x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self), (x, index, src), (True, True, True)
+        )
 
 
 def test_scatters_of_0d_tensors():
     x, index, src = torch.tensor(2.0), torch.tensor(0), torch.tensor(5.0)
     assert_exports_equivalent(
         lambda x, i, s: (
-            x.scatter(0, i, s), x.scatter(0, i, 3.0), x.scatter_add(0, i, s), x.scatter_reduce(0, i, s, "amin"),
+            x.scatter(0, i, s), x.scatter(0, i, 3.0), x.scatter_add(0, i, s),
             x.scatter_reduce(0, i, s, "mean", include_self=False), x.index_reduce(0, i.reshape(1), s, "prod"),
         ),
         (x, index, src),
     )
+    with max_min_scatter_refused_below_18("amin"):
+        assert_exports_equivalent(lambda x, i, s: x.scatter_reduce(0, i, s, "amin"), (x, index, src))
 
 
 def test_scatter_with_the_deprecated_reduce_argument():
@@ -307,10 +313,11 @@ def test_scatter_with_the_deprecated_reduce_argument():
 def test_index_reduce(dtype, reduce, include_self):
     x, source = (torch.randn(5, 3) * 8).to(dtype), (torch.randn(4, 3) * 8).to(dtype)
     index = torch.tensor([0, 4, 0, 2])
-    _batch_dynamic(
-        lambda x, s, i: (x.index_reduce(0, i, s, reduce, include_self=include_self), x.T.index_reduce(1, i, s.T, reduce)),
-        (x, source, index), (False, False, False),
-    )
+    with max_min_scatter_refused_below_18(reduce):
+        _batch_dynamic(
+            lambda x, s, i: (x.index_reduce(0, i, s, reduce, include_self=include_self), x.T.index_reduce(1, i, s.T, reduce)),
+            (x, source, index), (False, False, False),
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
@@ -474,19 +481,21 @@ def test_embedding_bag_with_offsets(mode, padding_idx):
     torch.manual_seed(0)
     bag = torch.nn.EmbeddingBag(10, 3, mode=mode, padding_idx=padding_idx).eval()
     indices, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4, 4, 6])
-    program = assert_exports_equivalent(
-        bag, (indices, offsets), dynamic_shapes=({0: torch.export.Dim("n")}, {0: torch.export.Dim("bags")}),
-        resized=[(torch.tensor([0, 1, 2]), torch.tensor([0, 0])), (torch.tensor([4, 4, 3, 3, 3]), torch.tensor([0, 2]))],
-    )
-    # The rule reads offsets' rank without restating its shape: the input keeps its declared dim.
-    assert [str(dim) for dim in program.model.graph.inputs[1].shape] == ["bags"]
+    with max_min_scatter_refused_below_18(mode):
+        program = assert_exports_equivalent(
+            bag, (indices, offsets), dynamic_shapes=({0: torch.export.Dim("n")}, {0: torch.export.Dim("bags")}),
+            resized=[(torch.tensor([0, 1, 2]), torch.tensor([0, 0])), (torch.tensor([4, 4, 3, 3, 3]), torch.tensor([0, 2]))],
+        )
+        # The rule reads offsets' rank without restating its shape: the input keeps its declared dim.
+        assert [str(dim) for dim in program.model.graph.inputs[1].shape] == ["bags"]
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_embedding_bag_of_rows_with_dynamic_batch(mode):
     torch.manual_seed(0)
     bag = torch.nn.EmbeddingBag(10, 3, mode=mode).eval()
-    _batch_dynamic(bag, (torch.tensor([[1, 2, 4], [5, 4, 3]]),), (True,))
+    with max_min_scatter_refused_below_18(mode):
+        _batch_dynamic(bag, (torch.tensor([[1, 2, 4], [5, 4, 3]]),), (True,))
 
 
 def test_embedding_bag_last_offset_and_per_sample_weights():
@@ -510,12 +519,13 @@ def test_embedding_bag_indices_past_the_last_offset(mode, padding_idx, dtype):
     # 7th index); float64, max and padding_idx take the 7th index into the last bag.
     torch.manual_seed(0)
     bag = torch.nn.EmbeddingBag(10, 5, mode=mode, include_last_offset=True, padding_idx=padding_idx).to(dtype)
-    assert_exports_equivalent(
-        bag, (torch.tensor([2, 1, 2, 3, 2, 4, 5]), torch.tensor([0, 2, 5, 6])),
-        input_names=["input", "offsets"], dynamic_axes={"input": [0], "offsets": [0]},
-        resized=[(torch.tensor([3, 4, 5, 6]), torch.tensor([0, 3])), (torch.tensor([7, 8, 9]), torch.tensor([0, 3]))],
-        runtime="onnxruntime",
-    )
+    with max_min_scatter_refused_below_18(mode):
+        assert_exports_equivalent(
+            bag, (torch.tensor([2, 1, 2, 3, 2, 4, 5]), torch.tensor([0, 2, 5, 6])),
+            input_names=["input", "offsets"], dynamic_axes={"input": [0], "offsets": [0]},
+            resized=[(torch.tensor([3, 4, 5, 6]), torch.tensor([0, 3])), (torch.tensor([7, 8, 9]), torch.tensor([0, 3]))],
+            runtime="onnxruntime",
+        )
 
 
 class _SummedBags(torch.nn.Module):
@@ -589,13 +599,14 @@ def test_segment_reduce(initial, reduce, dtype):
     offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
     rows, segments = torch.export.Dim("rows"), torch.export.Dim("segments")
     resized_data, resized_lengths = _data(dtype, 9, 2) / 10, torch.tensor([4, 5, 0])
-    assert_exports_equivalent(
-        lambda d, n: torch.segment_reduce(d, reduce, lengths=n, initial=initial), (data, lengths),
-        dynamic_shapes=({0: rows}, {0: segments}), resized=[(resized_data, resized_lengths)],
-    )
-    assert_exports_equivalent(
-        lambda d, o: torch.segment_reduce(d.flatten(), reduce, offsets=o, initial=initial), (data, offsets * 2),
-    )
+    with max_min_scatter_refused_below_18(reduce):
+        assert_exports_equivalent(
+            lambda d, n: torch.segment_reduce(d, reduce, lengths=n, initial=initial), (data, lengths),
+            dynamic_shapes=({0: rows}, {0: segments}), resized=[(resized_data, resized_lengths)],
+        )
+        assert_exports_equivalent(
+            lambda d, o: torch.segment_reduce(d.flatten(), reduce, offsets=o, initial=initial), (data, offsets * 2),
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint8])

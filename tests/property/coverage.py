@@ -187,7 +187,7 @@ def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
     from dynexport.decompositions import decomposition_for
     from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS
     from dynexport.registry import default_table
-    from tests.opset_parametrization import LATER_OPSET_OPS, LOW_OPSET
+    from tests.opset_parametrization import LATER_OPSET_OPS, LOW_OPSET, MAX_MIN_SCATTER_REFUSAL
     from tests.preserved_ops import PRESERVED_OPS
 
     lowest = SUPPORTED_OPSETS.start
@@ -273,6 +273,7 @@ def write_doc(records: list[tuple], path: Path, seconds: float) -> dict:
         lines.append("")
     lines += [f"## Operators no opset below a later one expresses (refused at {LOW_OPSET} in the tests)", ""]
     lines += [f"- `{op}`: from opset {opset}: {why}" for op, (opset, why) in sorted(LATER_OPSET_OPS.items())]
+    lines.append(f"- {MAX_MIN_SCATTER_REFUSAL}")
     lines += ["", "## Known bugs found by the property tests (strict xfails)", ""]
     for name, dtype, reason in sorted(set(spec_failures)):
         lines.append(f"- `{name}` {dtype}: {reason}")
