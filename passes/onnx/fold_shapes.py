@@ -102,8 +102,13 @@ def fold_shapes(graph: ir.Graph) -> int:
     return shapes.changed
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _settle(shapes: _Shapes, output: ir.Value, result: tuple[Contents, bool]) -> None:
     contents, scalar = result
+    if any(e.is_Integer and not _INT64_MIN <= int(e) <= _INT64_MAX for e in contents):
+        return  # int64 arithmetic wraps there (bit tricks on -2**63): onnx's runtime computes it
     if all(e.is_Integer for e in contents):
         array = np.array([int(e) for e in contents], dtype=np.int64)
         constant = add_initializer(shapes.graph, array.reshape(()) if scalar else array, output.name or "shape")

@@ -83,3 +83,17 @@ def test_dynamic_views_of_a_real_model_need_no_shape_ops():
     program = assert_exports_equivalent(heads, (torch.randn(2, 3, 8),), dynamic_shapes=(dims,), resized=[(torch.randn(4, 5, 8),)])
     histogram = op_histogram(program)
     assert "Concat" not in histogram and "Shape" not in histogram
+
+
+def test_int64_arithmetic_past_its_range_is_left_to_the_runtime():
+    # 0 - (-2**63) wraps to -2**63 in int64; an exact integer would not fit the initializer.
+    m = model("""g (int64[1] x) => (int64[1] y) {
+        zero = Constant<value = int64[1] {0}>()
+        low = Constant<value = int64[1] {-9223372036854775808}>()
+        wrapped = Sub(zero, low)
+        y = Add(x, wrapped)
+    }""")
+    lift_constants(m.graph)
+    fold_shapes(m.graph)
+    assert "Sub" in ops(m)
+    np.testing.assert_array_equal(run(m, x=np.array([1], np.int64))[0], [-(2**63) + 1])
