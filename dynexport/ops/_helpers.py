@@ -311,6 +311,14 @@ def scatter_elements_add(ctx, data: ir.Value, indices: ir.Value, updates: ir.Val
     return ctx.op.Add(data, reduce(ctx, "ReduceSum", terms, [axis], keepdims=False))
 
 
+def is_inf(ctx, x: ir.Value) -> ir.Value:
+    """Where ``x`` is infinite. IsInf takes float16 and bfloat16 from opset 20; before it they
+    are checked as float32, which keeps every infinity and every finite value finite."""
+    if ctx.opset < 20 and x.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        x = cast(ctx, x, ir.DataType.FLOAT)
+    return ctx.op.IsInf(x)
+
+
 def shape_of(ctx, x: ir.Value, start: int = 0, end: int | None = None) -> ir.Value:
     """The sizes of ``x``'s dims ``start`` to ``end`` (excluded; None: the last) as a 1-D int64
     tensor. Shape takes ``start`` and ``end`` from opset 15; before it a Slice cuts them."""

@@ -15,6 +15,7 @@ from dynexport.ops._helpers import (
     cast,
     invert,
     is_floating,
+    is_inf,
     scalar,
     scalar_like,
     select,
@@ -389,7 +390,7 @@ def atan2(ctx, self, other):
     angle = float64.atan(ctx, ratio) if ratio.dtype == ir.DataType.DOUBLE else ctx.op.Atan(ratio)
     both_zero = ctx.op.And(ctx.op.Equal(y, zero), ctx.op.Equal(x, zero))
     angle = ctx.op.Where(both_zero, zero, angle)
-    both_infinite = ctx.op.And(ctx.op.IsInf(y), ctx.op.IsInf(x))
+    both_infinite = ctx.op.And(is_inf(ctx, y), is_inf(ctx, x))
     angle = ctx.op.Where(both_infinite, scalar_like(ctx, math.pi / 4, y), angle)
     angle = ctx.op.Where(_signbit(ctx, other), ctx.op.Sub(pi, angle), angle)
     # A multiplied sign rather than Neg or Where: onnxruntime's Neg(0.0) and its Where choosing
@@ -433,7 +434,7 @@ def hypot(ctx, self, other):
     one, zero = scalar_like(ctx, 1.0, a), scalar_like(ctx, 0.0, a)
     result = ctx.op.Mul(larger, ctx.op.Sqrt(ctx.op.Add(one, ctx.op.Mul(ratio, ratio))))
     result = ctx.op.Where(ctx.op.Equal(larger, zero), zero, result)
-    infinite = ctx.op.Or(ctx.op.IsInf(a), ctx.op.IsInf(b))
+    infinite = ctx.op.Or(is_inf(ctx, a), is_inf(ctx, b))
     result = ctx.op.Where(infinite, scalar_like(ctx, math.inf, a), result)
     return cast(ctx, result, self.dtype)
 

@@ -19,6 +19,7 @@ from dynexport.ops._helpers import (
     cast,
     ints,
     is_floating,
+    is_inf,
     normalize_dim,
     normalize_dims,
     rank,
@@ -190,7 +191,7 @@ def logcumsumexp(ctx, self, dim):
     prefixes, _ = _prefixes(ctx, x, -math.inf)
     peak = _scan(ctx, "ReduceMax", prefixes, x)
     # As in logsumexp: an all-infinite prefix is shifted by 0, not by itself.
-    peak = ctx.op.Where(ctx.op.IsInf(peak), ctx.constant(0.0, peak.dtype), peak)
+    peak = ctx.op.Where(is_inf(ctx, peak), ctx.constant(0.0, peak.dtype), peak)
     shifted = ctx.op.Exp(ctx.op.Sub(prefixes, ctx.op.Unsqueeze(peak, ints(ctx, [-1]))))
     result = ctx.op.Add(ctx.op.Log(_scan(ctx, "ReduceSum", shifted, x)), peak)
     return cast(ctx, _last(ctx, result, dim, rank(self)), self.dtype)
@@ -263,7 +264,7 @@ def logsumexp(ctx, self, dim, keepdim=False):
     axes = _axes(self, dim)
     peak = reduce(ctx, "ReduceMax", x, axes)
     # Shifting an all-infinite slice by its peak would give inf - inf = NaN; shift it by 0.
-    peak = ctx.op.Where(ctx.op.IsInf(peak), ctx.constant(0.0, peak.dtype), peak)
+    peak = ctx.op.Where(is_inf(ctx, peak), ctx.constant(0.0, peak.dtype), peak)
     total = reduce(ctx, "ReduceSum", ctx.op.Exp(ctx.op.Sub(x, peak)), axes)
     result = ctx.op.Add(ctx.op.Log(total), peak)
     result = result if keepdim else _drop_reduced(ctx, result, self, dim)
