@@ -238,8 +238,10 @@ def assert_dynamic_equivalent(
     inputs = tuple(inputs)
     fn = _fixed_arity(fn, len(inputs))
     shapes = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(t.shape) if s >= 2} or None for t in inputs)
-    program = dynexport.export(fn, inputs, dynamic_shapes=shapes if dynamic else None)
+    options = {"opset_version": TESTED_OPSET.get()} if TESTED_OPSET.get() is not None else {}
+    program = dynexport.export(fn, inputs, dynamic_shapes=shapes if dynamic else None, **options)
     onnx.checker.check_model(program.model_proto, full_check=True)
+    assert_portable(program, options)
     run = _runner(program, runtime)
     calls = [inputs]
     if growth is not None:
