@@ -2,7 +2,6 @@
 
 from dynexport.ops import (  # noqa: F401
     activation,
-    antialias,
     attention,
     control_flow,
     convolution,

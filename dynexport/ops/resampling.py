@@ -1,4 +1,4 @@
-"""Resampling: upsampling (ONNX Resize), grid sampling (GridSample), pixel shuffle
+"""Resampling: upsampling (ONNX Resize, antialiased too), grid sampling (GridSample), pixel shuffle
 (DepthToSpace) and sliding windows (Tensor.unfold, im2col).
 
 Resize reproduces PyTorch's source coordinates exactly when told how PyTorch computes them:
@@ -150,6 +150,31 @@ def upsample_linear(ctx, input, output_size, align_corners, *scales):
 @translates(aten.upsample_bicubic2d.vec, aten.upsample_bicubic2d.default, checker=_resizable)
 def upsample_bicubic2d(ctx, input, output_size, align_corners, *scales):
     return _interpolate(ctx, input, output_size, align_corners, mode="cubic", cubic_coeff_a=-0.75)
+
+
+# Antialiased resampling (``F.interpolate(..., antialias=True)``; timm's ViT and DeiT resize their
+# position embeddings with the bicubic one under ``dynamic_img_size``) is PIL's: when downscaling
+# the filter is stretched by the scale, only the taps inside the image count (their weights
+# normalized), and the cubic filter uses a = -0.5. Resize does the same from opset 18 with
+# ``antialias=1``, ``exclude_outside=1``, from pixel centres.
+
+
+def _antialiasable(node: torch.fx.Node) -> bool:
+    """One Resize computes the node: floating point, pixel centres (PyTorch's aligned corners
+    place the filter otherwise) and sizes or scales Resize can take."""
+    return node.args[0].meta["val"].dtype.is_floating_point and not argument(node, "align_corners") and _resizable(node)
+
+
+@translates(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa.vec, checker=_antialiasable, min_opset=18)
+def upsample_bilinear2d_aa(ctx, input, output_size, align_corners, *scales):
+    return _interpolate(ctx, input, output_size, align_corners, mode="linear", antialias=1, exclude_outside=1)
+
+
+@translates(aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa.vec, checker=_antialiasable, min_opset=18)
+def upsample_bicubic2d_aa(ctx, input, output_size, align_corners, *scales):
+    return _interpolate(
+        ctx, input, output_size, align_corners, mode="cubic", cubic_coeff_a=-0.5, antialias=1, exclude_outside=1
+    )
 
 
 # grid_sampler's interpolation_mode and padding_mode enums, named as GridSample names them; opset
