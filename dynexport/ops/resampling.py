@@ -183,13 +183,16 @@ _GRID_MODES = {16: ["bilinear", "nearest", "bicubic"], 20: ["linear", "nearest",
 _GRID_PADDINGS = ["zeros", "border", "reflection"]
 
 
-# GridSample exists from opset 16 and samples volumes (5-D inputs) from opset 20; below 16 the
-# node decomposes.
+def _grid_sample_16_fits(node: torch.fx.Node) -> bool:
+    """GridSample-16 samples images (4-D), and onnxruntime has no float64 kernel for it."""
+    image = node.args[0].meta["val"]
+    return image.dim() == 4 and image.dtype != torch.float64
+
+
+# GridSample exists from opset 16 and samples volumes (5-D inputs) from opset 20; where it does
+# not fit, the node decomposes.
 @translates(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, aten.grid_sampler.default, min_opset=20)
-@translates(
-    aten.grid_sampler_2d.default, aten.grid_sampler.default,
-    checker=lambda node: node.args[0].meta["val"].dim() == 4, min_opset=16,
-)
+@translates(aten.grid_sampler_2d.default, aten.grid_sampler.default, checker=_grid_sample_16_fits, min_opset=16)
 @bfloat16_as_float
 def grid_sampler_2d(ctx, input, grid, interpolation_mode, padding_mode, align_corners):
     modes = _GRID_MODES[20 if ctx.opset >= 20 else 16]
