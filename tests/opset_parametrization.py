@@ -27,7 +27,10 @@ from tests.equivalence import TESTED_OPSET
 LOW_OPSET = int(os.environ.get("DYNEXPORT_TEST_LOW_OPSET", "17"))
 
 # Operator -> (the lowest opset that expresses it, why).
+_ANTIALIAS = "Resize filters antialiased (antialias=1) from opset 18; no exact composition of older ops"
 LATER_OPSET_OPS = {
+    "aten._upsample_bicubic2d_aa.default": (18, _ANTIALIAS),
+    "aten._upsample_bilinear2d_aa.default": (18, _ANTIALIAS),
     "aten.grid_sampler_3d.default": (
         20, "GridSample samples volumes (5-D inputs) from opset 20; no exact composition of older ops"
     ),

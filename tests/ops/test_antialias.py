@@ -3,22 +3,18 @@ onnxruntime: ONNX Resize with ``antialias`` from opset 18, refused below it."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dynexport.errors import OpsetTooLowError
-from dynexport.options import DEFAULT_OPSET
-from tests.equivalence import TESTED_OPSET, assert_exports_equivalent
+from tests.equivalence import assert_exports_equivalent
+from tests.opset_parametrization import refused_below_its_opset
 
 Dim = torch.export.Dim
 
 
-def refused_below_opset_18():
-    opset = TESTED_OPSET.get() or DEFAULT_OPSET
-    return contextlib.nullcontext() if opset >= 18 else pytest.raises(OpsetTooLowError, match="opset_version=18")
+aten = torch.ops.aten
+_RESIZE_OPS = {"bilinear": aten._upsample_bilinear2d_aa.default, "bicubic": aten._upsample_bicubic2d_aa.default}
 
 
 class ResizeTo(torch.nn.Module):
@@ -41,7 +37,7 @@ class ResizeTo(torch.nn.Module):
 def test_resize_to_a_dynamic_size(mode, size, target, other_target):
     x = torch.randn(size)
     h, w = Dim("h", min=2, max=64), Dim("w", min=2, max=64)
-    with refused_below_opset_18():
+    with refused_below_its_opset(_RESIZE_OPS[mode]):
         assert_exports_equivalent(
             ResizeTo(mode), (x, torch.zeros(target)), dynamic_shapes=({}, {0: h, 1: w}),
             resized=[(x, torch.zeros(other_target))], atol=1e-5,
@@ -53,7 +49,7 @@ def test_scale_factor_with_dynamic_input(mode):
     def shrink(x):
         return F.interpolate(x, scale_factor=0.5, mode=mode, antialias=True)
 
-    with refused_below_opset_18():
+    with refused_below_its_opset(_RESIZE_OPS[mode]):
         assert_exports_equivalent(
             shrink, (torch.randn(1, 2, 16, 12),), dynamic_shapes=({0: Dim("n"), 2: Dim("h", min=4), 3: Dim("w", min=4)},),
             resized=[(torch.randn(3, 2, 22, 30),)], atol=1e-5,
