@@ -10,7 +10,6 @@ from dynexport.ops import (  # noqa: F401
     embedding_renorm,
     indexing,
     linalg,
-    multinomial,
     normalization,
     padding,
     pooling,
