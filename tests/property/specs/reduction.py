@@ -27,26 +27,22 @@ def _cumsum(draw, dtype):
     return (draw(tensors(shape, dtype, Domain(-10, 10))),), {"dim": draw(dim(len(shape)))}
 
 
-@composite
-def _var(draw, dtype):
-    shape = draw(shapes())
-    args = {
-        "dim": draw(maybe(dim_lists(len(shape)))),
-        "correction": draw(maybe(st.sampled_from([0, 1, 2]))),
-        "keepdim": draw(st.booleans()),
-    }
-    return (draw(tensors(shape, dtype, Domain(-10, 10))),), args
+def _variance(min_side: int = 0):
+    @composite
+    def sample(draw, dtype):
+        shape = draw(shapes(min_side=min_side))
+        args = {
+            "dim": draw(maybe(dim_lists(len(shape)))),
+            "correction": draw(maybe(st.sampled_from([0, 1, 2]))),
+            "keepdim": draw(st.booleans()),
+        }
+        return (draw(tensors(shape, dtype, Domain(-10, 10))),), args
+
+    return sample
 
 
-@composite
-def _var_nonempty(draw, dtype):
-    shape = draw(shapes(min_side=1))
-    args = {
-        "dim": draw(maybe(dim_lists(len(shape)))),
-        "correction": draw(maybe(st.sampled_from([0, 1, 2]))),
-        "keepdim": draw(st.booleans()),
-    }
-    return (draw(tensors(shape, dtype, Domain(-10, 10))),), args
+_var = _variance()
+_var_nonempty = _variance(min_side=1)
 
 
 @composite
