@@ -223,6 +223,13 @@ def test_split_into_a_number_of_pieces_set_by_a_dynamic_dim_is_refused(model):
         dynexport.export(model, (torch.randn(2, 5),), input_names=["x"], dynamic_axes={"x": {0: "batch", 1: "n"}})
 
 
+def test_split_of_a_dynamic_dim_of_an_empty_tensor_is_refused():
+    # Of a (3, 0) tensor, Dim.AUTO leaves dim 0 dynamic: split(2) gives 2 pieces at 3 and 3 at 5,
+    # which one ONNX node cannot.
+    with pytest.raises(TranslationError, match=r"dynamic \(x_dim_0\).*number of outputs \(2 at the example\)"):
+        dynexport.export(lambda x: x.split(2, dim=0), (torch.randn(3, 0),), dynamic_shapes=({0: torch.export.Dim.AUTO},))
+
+
 def test_split_of_a_static_dim_next_to_a_dynamic_one():
     _check(lambda x: (x.split(2, dim=1), x.unbind(1)), torch.randn(3, 5), resized_batch=1)
 
