@@ -32,6 +32,7 @@ from dynexport.model_caches import caches_flattened
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
+from dynexport.passes.fx.fuse_llm import fuse_llm_patterns
 from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
@@ -266,10 +267,12 @@ def _plan(
     node its rule or decomposition (the "decompose" phase); the report gets the summary."""
     with timer.phase("decompose"):
         program = _functionalized(captured.program, explicit_buffer_updates=options.updates_buffers)
+        record.exported_program = program
+        if options.optimize:
+            program = fuse_llm_patterns(program, opset=options.opset)
         simplifications = (
             simplify_program(program, fold_constants=options.do_constant_folding) if options.optimize else None
         )
-        record.exported_program = program
         io_names = dim_names.graph_dims(
             program,
             signature.graph_io(program, captured.input_names, options.output_names),

@@ -10,6 +10,7 @@ from dynexport.ops import (  # noqa: F401
     embedding_renorm,
     indexing,
     linalg,
+    llm,
     normalization,
     padding,
     pooling,

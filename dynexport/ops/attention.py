@@ -1,5 +1,6 @@
 """Scaled dot-product attention: ONNX's Attention op from opset 23, composed from MatMul and
-Softmax before it and wherever Attention cannot express the call."""
+Softmax before it and wherever Attention cannot express the call; dynexport's whole attention op
+(a cache update and grouped-query heads with it, see passes/fx/fuse_llm.py) as one Attention."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from dynexport.ops._helpers import (
     shape_tensor,
     size_of,
 )
+from dynexport.passes.fx import llm_ops  # noqa: F401  (defines the dynexport:: ops)
 from dynexport.registry import translates
 
 aten = torch.ops.aten
+fused_ops = torch.ops.dynexport
 
 
 def _without_dropout(node: torch.fx.Node) -> bool:
@@ -48,17 +51,42 @@ def _fits_attention_op(node: torch.fx.Node) -> bool:
 def scaled_dot_product_attention_23(
     ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
-    inputs = [query, key, value]
-    if attn_mask is not None:
-        if attn_mask.dtype != ir.DataType.BOOL:
-            attn_mask = cast(ctx, attn_mask, query.dtype)
-        if list(attn_mask.shape)[-2:] != [query.shape[-2], key.shape[-2]]:
-            # onnxruntime rejects masks that broadcast along either sequence dim.
-            sequences = shape_tensor(ctx, [size_of(ctx, query, -2), size_of(ctx, key, -2)])
-            attn_mask = ctx.op.Expand(attn_mask, sequences)
-        inputs.append(attn_mask)
+    inputs = [query, key, value, _attention_mask(ctx, attn_mask, query, key)]
     attributes = {} if scale is None else {"scale": float(scale)}
     return ctx.op.Attention(*inputs, is_causal=int(is_causal), **attributes)
+
+
+@translates(fused_ops.attention.default, min_opset=23)
+def attention(ctx, query, key, value, attn_mask, past_key, past_value, scale, is_causal):
+    attributes = {} if scale is None else {"scale": float(scale)}
+    if past_key is None:
+        output = ctx.op.Attention(query, key, value, _attention_mask(ctx, attn_mask, query, key), is_causal=int(is_causal), **attributes)
+        return output, key, value
+    mask = _attention_mask(ctx, attn_mask, query, key, _total_keys(ctx, past_key, key))
+    return tuple(ctx.op.Attention(query, key, value, mask, past_key, past_value, is_causal=int(is_causal), _outputs=3, **attributes))
+
+
+def _total_keys(ctx, past_key, key) -> int | ir.Value:
+    """How many keys the past and the new ones make together."""
+    past, new = size_of(ctx, past_key, -2), size_of(ctx, key, -2)
+    if isinstance(past, int) and isinstance(new, int):
+        return past + new
+    past, new = (ctx.constant(size, ir.DataType.INT64) if isinstance(size, int) else size for size in (past, new))
+    return ctx.op.Add(past, new)
+
+
+def _attention_mask(ctx, attn_mask, query, key, keys=None) -> ir.Value | None:
+    """``attn_mask`` as Attention takes it: boolean or in the query's dtype, (query sequence,
+    ``keys``) in its last two dims (``keys``: the key sequence's length by default)."""
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype != ir.DataType.BOOL:
+        attn_mask = cast(ctx, attn_mask, query.dtype)
+    if keys is None and list(attn_mask.shape)[-2:] == [query.shape[-2], key.shape[-2]]:
+        return attn_mask
+    # onnxruntime rejects masks that broadcast along either sequence dim.
+    sequences = shape_tensor(ctx, [size_of(ctx, query, -2), size_of(ctx, key, -2) if keys is None else keys])
+    return ctx.op.Expand(attn_mask, sequences)
 
 
 @translates(aten.scaled_dot_product_attention.default, checker=_without_dropout)

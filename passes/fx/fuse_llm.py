@@ -1,0 +1,487 @@
+"""A decoder's attention, RMS norm and rotary embedding as whole ops, recognised on the captured
+FX graph, where the ATen ops still say what they compute (opset 23 and later):
+
+- ``rms_norm``: transformers' LlamaRMSNorm (Mistral, Qwen2, Gemma's ``1 + weight`` alike):
+  ``scale * (x * rsqrt(mean(x**2, -1, keepdim) + eps)).to(dtype)``, x optionally cast to float32
+  first -> ONNX RMSNormalization;
+- ``rotary_embedding``: ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) =
+  cat(-x2, x1)`` and cos/sin computed from ``cat(freqs, freqs)`` (so that their halves are
+  equal: the op takes one half) -> ONNX RotaryEmbedding;
+- ``attention``: ``scaled_dot_product_attention`` whose keys and values are the cache update
+  ``cat([past, new], -2)`` and/or repeated to the query's head count (transformers' ``repeat_kv``:
+  unsqueeze, expand, reshape) -> ONNX Attention with past_key/past_value inputs and
+  present_key/present_value outputs, grouped-query from the head counts.
+
+Every match checks all of its pattern (operators, arguments, shapes, and that no intermediate
+result is read elsewhere) and is left alone otherwise: a fused op never stands for half a
+pattern. The user's program is not changed: the pass rewrites a copy of its graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Callable
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from dynexport.passes.fx import llm_ops  # noqa: F401  (defines the dynexport:: ops)
+
+__all__ = ["fuse_llm_patterns"]
+
+aten = torch.ops.aten
+fused_ops = torch.ops.dynexport
+Node = torch.fx.Node
+
+_ASSERTS = frozenset({aten._assert_tensor_metadata.default, aten._assert_scalar.default})
+_CASTS = frozenset({aten._to_copy.default, aten.to.dtype, aten.to.device, aten.to.dtype_layout})
+_IDENTITIES = frozenset({aten.clone.default, aten.alias.default, aten.contiguous.default, aten.detach.default})
+_REPEAT_RESHAPES = frozenset({aten.reshape.default, aten.view.default, aten._unsafe_view.default})
+_NO_END = 2**63 - 1
+
+
+def fuse_llm_patterns(program: torch.export.ExportedProgram, *, opset: int) -> torch.export.ExportedProgram:
+    """``program`` with its decoder patterns replaced by dynexport's whole ops (a new program
+    sharing the weights), or ``program`` itself when nothing matches or ``opset`` < 23."""
+    if opset < 23:
+        return program
+    module = _copied_module(program.graph_module)
+    graph = module.graph
+    renamed: dict[str, str] = {}
+    fused = sum(fuse(graph, renamed) for fuse in (_fuse_rms_norms, _fuse_rotary_embeddings, _fuse_attentions))
+    if not fused:
+        return program
+    module.recompile()
+    signature = copy.deepcopy(program.graph_signature)
+    for spec in signature.output_specs:
+        if isinstance(spec.arg, torch.export.graph_signature.TensorArgument) and spec.arg.name in renamed:
+            spec.arg = torch.export.graph_signature.TensorArgument(renamed[spec.arg.name])
+    return program._update(module, signature)
+
+
+def _copied_module(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A new GraphModule over a copy of ``module``'s graph (node metadata shared, not copied)."""
+    graph = torch.fx.Graph()
+    graph._codegen = module.graph._codegen
+    values: dict[Node, Node] = {}
+    graph.output(graph.graph_copy(module.graph, values))
+    return torch.fx.GraphModule(module, graph)
+
+
+# -- matching helpers --------------------------------------------------------------------------
+
+
+def _users(node: Node) -> list[Node]:
+    """The nodes that read ``node``, runtime metadata asserts aside."""
+    return [user for user in node.users if user.target not in _ASSERTS]
+
+
+def _only_user(node: Node) -> Node | None:
+    users = _users(node)
+    return users[0] if len(users) == 1 else None
+
+
+def _val(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _same(a: object, b: object) -> bool:
+    """Sizes (ints or SymInts) that are equal for every input the program accepts."""
+    return statically_known_true(a == b) or str(a) == str(b)
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() and all(_same(x, y) for x, y in zip(a.shape, b.shape))
+
+
+def _is_call(node: object, *targets) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def _argument(node: Node, index: int, name: str, default=None):
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def _source(node: object) -> object:
+    """``node`` read through what returns its input unchanged: identities, same-dtype casts,
+    full slices (the matcher's aliases)."""
+    while isinstance(node, Node) and node.op == "call_function" and node.args:
+        source = node.args[0]
+        before, after = _val(source), _val(node)
+        if before is None or after is None or not _same_shape(before, after) or before.dtype != after.dtype:
+            return node
+        if node.target in _IDENTITIES or node.target in _CASTS:
+            node = source
+        elif node.target is aten.slice.Tensor and _argument(node, 4, "step", 1) == 1:
+            node = source
+        else:
+            return node
+    return node
+
+
+def _aliases_between(node: Node, source: object) -> list[Node]:
+    """The alias nodes from ``node`` down to (not including) ``source``."""
+    chain = []
+    while node is not source:
+        chain.append(node)
+        node = node.args[0]
+    return chain
+
+
+def _is_last_axis(axis: object, rank: int) -> bool:
+    return axis in (-1, rank - 1)
+
+
+def _python_number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _replace(graph: torch.fx.Graph, old: Node, new: Node, renamed: dict[str, str]) -> None:
+    new.meta = {**old.meta, **new.meta}
+    old.replace_all_uses_with(new)
+    renamed[old.name] = new.name
+
+
+def _erase_unused(graph: torch.fx.Graph, nodes: list[Node]) -> None:
+    """Erase those of ``nodes`` that nothing reads any more but metadata asserts."""
+    remaining = set(nodes)
+    while erasable := [node for node in remaining if not _users(node)]:
+        for node in erasable:
+            for check in list(node.users):
+                graph.erase_node(check)
+            graph.erase_node(node)
+            remaining.discard(node)
+
+
+def _fused_call(graph: torch.fx.Graph, before: Node, op: Callable, args: tuple, val: object) -> Node:
+    with graph.inserting_before(before):
+        node = graph.call_function(op, args)
+    node.meta["val"] = val
+    return node
+
+
+# -- RMS norm ----------------------------------------------------------------------------------
+
+
+def _fuse_rms_norms(graph: torch.fx.Graph, renamed: dict[str, str]) -> int:
+    fused = 0
+    for rsqrt in [n for n in graph.nodes if _is_call(n, aten.rsqrt.default)]:
+        matched = _rms_norm(rsqrt)
+        if matched is None:
+            continue
+        root, x, scale, epsilon, interior = matched
+        node = _fused_call(graph, root, fused_ops.rms_norm.default, (x, scale, epsilon), root.meta["val"])
+        _replace(graph, root, node, renamed)
+        _erase_unused(graph, [root, *interior])
+        fused += 1
+    return fused
+
+
+def _rms_norm(rsqrt: Node):
+    """(root, x, scale, epsilon, interior nodes) when ``rsqrt`` is the middle of
+    ``scale * (x32 * rsqrt(mean(x32**2, -1, keepdim=True) + eps)).to(x.dtype)`` with x32 x or
+    x cast to float32 (either operand order of each product)."""
+    plus = _source(rsqrt.args[0])
+    if not _is_call(plus, aten.add.Tensor, aten.add.Scalar) or _only_user(plus) is None:
+        return None
+    mean, epsilon = plus.args[0], _python_number(plus.args[1])
+    if epsilon is None or not _is_call(mean, aten.mean.dim) or _only_user(mean) is not plus:
+        return None
+    square = mean.args[0]
+    if not _is_call(square, aten.pow.Tensor_Scalar) or square.args[1] != 2 or _only_user(square) is not mean:
+        return None
+    x32 = square.args[0]
+    x32_val = _val(x32)
+    if x32_val is None or x32_val.dtype != torch.float32:
+        return None
+    dims = _argument(mean, 1, "dim")
+    if not (isinstance(dims, (list, tuple)) and len(dims) == 1 and _is_last_axis(dims[0], x32_val.dim())):
+        return None
+    if not _argument(mean, 2, "keepdim", False) or _argument(mean, 3, "dtype") is not None:
+        return None
+    product = _only_user(rsqrt)
+    if not _is_call(product, aten.mul.Tensor) or set(product.args) != {x32, rsqrt}:
+        return None
+    x = _uncast(x32)
+    x_val = _val(x)
+    # The normalized value back in x's dtype (an alias when x is float32).
+    normalized, interior = product, [product, rsqrt, plus, mean, square]
+    user = _only_user(normalized)
+    while user is not None and _is_call(user, *_CASTS) and _val(user).dtype == x_val.dtype:
+        normalized, interior = user, [*interior, user]
+        user = _only_user(normalized)
+    if _val(normalized).dtype != x_val.dtype or not _is_call(user, aten.mul.Tensor) or len(user.args) != 2:
+        return None
+    scale = user.args[1] if user.args[0] is normalized else user.args[0]
+    scale_val = _val(scale)
+    hidden = x_val.shape[-1]
+    if scale_val is None or scale_val.dim() != 1 or not _same(scale_val.shape[0], hidden):
+        return None
+    if scale_val.dtype != x_val.dtype or _val(user).dtype != x_val.dtype:
+        return None
+    if x is not x32:
+        interior.append(x32)
+    return user, x, scale, epsilon, interior
+
+
+def _uncast(node: Node) -> Node:
+    """x for ``x.float()`` (a cast to float32 from a float dtype), else ``node``."""
+    if _is_call(node, *_CASTS) and _val(node.args[0]) is not None and _val(node.args[0]).is_floating_point():
+        if len(_users(node)) == 2:  # the square and the product
+            return node.args[0]
+    return node
+
+
+# -- rotary embedding --------------------------------------------------------------------------
+
+
+def _fuse_rotary_embeddings(graph: torch.fx.Graph, renamed: dict[str, str]) -> int:
+    fused = 0
+    for add in [n for n in graph.nodes if _is_call(n, aten.add.Tensor)]:
+        matched = _rotary(add)
+        if matched is None:
+            continue
+        x, cos, sin, interior = matched
+        halves = [_first_half(graph, add, table) for table in (cos, sin)]
+        node = _fused_call(graph, add, fused_ops.rotary_embedding.default, (x, *halves), add.meta["val"])
+        _replace(graph, add, node, renamed)
+        _erase_unused(graph, [add, *interior])
+        fused += 1
+    return fused
+
+
+def _rotary(add: Node):
+    """(x, cos, sin, interior nodes) when ``add`` is ``x * cos' + rotate_half(x) * sin'``
+    with x (batch, heads, sequence, head size), cos' and sin' ``cos.unsqueeze(1)``,
+    ``sin.unsqueeze(1)`` of (batch, sequence, head size) tables whose two halves are equal."""
+    if len(add.args) != 2 or _argument(add, 2, "alpha", 1) != 1:
+        return None
+    for direct, rotated in (add.args, add.args[::-1]):
+        matched = _rotary_terms(direct, rotated)
+        if matched is not None:
+            return matched
+    return None
+
+
+def _rotary_terms(direct: object, rotated: object):
+    if not (_is_call(direct, aten.mul.Tensor) and _is_call(rotated, aten.mul.Tensor)):
+        return None
+    if _only_user(direct) is None or _only_user(rotated) is None:
+        return None
+    for half_turn, sin_u in (rotated.args, rotated.args[::-1]):
+        x = _rotated_half_of(half_turn)
+        if x is None or x not in direct.args:
+            continue
+        cos_u = direct.args[1] if direct.args[0] is x else direct.args[0]
+        x_val = _val(x)
+        cos, sin = _unsqueezed_table(cos_u, x_val), _unsqueezed_table(sin_u, x_val)
+        if cos is None or sin is None:
+            return None
+        negated, first = half_turn.args[0]
+        if _only_user(half_turn) is None:
+            return None
+        return x, cos, sin, [direct, rotated, half_turn, negated, first, negated.args[0], cos_u, sin_u]
+    return None
+
+
+def _rotated_half_of(node: object) -> Node | None:
+    """x when ``node`` is ``cat([-x[..., d/2:], x[..., :d/2]], -1)`` of a 4-D x with an even
+    static last dim d."""
+    if not _is_call(node, aten.cat.default) or len(node.args[0]) != 2 or _val(node) is None:
+        return None
+    if not _is_last_axis(_argument(node, 1, "dim", 0), _val(node).dim()):
+        return None
+    negated, first = node.args[0]
+    if not _is_call(negated, aten.neg.default) or _only_user(first) is not node or _only_user(negated) is not node:
+        return None
+    second = negated.args[0]
+    if not (_is_call(first, aten.slice.Tensor) and _is_call(second, aten.slice.Tensor)):
+        return None
+    x = first.args[0]
+    x_val = _val(x)
+    if second.args[0] is not x or x_val is None or x_val.dim() != 4 or not isinstance(x_val.shape[-1], int):
+        return None
+    half = x_val.shape[-1] // 2
+    if x_val.shape[-1] % 2 or _only_user(second) is not negated:
+        return None
+    if not (_slices(first, x_val.dim(), 0, half) and _slices(second, x_val.dim(), half, x_val.shape[-1])):
+        return None
+    return x
+
+
+def _slices(node: Node, rank: int, start: int, end: int) -> bool:
+    """Whether ``node`` is ``x[..., start:end]`` (an end past x's last element counts as it)."""
+    axis, begin, stop = _argument(node, 1, "dim", 0), _argument(node, 2, "start"), _argument(node, 3, "end")
+    stop = _NO_END if stop is None else stop
+    return _is_last_axis(axis, rank) and (begin or 0) == start and _argument(node, 4, "step", 1) == 1 and (
+        stop == end or (end == _val(node.args[0]).shape[-1] and isinstance(stop, int) and stop >= end)
+    )
+
+
+def _unsqueezed_table(node: object, x_val: torch.Tensor) -> Node | None:
+    """The (batch, sequence, head size) table of ``node`` = ``table.unsqueeze(1)`` when the
+    table's two halves along the last axis are equal by construction."""
+    if not _is_call(node, aten.unsqueeze.default) or node.args[1] != 1 or _val(node) is None:
+        return None
+    table = node.args[0]
+    table_val = _val(table)
+    if table_val is None or table_val.dim() != 3 or table_val.dtype != x_val.dtype:
+        return None
+    batch, sequence, size = table_val.shape
+    if not (_same(batch, x_val.shape[0]) and _same(sequence, x_val.shape[2]) and _same(size, x_val.shape[3])):
+        return None
+    return table if _repeats_its_halves(table) else None
+
+
+def _repeats_its_halves(node: object) -> bool:
+    """Whether ``node``'s last axis is ``cat([t, t])`` of one t, through elementwise functions
+    of one tensor (cos, sin, a cast, a product with a number)."""
+    while isinstance(node, Node):
+        if _is_call(node, aten.cat.default):
+            parts = node.args[0]
+            return len(parts) == 2 and parts[0] is parts[1] and _is_last_axis(_argument(node, 1, "dim", 0), _val(node).dim())
+        if _is_call(node, aten.cos.default, aten.sin.default, *_CASTS, *_IDENTITIES):
+            node = node.args[0]
+        elif _is_call(node, aten.mul.Tensor, aten.div.Tensor) and _python_number(node.args[1]) is not None:
+            node = node.args[0]
+        else:
+            return False
+    return False
+
+
+def _first_half(graph: torch.fx.Graph, before: Node, table: Node) -> Node:
+    val = _val(table)
+    half = val.shape[-1] // 2
+    with graph.inserting_before(before):
+        node = graph.call_function(aten.slice.Tensor, (table, -1, 0, half))
+    with val.fake_mode:
+        node.meta["val"] = val[..., :half]
+    return node
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+
+def _fuse_attentions(graph: torch.fx.Graph, renamed: dict[str, str]) -> int:
+    fused = 0
+    for sdpa in [n for n in graph.nodes if _is_call(n, aten.scaled_dot_product_attention.default)]:
+        matched = _attention(sdpa)
+        if matched is None:
+            continue
+        query, mask, scale, is_causal, key, value, interior = matched
+        key_val, value_val = (_val(update) if update is not None else _val(new) for new, _, update in (key, value))
+        args = (query, key[0], value[0], mask, key[1], value[1], scale, is_causal)
+        node = _fused_call(graph, sdpa, fused_ops.attention.default, args, (_val(sdpa), key_val, value_val))
+        node.meta = {**sdpa.meta, **node.meta}
+        for index, replaced in enumerate((sdpa, key[2], value[2])):
+            if replaced is not None:
+                with graph.inserting_before(sdpa):
+                    item = graph.call_function(operator.getitem, (node, index))
+                item.meta["val"] = _val(replaced)
+                _replace(graph, replaced, item, renamed)
+                interior.append(replaced)
+        _erase_unused(graph, [sdpa, *interior])
+        fused += 1
+    return fused
+
+
+def _attention(sdpa: Node):
+    """(query, mask, scale, is_causal, (key, past key, update), (value, ...), interior nodes)
+    when ``sdpa``'s keys and values come from the same kind of cache update and head repeat,
+    and the result changes something (a cache update or repeated heads)."""
+    query, key, value = sdpa.args[:3]
+    mask = _argument(sdpa, 3, "attn_mask")
+    dropout, is_causal = _argument(sdpa, 4, "dropout_p", 0.0), _argument(sdpa, 5, "is_causal", False)
+    scale, gqa = sdpa.kwargs.get("scale"), sdpa.kwargs.get("enable_gqa", False)
+    query_val = _val(query)
+    if dropout != 0 or query_val is None or query_val.dim() != 4 or not isinstance(query_val.shape[1], int):
+        return None
+    sides = [_cached_heads(side, query_val, gqa) for side in (key, value)]
+    if None in sides:
+        return None
+    (key_new, key_past, key_update, key_interior), (value_new, value_past, value_update, value_interior) = sides
+    if (key_past is None) != (value_past is None) or (key_update is None) != (value_update is None):
+        return None
+    if key_past is None and not key_interior:
+        return None  # plain attention: the aten rule translates it as it is
+    if key_past is not None and is_causal:
+        return None  # causal alignment with a past differs between runtimes
+    kv_heads = _val(key_new).shape[1]
+    if not isinstance(kv_heads, int) or kv_heads != _val(value_new).shape[1] or query_val.shape[1] % kv_heads:
+        return None
+    batch = query_val.shape[0]
+    if not all(_same(_val(t).shape[0], batch) for t in (key_new, value_new, key_past, value_past) if t is not None):
+        return None
+    if any(_val(update) is not None and not _later_users_only(update, sdpa) for update in (key_update, value_update)):
+        return None
+    return (query, mask, scale, is_causal, (key_new, key_past, key_update), (value_new, value_past, value_update),
+            key_interior + value_interior)
+
+
+def _cached_heads(node: Node, query_val: torch.Tensor, gqa: bool):
+    """(new, past, cache update node, interior nodes) for ``node`` = ``repeat_kv(cat([past, new], -2))``,
+    either part optional; None for something else that cannot be read as that."""
+    source, interior = _unrepeated(node, query_val)
+    if source is None:
+        return None
+    val = _val(source)
+    if val is None or val.dim() != 4:
+        return None
+    if _is_call(source, aten.cat.default) and len(source.args[0]) == 2 and _argument(source, 1, "dim", 0) in (-2, 2):
+        past, new = source.args[0]
+        if all(_val(t) is not None and _val(t).dim() == 4 for t in (past, new)) and _val(past).dtype == val.dtype:
+            return new, past, source, interior
+    return source, None, None, interior
+
+
+def _unrepeated(node: Node, query_val: torch.Tensor) -> tuple[Node | None, list[Node]]:
+    """(x, the repeat's nodes) for ``node`` = transformers' ``repeat_kv(x, n)``:
+    ``x[:, :, None].expand(b, h, n, s, d).reshape(b, h * n, s, d)`` (full slices between them
+    allowed); (node, []) when ``node`` is no repeat; (None, []) for a repeat it cannot read."""
+    if not _is_call(node, *_REPEAT_RESHAPES):
+        return node, []
+    expand = _source(node.args[0])
+    if not _is_call(expand, aten.expand.default):
+        return node, []
+    unsqueeze = _source(expand.args[0])
+    if not _is_call(unsqueeze, aten.unsqueeze.default) or unsqueeze.args[1] != 2:
+        return node, []
+    x = _source(unsqueeze.args[0])
+    repeat = [node, *_aliases_between(node.args[0], expand), expand,
+              *_aliases_between(expand.args[0], unsqueeze), unsqueeze, *_aliases_between(unsqueeze.args[0], x)]
+    if any(_only_user(n) is None for n in repeat):
+        return None, []
+    x_val, expanded, result = _val(x), _val(expand), _val(node)
+    if x_val is None or x_val.dim() != 4 or expanded.dim() != 5 or result.dim() != 4:
+        return None, []
+    b, h, s, d = x_val.shape
+    n = expanded.shape[2]
+    if not (isinstance(h, int) and isinstance(n, int)):
+        return None, []
+    if not all(_same(a, e) for a, e in zip((b, h, s, d), (expanded.shape[0], expanded.shape[1], *expanded.shape[3:]))):
+        return None, []
+    if not (_same(result.shape[0], b) and result.shape[1] == h * n and _same(result.shape[2], s) and _same(result.shape[3], d)):
+        return None, []
+    return x, repeat
+
+
+def _later_users_only(node: Node, sdpa: Node) -> bool:
+    """Whether every reader of ``node`` comes after ``sdpa`` in the graph (the fused op, put
+    where ``sdpa`` is, computes the cache update they read)."""
+    later = set()
+    following = sdpa.next
+    while following.op != "root":
+        later.add(following)
+        following = following.next
+    return all(user in later or _in_repeat_of(user, sdpa) for user in _users(node))
+
+
+def _in_repeat_of(node: Node, sdpa: Node) -> bool:
+    while node is not sdpa:
+        users = _users(node)
+        if len(users) != 1 or users[0].op != "call_function":
+            return False
+        node = users[0]
+    return True
