@@ -39,7 +39,7 @@ _BOOL_RESULT = frozenset(
     {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
      "IsNaN", "IsInf"}
 )
-_INT64_RESULT = frozenset({"Shape", "Size", "NonZero", "ArgMax", "ArgMin"})
+_INT64_RESULT = frozenset({"Shape", "Size", "NonZero", "ArgMax", "ArgMin", "NonMaxSuppression"})
 
 
 def _element_type(node: ir.Node) -> list[ir.DataType | None]:

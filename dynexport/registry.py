@@ -158,16 +158,24 @@ class TranslationTable:
     def __contains__(self, target: Any) -> bool:
         return (
             target in self._user_rules
-            or target in self._rules
+            or bool(self._builtin_rules(target))
             or (self._parent is not None and target in self._parent)
         )
+
+    def _builtin_rules(self, target: Any) -> list[Rule]:
+        # An operator that a library defines after dynexport loads (torchvision's) has its rules
+        # under its qualified name, "torchvision::nms".
+        rules = self._rules.get(target)
+        if rules is None and isinstance(target, torch._ops.OpOverload):
+            rules = self._rules.get(target.name())
+        return rules or []
 
     def lookup(self, target: Any, node: torch.fx.Node | None, opset: int) -> Rule | None:
         """The rule for ``target`` at ``opset`` that accepts ``node``, or None."""
         user_rule = self._user_rules.get(target)
         if user_rule is not None:
             return user_rule
-        for rule in self._rules.get(target, ()):
+        for rule in self._builtin_rules(target):
             if rule.min_opset > opset:
                 continue
             if rule.checker is not None and node is not None and not rule.checker(node):
@@ -181,7 +189,7 @@ class TranslationTable:
             return 1
         opsets = [
             rule.min_opset
-            for rule in self._rules.get(target, ())
+            for rule in self._builtin_rules(target)
             if rule.checker is None or node is None or rule.checker(node)
         ]
         if self._parent is not None:
@@ -213,7 +221,9 @@ def translates(
     dynexport rank above the built-in ones.
 
     Args:
-        targets: the OpOverloads (or Python callables such as ``operator.mul``) it translates.
+        targets: the OpOverloads (or Python callables such as ``operator.mul``) it translates, or
+            the qualified name of an operator some library defines only later
+            (``"torchvision::nms"``, ``OpOverload.name()``).
         promote: cast the arguments named in ``promoted`` before the rule runs.
         promoted: schema names of the arguments ``promote`` applies to.
         checker: ``checker(node) -> bool``; when False the rule declines and the node is

@@ -24,4 +24,5 @@ from dynexport.ops import (  # noqa: F401
     sorting,
     symbolic,
     unique,
+    vision,
 )

@@ -1,0 +1,148 @@
+"""torchvision's operators (dynexport/ops/vision.py) against eager torchvision: NMS with a dynamic
+number of boxes (none included), at IoUs exactly at the threshold, equal scores and boxes with
+corners swapped; batched NMS; RoIAlign both aligned and not, fixed and adaptive sampling, with a
+dynamic number of ROIs and feature size. The operators' CPU kernels come from
+tests/torchvision_ops.py (the ``torchvision`` fixture)."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+import dynexport
+from dynexport.errors import OpsetTooLowError, TranslationError
+from tests.equivalence import assert_as_accurate, assert_exports_equivalent
+
+BOXES = torch.export.Dim("boxes")
+ROIS = torch.export.Dim("rois")
+
+
+def random_boxes(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` boxes (x1, y1, x2, y2) with positive sides and their scores."""
+    generator = torch.Generator().manual_seed(seed)
+    corners = torch.rand(count, 2, generator=generator) * 40
+    sides = 1 + torch.rand(count, 2, generator=generator) * 20
+    return torch.cat([corners, corners + sides], 1), torch.rand(count, generator=generator)
+
+
+def grid_boxes(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes on an integer grid, whose IoUs are often exactly 1/2, 1/3, 1/4..., some with x1 > x2
+    or y1 > y2, scored in quarters (so many scores are equal)."""
+    generator = torch.Generator().manual_seed(seed)
+    corners = torch.randint(0, 8, (count, 2), generator=generator).float()
+    sides = torch.randint(-2, 6, (count, 2), generator=generator).float()
+    scores = torch.randint(0, 5, (count,), generator=generator).float() / 4
+    return torch.cat([corners, corners + sides], 1), scores
+
+
+class NMS(torch.nn.Module):
+    def __init__(self, torchvision, iou_threshold: float):
+        super().__init__()
+        self.nms, self.iou_threshold = torchvision.ops.nms, iou_threshold
+
+    def forward(self, boxes, scores):
+        return self.nms(boxes, scores, self.iou_threshold)
+
+
+def test_nms_with_any_number_of_boxes(torchvision):
+    program = assert_exports_equivalent(
+        NMS(torchvision, 0.5),
+        random_boxes(30, 0),
+        dynamic_shapes=({0: BOXES}, {0: BOXES}),
+        resized=[random_boxes(200, 1), random_boxes(1, 2), random_boxes(0, 3)],
+    )
+    assert [node.op_type for node in program.model.graph].count("NonMaxSuppression") == 1
+
+
+@pytest.mark.parametrize("iou_threshold", [0.0, 0.25, 0.3, 1 / 3, 0.5, 1.0, 1.5])
+def test_nms_at_ious_on_the_threshold_with_equal_scores(torchvision, iou_threshold):
+    # Thresholds 1/3 and 0.3 are not floats: a float IoU must fall on the side the double puts it.
+    exactly_0_3 = (torch.tensor([[0.0, 0, 10, 1], [0, 0, 3, 1]]), torch.tensor([0.9, 0.8]))  # IoU float32(0.3)
+    assert_exports_equivalent(
+        NMS(torchvision, iou_threshold),
+        grid_boxes(20, 0),
+        dynamic_shapes=({0: BOXES}, {0: BOXES}),
+        resized=[grid_boxes(count, seed) for seed, count in enumerate([40, 40, 40, 3, 0], start=1)] + [exactly_0_3],
+    )
+
+
+def test_nms_keeps_torchvisions_order_among_equal_scores(torchvision):
+    boxes = torch.tensor([[0.0, 0, 3, 1], [1, 0, 4, 1], [10, 10, 11, 11], [20, 20, 21, 21], [1, 0, 4, 1]])
+    program = dynexport.export(NMS(torchvision, 0.49), (boxes, torch.rand(5)), dynamic_shapes=({0: BOXES}, {0: BOXES}))
+    assert program(boxes, torch.full((5,), 0.5)).tolist() == [0, 2, 3]
+    assert program(boxes.flip(0), torch.full((5,), 0.5)).tolist() == [0, 1, 2]
+
+
+def test_nms_refuses_what_nonmaxsuppression_cannot_match(torchvision):
+    boxes, scores = random_boxes(6, 0)
+    with pytest.raises(TranslationError, match="nms.*float32.*float64"):
+        dynexport.export(NMS(torchvision, 0.5), (boxes.double(), scores.double()))
+    with pytest.raises(TranslationError, match="iou_threshold=-0.1.*disjoint"):
+        dynexport.export(NMS(torchvision, -0.1), (boxes, scores))
+
+
+def test_batched_nms_by_coordinate_offsets(torchvision):
+    # Up to 1000 boxes on CPU, batched_nms offsets each class's boxes apart and runs one NMS;
+    # torch.export holds the number of boxes to that range.
+    def classified(count, seed):
+        boxes, scores = random_boxes(count, seed)
+        return boxes, scores, torch.randint(0, 3, (count,), generator=torch.Generator().manual_seed(seed))
+
+    boxes = torch.export.Dim("boxes", max=1000)
+    assert_exports_equivalent(
+        lambda b, s, c: torchvision.ops.batched_nms(b, s, c, 0.5),
+        classified(40, 0),
+        dynamic_shapes=({0: boxes}, {0: boxes}, {0: boxes}),
+        resized=[classified(1000, 1), classified(2, 2)],
+    )
+
+
+def random_rois(count: int, seed: int, images: int = 2) -> torch.Tensor:
+    """``count`` ROIs (image index, x1, y1, x2, y2) in image coordinates, some of them past the
+    feature map, some smaller than a pixel at scale 1/4, some with corners swapped."""
+    generator = torch.Generator().manual_seed(seed)
+    corners = torch.rand(count, 2, generator=generator) * 60 - 5
+    sides = torch.rand(count, 2, generator=generator) * 40 - 3
+    index = torch.randint(0, images, (count, 1), generator=generator).float()
+    return torch.cat([index, corners, corners + sides], 1)
+
+
+class RoIAlign(torch.nn.Module):
+    def __init__(self, torchvision, sampling_ratio: int, aligned: bool):
+        super().__init__()
+        self.roi_align, self.sampling_ratio, self.aligned = torchvision.ops.roi_align, sampling_ratio, aligned
+
+    def forward(self, features, rois):
+        return self.roi_align(features, rois, (3, 2), 0.25, self.sampling_ratio, self.aligned)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_roi_align_with_any_number_of_rois_and_feature_size(torchvision, aligned, sampling_ratio):
+    height, width = torch.export.Dim("height"), torch.export.Dim("width")
+    program = assert_exports_equivalent(
+        RoIAlign(torchvision, sampling_ratio, aligned),
+        (torch.randn(2, 3, 12, 14), random_rois(7, 0)),
+        dynamic_shapes=({2: height, 3: width}, {0: ROIS}),
+        resized=[(torch.randn(2, 3, 20, 9), random_rois(40, 1)), (torch.randn(2, 3, 5, 6), random_rois(0, 2))],
+    )
+    assert [node.op_type for node in program.model.graph].count("RoiAlign") == 1
+
+
+def test_roi_align_in_half_precision(torchvision):
+    # onnxruntime's RoiAlign computes in float or double: float16 goes through float, which
+    # rounds less often than eager's float16 kernel.
+    model = RoIAlign(torchvision, 2, False)
+    features, rois = torch.randn(1, 3, 12, 14).half(), random_rois(5, 0, images=1).half()
+    program = dynexport.export(model, (features, rois))
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    assert_as_accurate(program(features, rois), model(features, rois), model(features.double(), rois.double()))
+
+
+def test_roi_align_below_opset_16(torchvision):
+    # RoiAlign-10 samples as aligned=False only; aligned=True needs opset 16's half_pixel.
+    features, rois = torch.randn(2, 3, 12, 14), random_rois(7, 0)
+    assert_exports_equivalent(RoIAlign(torchvision, 2, False), (features, rois), opset_version=15)
+    with pytest.raises(OpsetTooLowError, match="torchvision.roi_align.default.*from opset 16"):
+        dynexport.export(RoIAlign(torchvision, 2, True), (features, rois), opset_version=15)
