@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -36,7 +37,7 @@ from dynexport.passes.onnx.values import (
     producer,
     single_consumer,
 )
-from dynexport.quantize.weights import QuantizedWeight, WeightQuantization, weight_quantizer
+from dynexport.quantize.weights import BLOCK_SIZES, KnownWeights, QuantizedWeight, WeightQuantization, weight_quantizer
 
 __all__ = ["MS_DOMAIN", "QUANTIZATION_KEY", "dequantized_model", "quantization_of", "quantize_model"]
 
@@ -69,17 +70,54 @@ def quantization_of(model: ir.Model) -> dict | None:
     return json.loads(text) if text else None
 
 
-def quantize_model(model: ir.Model, config: WeightQuantization) -> int:
+def quantize_model(model: ir.Model, config: WeightQuantization, known: KnownWeights | None = None) -> int:
     """Rewrite ``model`` in place; return how many weight tensors were quantized.
 
+    With ``known`` (a model quantized before the export, dynexport/quantize/torchao.py), the
+    products and lookups of exactly those weights are rewritten, each from its own integers,
+    bits and block size; ``config`` gives only the target and the accuracy level.
+
     Raises:
-        ValueError: the model is already quantized, the target cannot express ``config`` at the
-            model's opset, or there is no weight to quantize.
+        ValueError: the model is already quantized, the target cannot express ``config`` (or a
+            known weight) at the model's opset, or there is no weight to quantize.
     """
     if quantization_of(model) is not None:
         raise ValueError("the model's weights are already quantized; quantize the float program instead")
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     blocked = config.target == "onnxruntime" or opset >= BLOCKED_DEQUANTIZE_OPSET
+    if known is None:
+        _check_portable_opset(config, opset, blocked)
+    graph = model.graph
+    rewrite = _Rewriter(graph, config, blocked, opset, known)
+    if known is None:
+        products = [p for p in _weight_products(graph) if config.lm_head or not _is_output_projection(p)]
+        tables = [t for t in _embedding_tables(graph) if _table_fits(t, config)] if config.embedding else []
+    else:
+        products = [p for p in _weight_products(graph) if rewrite.layout(p.weight, p.transposed) is not None]
+        tables = [t for t in _embedding_tables(graph) if rewrite.layout(t.inputs[0], True) is not None]
+    if not products and not tables and known is not None:
+        return 0
+    if not products and not tables:
+        raise ValueError(
+            "the model has no weight to quantize: no MatMul or Gemm multiplies an activation by a constant "
+            "2-D float weight" + ("" if config.embedding else " (embeddings are left out unless embedding=True)")
+            + ("" if config.lm_head else " (output projections are left out with lm_head=False)")
+        )
+    for product in products:
+        rewrite.product(product)
+    for gather in tables:
+        rewrite.table(gather)
+    remove_dead_code(graph)
+    if any(node.domain == MS_DOMAIN for node in graph):
+        model.opset_imports[MS_DOMAIN] = 1
+    metadata = {**config.metadata(), "blocked": blocked}
+    if known is not None:
+        metadata = {"source": "torchao", "target": config.target, "accuracy_level": config.accuracy_level}
+    model.metadata_props[QUANTIZATION_KEY] = json.dumps(metadata)
+    return len(rewrite.quantized)
+
+
+def _check_portable_opset(config: WeightQuantization, opset: int, blocked: bool) -> None:
     if not blocked and config.bits == 4:
         raise ValueError(
             f"int4 weights in the portable target need DequantizeLinear with int4 and block_size, "
@@ -91,27 +129,8 @@ def quantize_model(model: ir.Model, config: WeightQuantization) -> int:
         warnings.warn(
             f"opset {opset} has no blocked DequantizeLinear (opset {BLOCKED_DEQUANTIZE_OPSET}): int8 weights get "
             f"one scale per output feature instead of one per {config.block_size} weights",
-            stacklevel=3,
+            stacklevel=4,
         )
-    graph = model.graph
-    products = [p for p in _weight_products(graph) if config.lm_head or not _is_output_projection(p)]
-    tables = [t for t in _embedding_tables(graph) if _table_fits(t, config)] if config.embedding else []
-    if not products and not tables:
-        raise ValueError(
-            "the model has no weight to quantize: no MatMul or Gemm multiplies an activation by a constant "
-            "2-D float weight" + ("" if config.embedding else " (embeddings are left out unless embedding=True)")
-            + ("" if config.lm_head else " (output projections are left out with lm_head=False)")
-        )
-    rewrite = _Rewriter(graph, config, blocked)
-    for product in products:
-        rewrite.product(product)
-    for gather in tables:
-        rewrite.table(gather)
-    remove_dead_code(graph)
-    if config.target == "onnxruntime":
-        model.opset_imports[MS_DOMAIN] = 1
-    model.metadata_props[QUANTIZATION_KEY] = json.dumps({**config.metadata(), "blocked": blocked})
-    return len(rewrite.quantized)
 
 
 def _weight_products(graph: ir.Graph):
@@ -203,28 +222,64 @@ def _table_fits(gather: ir.Node, config: WeightQuantization) -> bool:
     return True
 
 
+class _Layout(NamedTuple):
+    """How a weight is quantized: ``bits``, ``block_size`` weights per scale along K, ``blocks``
+    scales per output feature (1: per output feature)."""
+
+    bits: int
+    block_size: int
+    blocks: int
+
+
+def _matrix(value: ir.Value, transposed: bool) -> torch.Tensor:
+    """A constant weight as float32 ``[N, K]``."""
+    matrix = torch.from_numpy(np.asarray(value.const_value.numpy(), dtype=np.float32))
+    return (matrix if transposed else matrix.T).contiguous()
+
+
 class _Rewriter:
     """Rewrites products and lookups one at a time; a weight read by several nodes in the same
     orientation and form is quantized and stored once. Only the stored forms are kept: the
     integers an algorithm returns (4 bytes a weight) live while one weight is converted."""
 
-    def __init__(self, graph: ir.Graph, config: WeightQuantization, blocked: bool):
+    def __init__(
+        self, graph: ir.Graph, config: WeightQuantization, blocked: bool, opset: int, known: KnownWeights | None
+    ):
         self.graph = graph
         self.config = config
         self.blocked = blocked
+        self.opset = opset
+        self.known = known
         self.quantizer = weight_quantizer(config.algorithm)
+        self.layouts: dict[tuple[str, bool], _Layout | None] = {}
         self.quantized: set[tuple[str, bool]] = set()
         self.stored: dict[tuple[str, bool, str], tuple[ir.Value | None, ...]] = {}
         self.dequantized: dict[tuple[str, bool, str], ir.Value] = {}
 
+    def layout(self, value: ir.Value, transposed: bool) -> _Layout | None:
+        """How the weight ``[N, K]`` is quantized along K; None for a weight that is not known
+        (with ``known``)."""
+        key = (value.name, transposed)
+        if key not in self.layouts:
+            if self.known is not None:
+                q = self.known.find(_matrix(value, transposed))
+                self.layouts[key] = None if q is None else _Layout(q.bits, q.block_size, q.scales.shape[1])
+            else:
+                k = value.const_value.shape[1 if transposed else 0]
+                block_size = self.config.block_size if self.blocked else k
+                self.layouts[key] = _Layout(self.config.bits, block_size, -(-k // block_size))
+        return self.layouts[key]
+
     def quantize(self, value: ir.Value, transposed: bool) -> QuantizedWeight:
-        """The weight ``[N, K]`` quantized along K."""
+        """The weight ``[N, K]`` quantized along K: a known weight's own integers, or the
+        algorithm's."""
         self.quantized.add((value.name, transposed))
-        matrix = torch.from_numpy(np.asarray(value.const_value.numpy(), dtype=np.float32))
-        matrix = matrix if transposed else matrix.T
-        block_size = self.config.block_size if self.blocked else matrix.shape[1]
+        matrix = _matrix(value, transposed)
+        if self.known is not None:
+            return self.known.find(matrix)
+        layout = self.layout(value, transposed)
         return self.quantizer(
-            matrix.contiguous(), bits=self.config.bits, block_size=block_size, symmetric=self.config.symmetric
+            matrix, bits=layout.bits, block_size=layout.block_size, symmetric=self.config.symmetric
         )
 
     def initializers(
@@ -241,12 +296,37 @@ class _Rewriter:
             )
         return self.stored[key]
 
+    def form(self, q: _Layout, reader: ir.Node) -> str:
+        """How a weight is stored: ``"nbits"`` (MatMulNBits, GatherBlockQuantized),
+        ``"blocked"`` (DequantizeLinear with ``block_size``) or ``"per_axis"`` (DequantizeLinear
+        with one scale per output feature). A known weight takes the onnxruntime ops where its
+        block size is one of theirs, else DequantizeLinear, blocked from opset 21 (int4 too)."""
+        if self.known is None:
+            if self.config.target == "onnxruntime":
+                return "nbits"
+            return "blocked" if self.blocked else "per_axis"
+        odd_table = reader.op_type == "Gather" and q.bits == 4 and q.block_size * q.blocks % 2
+        if self.config.target == "onnxruntime" and q.block_size in BLOCK_SIZES and not odd_table:
+            return "nbits"
+        form = "blocked" if q.blocks > 1 else "per_axis"
+        if self.opset < BLOCKED_DEQUANTIZE_OPSET and (q.bits == 4 or form == "blocked"):
+            layout = f"in blocks of {q.block_size}" if form == "blocked" else "per output feature"
+            raise ValueError(
+                f"the weight {_weight_name(reader.inputs[0 if reader.op_type == 'Gather' else 1], reader)} was "
+                f"quantized to {q.bits} bits {layout}, which DequantizeLinear expresses from opset "
+                f"{BLOCKED_DEQUANTIZE_OPSET}; the model is at opset {self.opset}. Export with "
+                f"opset_version={BLOCKED_DEQUANTIZE_OPSET} or higher"
+            )
+        return form
+
     # -- weight products -----------------------------------------------------------------------
 
     def product(self, product: _WeightProduct) -> None:
         dtype = product.weight.dtype
         replaced = product.node
-        if self.config.target == "onnxruntime":
+        q = self.layout(product.weight, product.transposed)
+        form = self.form(q, product.node)
+        if form == "nbits":
             arrays = lambda q: _matmul_nbits_arrays(q, dtype)
             stored = self.initializers(product.weight, product.transposed, "nbits", arrays, product.node)
             weight, scales, zero_points = stored
@@ -256,7 +336,7 @@ class _Rewriter:
             if product.bias_add is not None:
                 replaced = product.bias_add
                 bias = next(v for v in replaced.inputs if v is not product.node.outputs[0])
-            attributes = {"K": k, "N": n, "bits": self.config.bits, "block_size": self.config.block_size}
+            attributes = {"K": k, "N": n, "bits": q.bits, "block_size": q.block_size}
             if self.config.accuracy_level:
                 attributes["accuracy_level"] = self.config.accuracy_level
             inputs = [product.activation, weight, scales, zero_points, None, bias]
@@ -264,9 +344,12 @@ class _Rewriter:
                 inputs.pop()
             nodes = [ir.Node(MS_DOMAIN, "MatMulNBits", inputs, _attributes(attributes))]
         else:
-            arrays = lambda q: _dequantize_linear_arrays(q, dtype, self.blocked, transposed=True)
+            blocked = form == "blocked"
+            arrays = lambda q: _dequantize_linear_arrays(q, dtype, blocked, transposed=True)
             # DequantizeLinear gives the weight as MatMul reads it: [K, N].
-            weight = self._dequantized(product.weight, product.transposed, "dq", arrays, axis=0, before=product.node)
+            weight = self._dequantized(
+                product.weight, product.transposed, "dq", arrays, axis=0, before=product.node, blocked=blocked
+            )
             nodes = [ir.Node("", "MatMul", [product.activation, weight])]
             bias = None
         if product.bias is not None and bias is None:
@@ -278,24 +361,25 @@ class _Rewriter:
     def table(self, gather: ir.Node) -> None:
         table, indices = gather.inputs
         dtype = table.dtype
-        if self.config.target == "onnxruntime":
+        q = self.layout(table, True)
+        form = self.form(q, gather)
+        if form == "nbits":
             arrays = lambda q: _gather_block_quantized_arrays(q, dtype)
             data, scales, zero_points = self.initializers(table, True, "gbq", arrays, gather)
-            attributes = {
-                "gather_axis": 0, "quantize_axis": 1, "block_size": self.config.block_size, "bits": self.config.bits
-            }
+            attributes = {"gather_axis": 0, "quantize_axis": 1, "block_size": q.block_size, "bits": q.bits}
             inputs = [data, indices, scales] + ([zero_points] if zero_points is not None else [])
             nodes = [ir.Node(MS_DOMAIN, "GatherBlockQuantized", inputs, _attributes(attributes))]
         else:
-            arrays = lambda q: _dequantize_linear_arrays(q, dtype, self.blocked, transposed=False)
-            dequantized = self._dequantized(table, True, "table_dq", arrays, axis=1, before=gather)
+            blocked = form == "blocked"
+            arrays = lambda q: _dequantize_linear_arrays(q, dtype, blocked, transposed=False)
+            dequantized = self._dequantized(table, True, "table_dq", arrays, axis=1, before=gather, blocked=blocked)
             nodes = [ir.Node("", "Gather", [dequantized, indices], _attributes({"axis": 0}))]
         self._replace(gather, nodes)
 
     # -- shared --------------------------------------------------------------------------------
 
     def _dequantized(
-        self, value: ir.Value, transposed: bool, form: str, arrays, *, axis: int, before: ir.Node
+        self, value: ir.Value, transposed: bool, form: str, arrays, *, axis: int, before: ir.Node, blocked: bool
     ) -> ir.Value:
         """The float weight, from a DequantizeLinear of its stored form (one per weight, before
         its first reader): blocked along ``axis`` from opset 21, else with one scale per index of
@@ -304,7 +388,8 @@ class _Rewriter:
         if key not in self.dequantized:
             weight, scales, zero_points = self.initializers(value, transposed, form, arrays, before)
             inputs = [weight, scales] + ([zero_points] if zero_points is not None else [])
-            attributes = {"axis": axis, "block_size": self.config.block_size} if self.blocked else {"axis": 1 - axis}
+            block_size = self.layout(value, transposed).block_size
+            attributes = {"axis": axis, "block_size": block_size} if blocked else {"axis": 1 - axis}
             nodes = [ir.Node("", "DequantizeLinear", inputs, _attributes(attributes))]
             if scales.dtype != value.dtype:
                 nodes.append(ir.Node("", "Cast", [nodes[0].outputs[0]], _attributes({"to": value.dtype})))

@@ -9,12 +9,14 @@ rewrite, which only reads the :class:`QuantizedWeight` an algorithm returns.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
 
 __all__ = [
+    "KnownWeights",
     "QuantizedWeight",
     "WeightQuantization",
     "WeightQuantizer",
@@ -61,6 +63,38 @@ class QuantizedWeight:
         expand = lambda per_block: per_block.repeat_interleave(self.block_size, dim=1)[:, :k]
         shifted = self.values if self.zero_points is None else self.values - expand(self.zero_points)
         return shifted.to(torch.float32) * expand(self.scales)
+
+
+class KnownWeights:
+    """Weights quantized before the export (a torchao model), found again in the exported graph
+    by the exact float values they stood as during the capture: the graph rewrite stores those
+    weights from their own integers instead of quantizing them."""
+
+    def __init__(self):
+        self._weights: dict[tuple, tuple[Callable[[], QuantizedWeight], str]] = {}
+        self._found: set[str] = set()
+
+    def add(self, values: torch.Tensor, quantized: Callable[[], QuantizedWeight], name: str) -> None:
+        """``values``: the float ``[N, K]`` weight that stands in the model for the weight
+        ``quantized()`` gives (made when it is stored: its int32 codes take 4 bytes a weight)."""
+        self._weights[_fingerprint(values)] = (quantized, name)
+
+    def find(self, matrix: torch.Tensor) -> QuantizedWeight | None:
+        """The quantized weight whose stand-in is ``matrix`` (``[N, K]``, any float type), or None."""
+        entry = self._weights.get(_fingerprint(matrix))
+        if entry is None:
+            return None
+        self._found.add(entry[1])
+        return entry[0]()
+
+    def missing(self) -> list[str]:
+        """The names of the weights :meth:`find` has not found."""
+        return sorted(name for _, name in self._weights.values() if name not in self._found)
+
+
+def _fingerprint(matrix: torch.Tensor) -> tuple:
+    values = matrix.detach().to(torch.float32).contiguous()
+    return tuple(values.shape), hashlib.sha1(values.numpy()).hexdigest()
 
 
 class WeightQuantizer(Protocol):
