@@ -37,6 +37,7 @@ from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model
 from dynexport.program import ONNXProgram
 from dynexport.quantize import WeightQuantization, quantize_model
+from dynexport.quantize.torchao import store_torchao_weights, torchao_weights
 from dynexport.translate import TranslationPlan
 from dynexport.verification import VerificationReport
 
@@ -174,14 +175,17 @@ def export(
         destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None,
     )
     timer = PhaseTimer(record.timings)
-    with report_stage.reporting(options.report_file, record), caches_flattened():
+    with report_stage.reporting(options.report_file, record), caches_flattened(), torchao_weights(model) as torchao:
         captured = _capture(model, options, timer, record)
         plan = _plan(captured, options, timer, record)
         with timer.phase("translate"):
             onnx_model = plan.emit()
         with timer.phase("optimize"):
             _optimize(onnx_model, options)
-        if options.weight_quantization is not None:
+        if torchao is not None:
+            with timer.phase("quantize"):
+                store_torchao_weights(onnx_model, torchao, options.weight_quantization, options.target)
+        elif options.weight_quantization is not None:
             with timer.phase("quantize"):
                 quantize_model(onnx_model, options.weight_quantization)
         if record.dim_refinements:
