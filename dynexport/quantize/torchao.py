@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import onnx_ir as ir
 import torch
 
+from dynexport.errors import ExportError
 from dynexport.quantize.graph import quantize_model
 from dynexport.quantize.weights import KnownWeights, QuantizedWeight, WeightQuantization
 
@@ -33,7 +34,7 @@ __all__ = ["TorchaoWeightError", "store_torchao_weights", "torchao_weights"]
 _BITS = {torch.int4: 4, torch.int8: 8}
 
 
-class TorchaoWeightError(TypeError):
+class TorchaoWeightError(ExportError):
     """A torchao-quantized weight that has no ONNX form here (its kind, its bit width, or
     quantized activations)."""
 
