@@ -40,6 +40,7 @@ from torch.export._draft_export import FailureType
 
 from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
+from dynexport.detection import detection_code_capturable
 from dynexport.errors import CaptureError
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
@@ -153,6 +154,7 @@ def capture(
             with (
                 _size_oblivious(oblivious),
                 recurrent_ops_kept_whole(),
+                detection_code_capturable(),
                 _fake_quantize_meta_kernels(),
                 quantized_modules_as_float(module),
             ):
