@@ -271,12 +271,12 @@ def _plan(
     node its rule or decomposition (the "decompose" phase); the report gets the summary."""
     with timer.phase("decompose"):
         program = _functionalized(captured.program, explicit_buffer_updates=options.updates_buffers)
-        record.exported_program = program
         if options.optimize:
             program = fuse_llm_patterns(program, opset=options.opset)
         simplifications = (
             simplify_program(program, fold_constants=options.do_constant_folding) if options.optimize else None
         )
+        record.exported_program = program
         io_names = dim_names.graph_dims(
             program,
             signature.graph_io(program, captured.input_names, options.output_names),

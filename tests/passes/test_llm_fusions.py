@@ -1,0 +1,216 @@
+"""passes/fx/fuse_llm.py: tiny random-weight decoders exported at opset 23 get RMSNormalization,
+RotaryEmbedding and Attention with the cache update inside (past_key/past_value in,
+present_key/present_value out), and still compute what eager computes at other batch, sequence
+and past sizes (past 0 included); near-miss patterns stay as they are."""
+
+from __future__ import annotations
+
+import collections
+
+import onnx
+import pytest
+import torch
+
+import dynexport
+from tests.equivalence import assert_exports_equivalent, op_histogram
+
+transformers = pytest.importorskip("transformers")
+
+from tests.models.families import DECODERS  # noqa: E402  (after the importorskip)
+from tests.test_generation import _assert_generates_as_eager, _empty_cache_call, _filled_cache_call  # noqa: E402
+
+Dim = torch.export.Dim
+
+
+def _export_decoder(model, **options) -> dynexport.ONNXProgram:
+    batch, seq, past = Dim("batch"), Dim("seq"), Dim("past", min=0)
+    layers = model.config.num_hidden_layers
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: Dim.DYNAMIC},
+        "position_ids": {0: batch, 1: seq},
+        "cache": [[{0: batch, 2: past}] * layers] * 2,
+    }
+    return dynexport.export(model, (), kwargs=_empty_cache_call(model, 2, 4), dynamic_shapes=dynamic_shapes, **options)
+
+
+def _attention_nodes(program) -> list[onnx.NodeProto]:
+    return [node for node in program.model_proto.graph.node if node.op_type == "Attention"]
+
+
+@pytest.mark.parametrize(
+    "family", ["llama", "gemma", pytest.param("mistral", marks=pytest.mark.slow), pytest.param("qwen2", marks=pytest.mark.slow)]
+)
+def test_decoder_layers_become_whole_ops_at_opset_23(family):
+    model = DECODERS[family](True).eval()
+    program = _export_decoder(model, opset_version=23)
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    layers = model.config.num_hidden_layers
+    histogram = op_histogram(program)
+    assert histogram["RMSNormalization"] == 2 * layers + 1
+    assert histogram["RotaryEmbedding"] == 2 * layers
+    attentions = _attention_nodes(program)
+    assert len(attentions) == layers
+    graph_inputs = {value.name for value in program.model_proto.graph.input}
+    graph_outputs = {value.name for value in program.model_proto.graph.output}
+    for layer, node in enumerate(attentions):
+        # Q, K, V, mask, past_key, past_value -> Y, present_key, present_value: no Concat, no repeat.
+        assert list(node.input[4:]) == [f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"]
+        assert list(node.output[1:]) == [f"present.{layer}.key", f"present.{layer}.value"]
+    caches = graph_inputs - {"input_ids", "attention_mask", "position_ids"}
+    assert not [n for n in program.model_proto.graph.node if n.op_type not in ("Attention", "Shape") and set(n.input) & caches]
+    assert graph_outputs >= {f"present.{i}.{t}" for i in range(layers) for t in ("key", "value")}
+    report = program.verify(model=model, resized=[
+        ((), _empty_cache_call(model, 1, 3)),      # past 0, another batch and sequence
+        ((), _filled_cache_call(model, 3, 5, 2)),  # past 5
+        ((), _filled_cache_call(model, 2, 1, 1)),  # one decode step after one token
+    ])
+    assert report.passed, report
+
+
+def test_a_users_exported_program_is_left_as_it_was():
+    inputs = _attention_inputs()
+    captured = torch.export.export(CachedAttention(), inputs)
+    program = dynexport.export(captured, inputs, opset_version=23)
+    assert len(_attention_nodes(program)[0].input) == 6
+
+    def targets(exported):
+        return collections.Counter(str(n.target) for n in exported.graph.nodes if n.op == "call_function")
+
+    assert targets(captured)["aten.scaled_dot_product_attention.default"] == 1
+    # The program it was translated from holds the fused op, whose eager kernel runs.
+    assert targets(program.exported_program)["dynexport.attention.default"] == 1
+    assert program.verify(*inputs).passed
+
+
+def test_below_opset_23_nothing_is_fused():
+    model = DECODERS["llama"](True).eval()
+    histogram = op_histogram(_export_decoder(model, opset_version=22))
+    assert not {"RMSNormalization", "RotaryEmbedding", "Attention"} & set(histogram)
+
+
+def test_greedy_generation_from_the_fused_graph_matches_generate():
+    model = DECODERS["llama"](True).eval()
+    program = _export_decoder(model, opset_version=23)
+    assert len(_attention_nodes(program)) == model.config.num_hidden_layers
+    _assert_generates_as_eager(model, program)
+
+
+# -- near misses: each exports unfused, and right ---------------------------------------------
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, axis: int = -1, returns_normalized: bool = False):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+        self.axis, self.returns_normalized = axis, returns_normalized
+
+    def forward(self, x):
+        x32 = x.float()
+        normalized = x32 * torch.rsqrt(x32.pow(2).mean(self.axis, keepdim=True) + 1e-6)
+        out = self.weight * normalized.to(x.dtype)
+        return (out, normalized) if self.returns_normalized else out
+
+
+def _exported(module, *inputs, dynamic=True):
+    shapes = tuple({0: Dim("batch")} for _ in inputs) if dynamic else None
+    return assert_exports_equivalent(
+        module, inputs, opset_version=23, dynamic_shapes=shapes,
+        resized=[tuple(torch.cat([t, t]) for t in inputs)] if dynamic else (),
+    )
+
+
+def test_rms_norm_is_fused_on_its_own():
+    assert op_histogram(_exported(RMSNorm(), torch.randn(2, 3, 8)))["RMSNormalization"] == 1
+
+
+@pytest.mark.parametrize(
+    "module", [RMSNorm(axis=1), RMSNorm(returns_normalized=True)], ids=["mean over another axis", "intermediate read"]
+)
+def test_rms_norm_near_miss_is_not_fused_by_fx(module):
+    # (The ONNX-level RMS-norm fusion may still recognise what is left; the FX one leaves it.)
+    program = _exported(module, torch.randn(2, 8, 8))
+    assert not any(str(n.target).startswith("dynexport.") for n in _fused_fx_graph(program).nodes)
+
+
+def _fused_fx_graph(program) -> torch.fx.Graph:
+    from dynexport.passes.fx.fuse_llm import fuse_llm_patterns
+
+    return fuse_llm_patterns(program.exported_program, opset=23).graph
+
+
+def _rotate_half(x, swapped: bool = False):
+    first, second = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-first, second) if swapped else (-second, first), dim=-1)
+
+
+class Rotary(torch.nn.Module):
+    def __init__(self, swapped: bool = False, table_from_halves: bool = True):
+        super().__init__()
+        self.swapped, self.table_from_halves = swapped, table_from_halves
+
+    def forward(self, x, positions):
+        frequencies = positions[..., None].float() * torch.arange(1, 5).float()
+        angles = torch.cat((frequencies, frequencies), -1) if self.table_from_halves else torch.cat((frequencies, 2 * frequencies), -1)
+        cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
+        return x * cos + _rotate_half(x, self.swapped) * sin
+
+
+def _rotary_inputs(batch: int = 2):
+    return torch.randn(batch, 3, 5, 8), torch.arange(5).expand(batch, 5).contiguous()
+
+
+def test_rotary_embedding_is_fused_on_its_own():
+    assert op_histogram(_exported(Rotary(), *_rotary_inputs()))["RotaryEmbedding"] == 1
+
+
+@pytest.mark.parametrize(
+    "module", [Rotary(swapped=True), Rotary(table_from_halves=False)], ids=["rotate_half swapped", "halves differ"]
+)
+def test_rotary_near_miss_is_not_fused(module):
+    assert "RotaryEmbedding" not in op_histogram(_exported(module, *_rotary_inputs()))
+
+
+class CachedAttention(torch.nn.Module):
+    """Attention over ``cat([past, new])`` keys and values, their heads repeated twice."""
+
+    def __init__(self, value_cache: bool = True, cache_dim: int = -2, repeat_returned: bool = False):
+        super().__init__()
+        self.value_cache, self.cache_dim, self.repeat_returned = value_cache, cache_dim, repeat_returned
+
+    def forward(self, q, k, v, past_k, past_v):
+        keys = torch.cat([past_k, k], self.cache_dim)
+        values = torch.cat([past_v, v], self.cache_dim)
+        if not self.value_cache:
+            values = values * 1.5
+        repeated, values = (
+            t[:, :, None].expand(-1, -1, 2, -1, -1).reshape(t.shape[0], 2 * t.shape[1], t.shape[2], t.shape[3])
+            for t in (keys, values)
+        )
+        out = torch.nn.functional.scaled_dot_product_attention(q, repeated, values)
+        return (out, keys, repeated) if self.repeat_returned else (out, keys)
+
+
+def _attention_inputs(batch: int = 2, past: int = 3):
+    return (torch.randn(batch, 4, 2, 8), torch.randn(batch, 2, 2, 8), torch.randn(batch, 2, 2, 8),
+            torch.randn(batch, 2, past, 8), torch.randn(batch, 2, past, 8))
+
+
+def test_cached_grouped_attention_is_one_attention_with_past():
+    program = _exported(CachedAttention(), *_attention_inputs())
+    (node,) = _attention_nodes(program)
+    assert len(node.input) == 6 and op_histogram(program)["Concat"] == 0
+
+
+@pytest.mark.parametrize(
+    "module",
+    [CachedAttention(value_cache=False), CachedAttention(cache_dim=1), CachedAttention(repeat_returned=True)],
+    ids=["values not cached", "cache along heads", "repeat read elsewhere"],
+)
+def test_attention_near_miss_keeps_its_concat(module):
+    inputs = _attention_inputs(past=2) if module.cache_dim == 1 else _attention_inputs()
+    if module.cache_dim == 1:
+        inputs = (torch.randn(2, 8, 2, 8), *inputs[1:])  # 2 + 2 heads, repeated to 8
+    program = _exported(module, *inputs, dynamic=module.cache_dim != 1)
+    assert all(len(node.input) <= 4 for node in _attention_nodes(program))
+    assert op_histogram(program)["Concat"] >= 1
