@@ -181,3 +181,11 @@ def test_int4_dequantize_linear_below_opset_21_is_refused():
     model = _quantized(MLP().eval(), CONFIGS["intx-int4-group16"]())
     with pytest.raises(ValueError, match="from opset 21"):
         _export(model, (torch.randn(3, 64),), opset_version=20)
+
+
+def test_quantize_weights_chooses_the_accuracy_level_and_verify_checks_the_stored_weights():
+    model = _quantized(MLP().eval(), CONFIGS["intx-int4-group16"]())
+    program = _export(model, (torch.randn(3, 64),), dynamic_shapes=({0: Dim("batch")},), target="onnxruntime",
+                      quantize_weights={"accuracy_level": 4}, verify=True)
+    assert {n.attributes["accuracy_level"].as_int() for n in program.model.graph if n.op_type == "MatMulNBits"} == {4}
+    assert program.verification.passed and program.verification.accuracy.calls == 4
