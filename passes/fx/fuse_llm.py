@@ -321,8 +321,8 @@ def _slices(node: Node, rank: int, start: int, end: int) -> bool:
 
 
 def _unsqueezed_table(node: object, x_val: torch.Tensor) -> Node | None:
-    """The (batch, sequence, head size) table of ``node`` = ``table.unsqueeze(1)`` when the
-    table's two halves along the last axis are equal by construction."""
+    """The (batch or 1, sequence, head size) table of ``node`` = ``table.unsqueeze(1)`` when
+    the table's two halves along the last axis are equal by construction."""
     if not _is_call(node, aten.unsqueeze.default) or node.args[1] != 1 or _val(node) is None:
         return None
     table = node.args[0]
@@ -330,7 +330,7 @@ def _unsqueezed_table(node: object, x_val: torch.Tensor) -> Node | None:
     if table_val is None or table_val.dim() != 3 or table_val.dtype != x_val.dtype:
         return None
     batch, sequence, size = table_val.shape
-    if not (_same(batch, x_val.shape[0]) and _same(sequence, x_val.shape[2]) and _same(size, x_val.shape[3])):
+    if not ((batch == 1 or _same(batch, x_val.shape[0])) and _same(sequence, x_val.shape[2]) and _same(size, x_val.shape[3])):
         return None
     return table if _repeats_its_halves(table) else None
 

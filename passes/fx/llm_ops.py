@@ -28,7 +28,7 @@ def _(x, scale, epsilon):
 def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding of ``x`` (batch, heads, sequence, head size), its halves
     rotated (not interleaved): ``x * c + rotate_half(x) * s`` with ``c = cat(cos, cos)`` and
-    ``s = cat(sin, sin)``; ``cos`` and ``sin`` are (batch, sequence, head size / 2)."""
+    ``s = cat(sin, sin)``; ``cos`` and ``sin`` are (batch or 1, sequence, head size / 2)."""
     c, s = (torch.cat([t, t], -1).unsqueeze(1) for t in (cos, sin))
     first, second = x.chunk(2, -1)
     return x * c + torch.cat([-second, first], -1) * s

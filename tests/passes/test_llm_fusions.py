@@ -164,6 +164,16 @@ def test_rotary_embedding_is_fused_on_its_own():
     assert op_histogram(_exported(Rotary(), *_rotary_inputs()))["RotaryEmbedding"] == 1
 
 
+def test_rotary_embedding_with_tables_shared_by_the_batch():
+    # Positions counted from the cache (no position_ids): one table row for every batch row.
+    x, positions = _rotary_inputs()
+    program = assert_exports_equivalent(
+        Rotary(), (x, positions[:1]), opset_version=23, dynamic_shapes=({0: Dim("batch")}, None),
+        resized=[(torch.randn(3, 3, 5, 8), positions[:1]), (torch.randn(1, 3, 5, 8), positions[:1])],
+    )
+    assert op_histogram(program)["RotaryEmbedding"] == 1
+
+
 @pytest.mark.parametrize(
     "module", [Rotary(swapped=True), Rotary(table_from_halves=False)], ids=["rotate_half swapped", "halves differ"]
 )
