@@ -1,11 +1,14 @@
 """The torchvision operators of tests/torchvision_ops.py give torchvision's results: NMS on boxes
 whose answer is worked out by hand, RoIAlign against values computed by hand on a ramp image and
-against torchvision's own pure-Python RoIAlign."""
+against torchvision's own pure-Python RoIAlign, RoIPool by hand and against onnxruntime's
+MaxRoiPool, the position-sensitive pair by hand and against RoIAlign."""
 
 from __future__ import annotations
 
 import importlib
 
+import onnx
+import onnxruntime
 import pytest
 import torch
 
@@ -76,6 +79,74 @@ def test_roi_align_matches_torchvisions_python_roi_align(torchvision, aligned, s
     # The function torchvision compiles on first use, uncompiled.
     reference = importlib.import_module("torchvision.ops.roi_align")._roi_align.__wrapped__
     torch.testing.assert_close(pooled, reference(features, rois, 0.9, 3, 2, sampling_ratio, aligned))
+
+
+@pytest.mark.parametrize(
+    ("roi", "options", "expected", "negated"),
+    [
+        # Pixels 1 to 5 in two bins 2.5 wide: columns 1 + floor(0) to 1 + ceil(2.5) and 1 +
+        # floor(2.5) to 1 + ceil(5), past the last. Of -1 - x, the largest is at the first column.
+        ([0, 1, 1, 5, 5], dict(output_size=(1, 2)), [3.0, 5.0], [-2.0, -4.0]),
+        # Corners 0.5 and 2.5 round away from zero, to 1 and 3 (to even, 0 and 2).
+        ([0, 1, 0, 5, 0], dict(output_size=1, spatial_scale=0.5), [3.0], [-2.0]),
+        # Past the map: no pixel, 0.
+        ([0, 20, 20, 30, 30], dict(output_size=1), [0.0], [0.0]),
+    ],
+)
+def test_roi_pool_on_a_ramp(torchvision, roi, options, expected, negated):
+    rois = torch.tensor([roi], dtype=torch.float32)
+    torch.testing.assert_close(torchvision.ops.roi_pool(ramp(8, 8), rois, **options)[0, 0, 0], torch.tensor(expected))
+    torch.testing.assert_close(torchvision.ops.roi_pool(-1 - ramp(8, 8), rois, **options)[0, 0, 0], torch.tensor(negated))
+
+
+def test_roi_pool_matches_onnxruntimes_max_roi_pool_on_positive_features(torchvision):
+    # onnxruntime's MaxRoiPool bins the ROIs as torchvision does (it starts each maximum at the
+    # smallest positive float, which positive features never reach).
+    generator = torch.Generator().manual_seed(0)
+    features = torch.rand(2, 3, 11, 13, generator=generator) + 0.1
+    corners = torch.randint(-10, 60, (40, 2), generator=generator) / 2
+    sides = torch.randint(-6, 40, (40, 2), generator=generator) / 2
+    rois = torch.cat([torch.randint(0, 2, (40, 1), generator=generator), corners, corners + sides], 1).float()
+    node = onnx.helper.make_node("MaxRoiPool", ["X", "R"], ["Y"], pooled_shape=[3, 2], spatial_scale=0.5)
+    graph = onnx.helper.make_graph(
+        [node], "roi_pool",
+        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in ("X", "R")],
+        [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)])
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"X": features.numpy(), "R": rois.numpy()})
+    assert torch.equal(torchvision.ops.roi_pool(features, rois, (3, 2), 0.5), torch.from_numpy(expected))
+
+
+def test_ps_roi_align_reads_one_channel_per_bin(torchvision):
+    torch.manual_seed(0)
+    features = torch.randn(2, 12, 10, 12)
+    rois = torch.tensor([[0, 1, 1, 5, 5], [1, 0.3, 2.2, 9.5, 7.1], [1, 2, 2, 3, 3.0]])
+    pooled = torchvision.ops.ps_roi_align(features, rois, (3, 2), 0.9, 2)
+    everything = torchvision.ops.roi_align(features, rois, (3, 2), 0.9, 2, aligned=True)  # [3, 12, 3, 2]
+    for channel in range(2):
+        for row in range(3):
+            for column in range(2):
+                read = (channel * 3 + row) * 2 + column
+                torch.testing.assert_close(pooled[:, channel, row, column], everything[:, read, row, column])
+    # An adaptive grid over a ROI of no height has no sample: 0 / 0.
+    assert torchvision.ops.ps_roi_align(features, torch.tensor([[0, 1, 1, 5, 1.0]]), 2, 0.9, 0).isnan().all()
+
+
+@pytest.mark.parametrize(
+    ("roi", "output_size", "expected"),
+    [
+        # Columns 4 to 8, clipped to 7: the last column never counts. Mean of 4, 5, 6.
+        ([0, 4, 0, 8, 2], (1, 1), [5.0]),
+        # Two bins 2 pixels wide; the second reads channel 1, the ramp plus 100.
+        ([0, 0, 0, 4, 2], (1, 2), [0.5, 102.5]),
+    ],
+)
+def test_ps_roi_pool_on_a_ramp(torchvision, roi, output_size, expected):
+    features = torch.cat([ramp(8, 8), ramp(8, 8) + 100], 1)[:, : output_size[0] * output_size[1]]
+    pooled = torchvision.ops.ps_roi_pool(features, torch.tensor([roi], dtype=torch.float32), output_size, 1.0)
+    torch.testing.assert_close(pooled[0, 0].flatten(), torch.tensor(expected))
 
 
 def test_torchvision_reports_its_operators(torchvision):

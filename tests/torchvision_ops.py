@@ -3,18 +3,20 @@
 The torchvision wheel on the package registry is a CUDA build: with the CPU torch the tests run,
 its ``_C`` library does not load and ``import torchvision`` fails ("operator torchvision::nms does
 not exist"). :func:`load_torchvision` then defines the ``torchvision`` operator library itself,
-with the schemas of torchvision's C++ sources, gives ``nms`` and ``roi_align`` CPU kernels written
-in torch ops that follow torchvision's CPU kernels step by step, and registers torchvision's own
-meta functions, so that eager models compute torchvision's results and torch.export sees the ops
-torchvision's compiled library would have given it. The other operators are defined (so a model
-using them exports) but have no CPU kernel: running one eagerly fails with torch's "Could not run
-... with arguments from the 'CPU' backend". No autograd is registered: the tests run in eval.
+with the schemas of torchvision's C++ sources, gives ``nms``, ``roi_align``, ``roi_pool``,
+``ps_roi_align`` and ``ps_roi_pool`` CPU kernels written in torch ops that follow torchvision's
+CPU kernels step by step, and registers torchvision's own meta functions, so that eager models
+compute torchvision's results and torch.export sees the ops torchvision's compiled library would
+have given it. ``deform_conv2d`` and ``qnms`` are defined (so a model using them exports) but have
+no CPU kernel: running one eagerly fails with torch's "Could not run ... with arguments from the
+'CPU' backend". No autograd is registered: the tests run in eval.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import pathlib
 import sys
 from types import ModuleType
@@ -91,6 +93,14 @@ def roi_align(
 
 
 def _roi_align_one(input, roi, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    sums, samples = _bin_sample_sums(input, roi, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    return sums / max(samples, 1)
+
+
+def _bin_sample_sums(input, roi, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    """Per channel and bin, the sum of the bin's bilinear samples ([C, PH, PW]); and the number of
+    samples per bin as the kernels count it: the product of the grid's sides, which are 0 or
+    negative for an adaptive grid over an empty or inverted ROI (the ROI then has no sample)."""
     dtype = input.dtype
     height, width = input.shape[-2:]
     offset = 0.5 if aligned else 0.0
@@ -102,7 +112,7 @@ def _roi_align_one(input, roi, spatial_scale, pooled_height, pooled_width, sampl
     bin_h, bin_w = roi_height / pooled_height, roi_width / pooled_width
     grid_h = sampling_ratio if sampling_ratio > 0 else int(torch.ceil(roi_height / pooled_height))
     grid_w = sampling_ratio if sampling_ratio > 0 else int(torch.ceil(roi_width / pooled_width))
-    count = max(grid_h * grid_w, 1)
+    count = grid_h * grid_w
     grid_h, grid_w = max(grid_h, 0), max(grid_w, 0)  # an inverted ROI (aligned) has no samples
     y = _sample_points(start_h, bin_h, pooled_height, grid_h, dtype)  # [PH * IY]
     x = _sample_points(start_w, bin_w, pooled_width, grid_w, dtype)  # [PW * IX]
@@ -118,7 +128,7 @@ def _roi_align_one(input, roi, spatial_scale, pooled_height, pooled_width, sampl
     )  # [C, PH * IY, PW * IX]
     samples = torch.where(y_inside[:, None] & x_inside, samples, 0)
     samples = samples.reshape(image.shape[0], pooled_height, grid_h, pooled_width, grid_w)
-    return samples.sum((2, 4)) / count
+    return samples.sum((2, 4)), count
 
 
 def _sample_points(start, bin_size, bins, grid, dtype):
@@ -139,7 +149,107 @@ def _interpolation_taps(coordinate, size):
     return low, high, coordinate - low, inside
 
 
-KERNELS = {"nms": nms, "roi_align": roi_align}
+def roi_pool(
+    input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int, pooled_width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoIPool as torchvision's CPU kernel: ROI corners scaled and rounded half away from zero,
+    the ROI split into bins of whole pixels (floor and ceil of the bin's edges, clipped to the
+    map); per bin, the largest value from -FLT_MAX up (NaN never counts), 0 for a bin of no
+    pixel; and the flat index of that value (-1 if none), which only backward reads."""
+    num_rois, channels = rois.shape[0], input.shape[1]
+    height, width = input.shape[-2:]
+    output = input.new_zeros(num_rois, channels, pooled_height, pooled_width)
+    argmax = torch.full(output.shape, -1, dtype=torch.int32)
+    scale = torch.tensor(spatial_scale, dtype=input.dtype)
+    lowest = torch.tensor(-3.4028234663852886e38, dtype=input.dtype)  # -FLT_MAX, for double too
+    for n in range(num_rois):
+        start_w, start_h, end_w, end_h = (_round_half_away_from_zero(float(c * scale)) for c in rois[n, 1:])
+        bin_h = torch.tensor(max(end_h - start_h + 1, 1), dtype=input.dtype) / pooled_height
+        bin_w = torch.tensor(max(end_w - start_w + 1, 1), dtype=input.dtype) / pooled_width
+        image = input[int(rois[n, 0])]
+        for ph in range(pooled_height):
+            hstart, hend = _pixel_range(ph, bin_h, start_h, height)
+            for pw in range(pooled_width):
+                wstart, wend = _pixel_range(pw, bin_w, start_w, width)
+                if hend <= hstart or wend <= wstart:
+                    continue
+                region = image[:, hstart:hend, wstart:wend].reshape(channels, -1)
+                region = torch.where(region.isnan(), -torch.inf, region)
+                largest = torch.maximum(region.amax(1), lowest)
+                first = (region == largest[:, None]).int().argmax(1)  # the first larger than all before it
+                rows, columns = hstart + first // (wend - wstart), wstart + first % (wend - wstart)
+                output[n, :, ph, pw] = largest
+                argmax[n, :, ph, pw] = torch.where(largest > lowest, rows * width + columns, -1).int()
+    return output, argmax
+
+
+def _round_half_away_from_zero(value: float) -> int:
+    """C's round(), exactly: ``floor(abs(value) + 0.5)`` would round the sum."""
+    whole = math.floor(abs(value))
+    rounded = whole + 1 if abs(value) - whole >= 0.5 else whole
+    return int(math.copysign(rounded, value))
+
+
+def _pixel_range(index: int, bin_size: torch.Tensor, start: int, size: int) -> tuple[int, int]:
+    """Bin ``index``'s first and past-the-last pixel, clipped to [0, size]."""
+    first = int(torch.floor(index * bin_size)) + start
+    last = int(torch.ceil((index + 1) * bin_size)) + start
+    return min(max(first, 0), size), min(max(last, 0), size)
+
+
+def ps_roi_align(
+    input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int, pooled_width: int, sampling_ratio: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position-sensitive RoIAlign as torchvision's CPU kernel: bin (ph, pw) of output channel c
+    averages the samples of input channel (c * PH + ph) * PW + pw, sampled as roi_align with
+    ``aligned=True``, except that the sum is divided by the grid's raw sample count (an adaptive
+    grid with a side of 0 gives 0 / 0); and the input channel of each output, for backward."""
+    channels = _position_sensitive_channels(input, pooled_height, pooled_width)
+    output = input.new_zeros(rois.shape[0], *channels.shape)
+    for n in range(rois.shape[0]):
+        sums, samples = _bin_sample_sums(input, rois[n], spatial_scale, pooled_height, pooled_width, sampling_ratio, True)
+        output[n] = (sums / samples).gather(0, channels)
+    return output, channels.int().expand(output.shape).contiguous()
+
+
+def ps_roi_pool(
+    input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int, pooled_width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position-sensitive RoIPool as torchvision's CPU kernel: bins of whole pixels as roi_pool's,
+    but the ROI is ``max(end - start, 1)`` pixels (not ``+ 1``) and bins are clipped to
+    [0, size - 1], so that the last row and column never count; bin (ph, pw) of output channel
+    c averages input channel (c * PH + ph) * PW + pw, 0 for a bin of no pixel; and the input
+    channel of each output, for backward."""
+    channels = _position_sensitive_channels(input, pooled_height, pooled_width)
+    height, width = input.shape[-2:]
+    output = input.new_zeros(rois.shape[0], *channels.shape)
+    scale = torch.tensor(spatial_scale, dtype=input.dtype)
+    for n in range(rois.shape[0]):
+        start_w, start_h, end_w, end_h = (_round_half_away_from_zero(float(c * scale)) for c in rois[n, 1:])
+        bin_h = torch.tensor(max(end_h - start_h, 1), dtype=input.dtype) / pooled_height
+        bin_w = torch.tensor(max(end_w - start_w, 1), dtype=input.dtype) / pooled_width
+        image = input[int(rois[n, 0])]
+        for ph in range(pooled_height):
+            hstart, hend = _pixel_range(ph, bin_h, start_h, height - 1)
+            for pw in range(pooled_width):
+                wstart, wend = _pixel_range(pw, bin_w, start_w, width - 1)
+                if hend <= hstart or wend <= wstart:
+                    continue
+                region = image[channels[:, ph, pw], hstart:hend, wstart:wend]
+                area = torch.tensor((hend - hstart) * (wend - wstart), dtype=input.dtype)
+                output[n, :, ph, pw] = region.sum((1, 2)) / area
+    return output, channels.int().expand(output.shape).contiguous()
+
+
+def _position_sensitive_channels(input: torch.Tensor, pooled_height: int, pooled_width: int) -> torch.Tensor:
+    """[C_out, PH, PW]: the input channel each output channel's bin reads."""
+    bins = pooled_height * pooled_width
+    if input.shape[1] % bins:
+        raise RuntimeError("input channels must be a multiple of pooling height * pooling width")
+    return torch.arange(input.shape[1]).reshape(-1, pooled_height, pooled_width)
+
+
+KERNELS = {"nms": nms, "roi_align": roi_align, "roi_pool": roi_pool, "ps_roi_align": ps_roi_align, "ps_roi_pool": ps_roi_pool}
 
 
 def _compiled_ops_load() -> bool:

@@ -146,3 +146,64 @@ def test_roi_align_below_opset_16(torchvision):
     assert_exports_equivalent(RoIAlign(torchvision, 2, False), (features, rois), opset_version=15)
     with pytest.raises(OpsetTooLowError, match="torchvision.roi_align.default.*from opset 16"):
         dynexport.export(RoIAlign(torchvision, 2, True), (features, rois), opset_version=15)
+
+
+class RoIPool(torch.nn.Module):
+    """roi_pool at scale 1/2 or ps_roi_pool: ROIs with whole coordinates put corners exactly
+    half-way between pixels, where torchvision rounds away from zero."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, features, rois):
+        return self.pool(features, rois, (3, 2), 0.5)
+
+
+def pooled_features(channels: int, height: int, width: int, seed: int) -> torch.Tensor:
+    """Features whose first rows are all negative (onnxruntime's MaxRoiPool pools a bin of them
+    to 1e-38), with a NaN (never the maximum in torchvision's roi_pool)."""
+    features = torch.randn(2, channels, height, width, generator=torch.Generator().manual_seed(seed))
+    features[:, :, : height // 2] -= 10
+    features[1, 0, 1, 1] = torch.nan
+    return features
+
+
+@pytest.mark.parametrize("op", ["roi_pool", "ps_roi_pool"])
+def test_roi_pools_with_any_number_of_rois_and_feature_size(torchvision, op):
+    height, width = torch.export.Dim("height"), torch.export.Dim("width")
+    program = assert_exports_equivalent(
+        RoIPool(getattr(torchvision.ops, op)),
+        (pooled_features(12, 12, 14, 0), random_rois(7, 0).round()),
+        dynamic_shapes=({2: height, 3: width}, {0: ROIS}),
+        resized=[
+            (pooled_features(12, 20, 9, 1), random_rois(40, 1).round()),
+            (pooled_features(12, 5, 6, 2), random_rois(0, 2)),
+        ],
+    )
+    assert "MaxRoiPool" not in {node.op_type for node in program.model.graph}
+
+
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_ps_roi_align_with_any_number_of_rois_and_feature_size(torchvision, sampling_ratio):
+    # Adaptive sampling over a ROI with a side in (-bins, 0] pools to 0 / 0 in torchvision.
+    height, width = torch.export.Dim("height"), torch.export.Dim("width")
+    model = lambda features, rois: torchvision.ops.ps_roi_align(features, rois, (3, 2), 0.25, sampling_ratio)
+    assert model(torch.randn(2, 12, 20, 9), random_rois(40, 1)).isnan().any() == (sampling_ratio == 0)
+    assert_exports_equivalent(
+        model,
+        (torch.randn(2, 12, 12, 14), random_rois(7, 0)),
+        dynamic_shapes=({2: height, 3: width}, {0: ROIS}),
+        resized=[(torch.randn(2, 12, 20, 9), random_rois(40, 1)), (torch.randn(2, 12, 5, 6), random_rois(0, 2))],
+    )
+
+
+def test_roi_pools_refuse_what_they_cannot_match(torchvision):
+    features, rois = torch.randn(1, 12, 8, 8), random_rois(3, 0, images=1)
+    with pytest.raises(TranslationError, match="roi_pool.*float16.*float32 or float64"):
+        dynexport.export(RoIPool(torchvision.ops.roi_pool), (features.half(), rois.half()))
+    # The second result, the argmax, only feeds backward.
+    with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="torchvision.roi_pool.default"):
+        dynexport.export(lambda f, r: torch.ops.torchvision.roi_pool(f, r, 1.0, 2, 2)[1], (features, rois))
+    with pytest.raises(OpsetTooLowError, match="torchvision.ps_roi_align.default.*from opset 16"):
+        dynexport.export(lambda f, r: torchvision.ops.ps_roi_align(f, r, 2), (features, rois), opset_version=15)
