@@ -20,6 +20,7 @@ from tests.equivalence import assert_close, op_histogram
 from tests.models.families import DECODER_COMMON, text_inputs, tiny
 
 torchao = pytest.importorskip("torchao")
+from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
 from torchao.quantization import (
     Int8DynamicActivationInt8WeightConfig,
     Int8WeightOnlyConfig,
@@ -166,8 +167,9 @@ def test_torchao_llama_exports_with_dynamic_shapes():
     [
         (lambda: IntxWeightOnlyConfig(weight_dtype=torch.int2, granularity=PerGroup(16)), "torch.int2 codes"),
         (lambda: Int8DynamicActivationInt8WeightConfig(), "also quantizes the activations"),
+        (lambda: PrototypeInt4WeightOnlyConfig(group_size=32), "Int4OpaqueTensor.*IntxWeightOnlyConfig"),
     ],
-    ids=["int2", "dynamic-activations"],
+    ids=["int2", "dynamic-activations", "int4-packed-for-a-kernel"],
 )
 def test_torchao_weights_without_an_onnx_form_are_refused(config, message):
     model = _quantized(MLP().eval(), config())

@@ -32,6 +32,12 @@ __all__ = ["TorchaoWeightError", "store_torchao_weights", "torchao_weights"]
 
 # torchao's target dtypes with the forms docs/llm.md describes.
 _BITS = {torch.int4: 4, torch.int8: 8}
+# Int4WeightOnlyConfig's tensors hold their codes packed for one kernel (tinygemm, mslk), in
+# layouts that depend on the device that packed them.
+_INT4_HINT = (
+    "; for int4 weights quantize with IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)), "
+    "whose codes are not packed for a kernel"
+)
 
 
 class TorchaoWeightError(ExportError):
@@ -109,7 +115,7 @@ def _bits(weight, path: str) -> int:
         raise TorchaoWeightError(
             f"the torchao weight {path} is a {kind}, which dynexport does not export; it exports the weight-only "
             "Int8WeightOnlyConfig and IntxWeightOnlyConfig(weight_dtype=torch.int4 or torch.int8) tensors "
-            "(Int8Tensor, IntxUnpackedToInt8Tensor)"
+            "(Int8Tensor, IntxUnpackedToInt8Tensor)" + (_INT4_HINT if kind.startswith("Int4") else "")
         )
     if activations is not None:
         raise TorchaoWeightError(
