@@ -104,12 +104,21 @@ def nms(ctx, dets, scores, iou_threshold):
     return ctx.op.Gather(order, positions, axis=0)
 
 
-def _not_aligned(node: torch.fx.Node) -> bool:
-    return not argument(node, "aligned")
+def _static_bins(node: torch.fx.Node) -> bool:
+    # The schemas' SymInt pooled sizes are attributes of RoiAlign and sizes of the rules' bins.
+    return all(isinstance(argument(node, name), int) for name in ("pooled_height", "pooled_width"))
 
 
-@translates("torchvision::roi_align", min_opset=16)
-@translates("torchvision::roi_align", checker=_not_aligned)
+def _static_bins_not_aligned(node: torch.fx.Node) -> bool:
+    return _static_bins(node) and not argument(node, "aligned")
+
+
+def _static_bins_first_output(node: torch.fx.Node) -> bool:
+    return _static_bins(node) and only_first_output_used(node)
+
+
+@translates("torchvision::roi_align", min_opset=16, checker=_static_bins)
+@translates("torchvision::roi_align", checker=_static_bins_not_aligned)
 def roi_align(ctx, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
     compute_type = input.dtype if input.dtype in _ROI_ALIGN_TYPES else _FLOAT
     boxes = ctx.op.Slice(cast(ctx, rois, compute_type), ints(ctx, [1]), ints(ctx, [5]), ints(ctx, [1]))
@@ -149,7 +158,7 @@ def _position_sensitive(ctx, pooled: ir.Value, input: ir.Value, rois: ir.Value, 
     return reshape(ctx, diagonal, [count, outputs, pooled_height, pooled_width])
 
 
-@translates("torchvision::ps_roi_align", min_opset=16, checker=only_first_output_used)
+@translates("torchvision::ps_roi_align", min_opset=16, checker=_static_bins_first_output)
 def ps_roi_align(ctx, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio):
     # RoiAlign with half_pixel samples every channel as ps_roi_align samples one; each output
     # channel keeps the bin it reads.
@@ -244,7 +253,7 @@ def _reduce_bins(ctx, op_type: str, fill: float, features, rois, rows, columns, 
     return reshape(ctx, reduced, [count, ctx.sym_size(features, 1), *bins])
 
 
-@translates("torchvision::roi_pool", checker=only_first_output_used)
+@translates("torchvision::roi_pool", checker=_static_bins_first_output)
 def roi_pool(ctx, input, rois, spatial_scale, pooled_height, pooled_width):
     # MaxRoiPool would give torchvision's bins, but onnxruntime's kernel starts each bin's
     # maximum at the smallest positive float instead of -FLT_MAX: a bin of negative values
@@ -258,7 +267,7 @@ def roi_pool(ctx, input, rois, spatial_scale, pooled_height, pooled_width):
     return [ctx.op.Where(_empty_bins(ctx, rows, columns), ctx.constant(0, input.dtype), largest), None]
 
 
-@translates("torchvision::ps_roi_pool", checker=only_first_output_used)
+@translates("torchvision::ps_roi_pool", checker=_static_bins_first_output)
 def ps_roi_pool(ctx, input, rois, spatial_scale, pooled_height, pooled_width):
     _check_float(ctx, input)
     rows, columns = _whole_pixel_bins(ctx, input, rois, spatial_scale, pooled_height, pooled_width, roi_pool=False)

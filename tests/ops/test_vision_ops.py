@@ -207,3 +207,13 @@ def test_roi_pools_refuse_what_they_cannot_match(torchvision):
         dynexport.export(lambda f, r: torch.ops.torchvision.roi_pool(f, r, 1.0, 2, 2)[1], (features, rois))
     with pytest.raises(OpsetTooLowError, match="torchvision.ps_roi_align.default.*from opset 16"):
         dynexport.export(lambda f, r: torchvision.ops.ps_roi_align(f, r, 2), (features, rois), opset_version=15)
+
+
+def test_roi_align_needs_an_output_size_known_at_export(torchvision):
+    height = torch.export.Dim("height", min=4)
+    with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="torchvision.roi_align.default"):
+        dynexport.export(
+            lambda f, r: torch.ops.torchvision.roi_align(f, r, 1.0, f.shape[2] // 2, 2, 2, False),
+            (torch.randn(1, 3, 8, 8), random_rois(3, 0, images=1)),
+            dynamic_shapes=({2: height}, None),
+        )
