@@ -20,9 +20,11 @@ import transformers
 import dynexport
 from dynexport.quantize import (
     AccuracyCost,
+    KnownWeights,
     QuantizedWeight,
     WeightQuantization,
     accuracy_cost,
+    quantize_model,
     register_weight_quantizer,
     round_to_nearest,
     seeded_calls,
@@ -280,6 +282,26 @@ def test_tied_embedding_and_lm_head():
         quantized = program.quantize_weights(4, target=target, embedding=True)
         assert "model.embed_tokens.weight" not in quantized.model.graph.initializers
         assert quantized.verify().passed
+
+
+def test_known_weights_are_stored_from_their_own_integers_and_the_rest_stays_float(mlp_programs):
+    """A weight quantized before the export (torchao's, tests/test_torchao_models.py) is found
+    by its float values and stored from the integers given for it, with their block size."""
+    model, x, programs = mlp_programs
+    given = round_to_nearest(model.second.weight.detach(), bits=8, block_size=16, symmetric=False)
+    known = KnownWeights()
+    known.add(model.second.weight.detach(), lambda: given, "second.weight")
+    onnx_model = programs[21].model.clone()
+    quantize_model(onnx_model, WeightQuantization(target="onnxruntime"), known)
+    assert known.missing() == []
+    (node,) = [n for n in onnx_model.graph if n.op_type == "MatMulNBits"]
+    attributes = {name: attr.as_int() for name, attr in node.attributes.items()}
+    assert attributes == {"K": 48, "N": 64, "bits": 8, "block_size": 16}
+    assert op_histogram(programs[21].with_model(onnx_model)) == {"Gemm": 2, "MatMulNBits": 1, "Relu": 2}
+    reference = copy.deepcopy(model)
+    reference.second.weight.data = given.dequantize()
+    with torch.no_grad():
+        assert_close(programs[21].with_model(onnx_model)(x), reference(x))
 
 
 class EmbeddedMLP(torch.nn.Module):

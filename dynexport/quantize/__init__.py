@@ -9,6 +9,7 @@ quantization costs and the check that the rewrite is right.
 from dynexport.quantize.accuracy import AccuracyCost, accuracy_cost, seeded_calls, verify_quantized
 from dynexport.quantize.graph import dequantized_model, quantization_of, quantize_model
 from dynexport.quantize.weights import (
+    KnownWeights,
     QuantizedWeight,
     WeightQuantization,
     WeightQuantizer,
@@ -19,6 +20,7 @@ from dynexport.quantize.weights import (
 
 __all__ = [
     "AccuracyCost",
+    "KnownWeights",
     "QuantizedWeight",
     "WeightQuantization",
     "WeightQuantizer",
