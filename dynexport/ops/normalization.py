@@ -88,15 +88,17 @@ def _native_batch_norm_legit_no_training(ctx, input, weight, bias, running_mean,
 
 
 def _layer_normalization(ctx, input, normalized_shape, weight, bias, eps, outputs=1):
-    scale = _one(ctx, input.dtype) if weight is None else cast(ctx, weight, input.dtype)
+    scale = None if weight is None else cast(ctx, weight, input.dtype)
     bias = None if bias is None else cast(ctx, bias, input.dtype)
     return _normalized(ctx, input, scale, bias, rank(input) - len(normalized_shape), eps, outputs)
 
 
 def _normalized(ctx, x, scale, bias, axis: int, eps: float, outputs: int = 1):
-    """ONNX LayerNormalization of ``x`` over its dims from ``axis``: the result, then (for 3
-    ``outputs``) the mean and the inverse standard deviation, kept in float32 (its stash_type)."""
+    """ONNX LayerNormalization of ``x`` over its dims from ``axis`` (``scale`` None: by 1): the
+    result, then (for 3 ``outputs``) the mean and the inverse standard deviation, kept in
+    float32 (its stash_type)."""
     if ctx.opset >= 17:
+        scale = _one(ctx, x.dtype) if scale is None else scale
         # Not an empty-named B: onnxruntime 1.31's LayerNormalization crashes on one.
         inputs = [x, scale] if bias is None else [x, scale, bias]
         return ctx.op.LayerNormalization(*inputs, axis=axis, epsilon=eps, _outputs=outputs)
@@ -108,7 +110,9 @@ def _normalized(ctx, x, scale, bias, axis: int, eps: float, outputs: int = 1):
     centered = ctx.op.Sub(wide, mean)
     variance = reduce(ctx, "ReduceMean", ctx.op.Mul(centered, centered), axes)
     inverse_std = ctx.op.Reciprocal(ctx.op.Sqrt(ctx.op.Add(variance, ctx.constant(eps, stash))))
-    result = ctx.op.Mul(ctx.op.Mul(centered, inverse_std), cast(ctx, scale, stash))
+    result = ctx.op.Mul(centered, inverse_std)
+    if scale is not None:
+        result = ctx.op.Mul(result, cast(ctx, scale, stash))
     if bias is not None:
         result = ctx.op.Add(result, cast(ctx, bias, stash))
     result = cast(ctx, result, x.dtype)
@@ -136,13 +140,23 @@ def group_norm(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_e
     # Not GroupNormalization-21: its variance E[x^2] - E[x]^2 cancels catastrophically (NaN)
     # for inputs whose mean is large against their spread; LayerNormalization's is two-pass.
     # (A zero-size spatial dim fails: onnxruntime's LayerNormalization wants a non-empty axis.)
-    per_group = size_of_dims(ctx, input, 1, rank(input))
-    per_group = per_group // num_groups if isinstance(per_group, int) else ctx.op.Div(per_group, ctx.constant(num_groups, ir.DataType.INT64))
-    grouped = reshape(ctx, input, [size_of(ctx, input, 0), num_groups, per_group])
-    grouped = with_shape(grouped, [input.shape[0], num_groups, per_group if isinstance(per_group, int) else None])
-    normalized = _normalized(ctx, grouped, _one(ctx, input.dtype), None, 2, eps)
-    normalized = reshape(ctx, normalized, ctx.op.Shape(input))
-    return _channel_affine(ctx, normalized, input, weight, bias)
+    channels = input.shape[1]
+    if isinstance(channels, int):
+        # (N, C, *S) as (N, G, C/G, *S) and back, through a leading 1 that keeps every dim but
+        # the channels at its place, where a 0 in a Reshape target copies it: constant targets,
+        # right at any zero size (where [0, G, -1] is ambiguous to onnxruntime).
+        copied = [0] * (rank(input) - 2)
+        widened = ctx.op.Unsqueeze(input, ints(ctx, [1]))
+        grouped = ctx.op.Reshape(widened, ints(ctx, [0, num_groups, channels // num_groups, *copied]))
+        grouped = with_shape(grouped, [input.shape[0], num_groups, channels // num_groups, *input.shape[2:]])
+        normalized = ctx.op.Reshape(_normalized(ctx, grouped, None, None, 2, eps), ints(ctx, [0, 1, channels, *copied]))
+        normalized = ctx.op.Squeeze(normalized, ints(ctx, [1]))
+    else:
+        per_group = ctx.op.Div(size_of_dims(ctx, input, 1, rank(input)), ctx.constant(num_groups, ir.DataType.INT64))
+        grouped = reshape(ctx, input, [size_of(ctx, input, 0), num_groups, per_group])
+        grouped = with_shape(grouped, [input.shape[0], num_groups, None])
+        normalized = reshape(ctx, _normalized(ctx, grouped, None, None, 2, eps), ctx.op.Shape(input))
+    return _channel_affine(ctx, with_shape(normalized, input.shape), input, weight, bias)
 
 
 @translates(aten.native_group_norm.default, checker=only_first_output_used)
@@ -158,7 +172,7 @@ def instance_norm(
         return _batch_norm_inference(ctx, input, weight, bias, running_mean, running_var, eps)
     # LayerNormalization over dims 2.. rather than InstanceNormalization: onnxruntime has no
     # double kernel for the latter and computes float16 in float16, where PyTorch uses float32.
-    normalized = _normalized(ctx, input, _one(ctx, input.dtype), None, 2, eps)
+    normalized = _normalized(ctx, input, None, None, 2, eps)
     return _channel_affine(ctx, normalized, input, weight, bias)
 
 

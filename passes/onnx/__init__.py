@@ -5,9 +5,10 @@
    ``fold_shapes`` (symbolic shape arithmetic; Reshape/Expand targets), ``fold_constants``
    (onnx's reference evaluator, size-limited), ``remove_no_ops``, ``collapse_chains``,
    ``deduplicate_initializers``, ``eliminate_common_subexpressions``.
-3. Fusions: ``fuse_gemm``, ``fuse_conv_batchnorm`` (into Conv, ConvTranspose and the Gemms
-   just made), ``fuse_clip``, ``fuse_pad``, ``full_rank_resize``, ``fuse_layer_norm`` (opset
-   17), ``fuse_instance_norm``, ``fuse_gelu`` (opset 20), ``fuse_division``, ``fuse_rms_norm``
+3. Fusions: ``fuse_gemm``, ``fuse_layer_norm`` (opset 17), ``fuse_instance_norm``,
+   ``fuse_channel_affine`` (a per-channel Mul + Add as BatchNormalization),
+   ``fuse_conv_batchnorm`` (into Conv, ConvTranspose and the Gemms just made), ``fuse_clip``,
+   ``fuse_pad``, ``full_rank_resize``, ``fuse_gelu`` (opset 20), ``fuse_division``, ``fuse_rms_norm``
    and ``fuse_attention`` (opset 23): each emits only ops of the model's opset, in that opset's
    form. With ``target="onnxruntime"``, then ``fuse_multi_head_attention`` (com.microsoft).
 4. ``remove_dead_code``, then ``fold_constants`` once more (what the fusions left computable
@@ -34,6 +35,7 @@ from dynexport.passes.onnx.fold_constants import fold_constants as fold_constant
 from dynexport.passes.onnx.fold_shapes import fold_shapes
 from dynexport.passes.onnx.full_rank_resize import full_rank_resize
 from dynexport.passes.onnx.fuse_attention import fuse_attention
+from dynexport.passes.onnx.fuse_channel_affine import fuse_channel_affine
 from dynexport.passes.onnx.fuse_clip import fuse_clip
 from dynexport.passes.onnx.fuse_conv_batchnorm import fuse_conv_batchnorm
 from dynexport.passes.onnx.fuse_division import fuse_division
@@ -54,7 +56,7 @@ __all__ = ["make_names_unique", "optimize_model", "remove_dead_code"]
 _MAX_ROUNDS = 4
 # Fusions whose result depends on the opset: each emits only ops that exist at it, in its form.
 _OPSET_DEPENDENT_FUSIONS = frozenset(
-    {fuse_layer_norm, fuse_instance_norm, fuse_gelu, fuse_rms_norm, fuse_attention, fuse_multi_head_attention}
+    {fuse_layer_norm, fuse_gelu, fuse_rms_norm, fuse_attention, fuse_multi_head_attention}
 )
 # target="onnxruntime": fusions into com.microsoft operators, each kept because
 # benchmarks/graph_quality.py measures it faster in onnxruntime (docs/optimizer.md). They run
@@ -91,12 +93,13 @@ def optimize_model(
     contrib = _ONNXRUNTIME_FUSIONS if target == "onnxruntime" else ()
     fusions = [
         fuse_gemm,
+        fuse_layer_norm,
+        fuse_instance_norm,
+        fuse_channel_affine,
         *([fuse_conv_batchnorm] if fold_constants else []),
         *([fuse_clip] if clamps_as_clip else []),
         fuse_pad,
         full_rank_resize,
-        fuse_layer_norm,
-        fuse_instance_norm,
         fuse_gelu,
         fuse_division,
         fuse_rms_norm,

@@ -12,10 +12,12 @@ from dynexport.passes.onnx.values import add_initializer, constant_array, consta
 
 __all__ = [
     "is_number",
+    "channel_vector",
     "is_square_of",
     "last_axis_scale",
     "leaves",
     "mean_plus_epsilon",
+    "per_channel_operand",
     "reduces_last_axis",
     "scaled_by_vector",
     "smallest_root",
@@ -102,3 +104,25 @@ def last_axis_scale(graph: ir.Graph, x: ir.Value, name: str) -> ir.Value | None:
     if x.shape is None or not isinstance(x.shape[-1], int):
         return None
     return add_initializer(graph, np.ones(x.shape[-1], dtype=x.dtype.numpy()), name)
+
+
+def per_channel_operand(value: ir.Value, op_type: str, channels: int, rank: int) -> tuple[ir.Node, np.ndarray] | None:
+    """(the node, the per-channel vector) when the one reader of ``value`` is ``op_type`` with a
+    :func:`channel_vector` operand: a channel affine's scale (Mul) or shift (Add)."""
+    node = single_consumer(value)
+    if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
+        return None
+    vector = channel_vector(node.inputs[1] if node.inputs[0] is value else node.inputs[0], channels, rank)
+    return (node, vector) if vector is not None else None
+
+
+def channel_vector(value: ir.Value, channels: int, rank: int) -> np.ndarray | None:
+    """The ``channels`` numbers of a float32 or float64 constant that varies along dim 1 only of
+    a rank-``rank`` tensor and broadcasts it to nothing larger, else None."""
+    array = constant_array(value)
+    if array is None or array.dtype not in (np.float32, np.float64) or array.ndim > rank or array.ndim < rank - 1:
+        return None
+    padded = array.reshape((1,) * (rank - array.ndim) + array.shape)
+    if padded.shape[0] != 1 or padded.shape[1] not in (1, channels) or any(d != 1 for d in padded.shape[2:]):
+        return None
+    return np.broadcast_to(padded.reshape(-1), (channels,))

@@ -9,6 +9,7 @@ import torch
 from dynexport.passes.onnx.dead_code import remove_dead_code
 from dynexport.passes.onnx.fold_constants import fold_constants
 from dynexport.passes.onnx.fuse_attention import fuse_attention
+from dynexport.passes.onnx.fuse_channel_affine import fuse_channel_affine
 from dynexport.passes.onnx.fuse_conv_batchnorm import fuse_conv_batchnorm
 from dynexport.passes.onnx.fuse_division import fuse_division
 from dynexport.passes.onnx.fuse_gelu import fuse_gelu
@@ -64,6 +65,31 @@ def test_conv_batchnorm_becomes_one_conv_with_folded_weights():
     }}"""
     count, fused = _fused(fuse_conv_batchnorm, text, x=rng.standard_normal((2, 2, 5, 5)).astype(np.float32))
     assert count == 1 and fused == ["Conv"]
+
+
+def test_per_channel_scale_and_shift_become_batch_normalization():
+    """x * s + b with s and b varying along dim 1 only: one BatchNormalization (mean 0, variance
+    1, epsilon 0), bit for bit the same; a constant varying along another dim stays, and so does
+    a matrix's affine (Gemm's to fuse)."""
+    text = """g (double[N, 3, H, 4] x, double[N, 3] t) => (double[N, 3, H, 4] y, double[N, 3, H, 4] z, double[N, 3] v)
+        <double[3, 1, 1] s = {1.5, 0.5, -1.0}, double[1, 3, 1, 1] b = {0.1, 0.2, 0.3}, double[4] row = {1.0, 2.0, 3.0, 4.0},
+        double[3] ts = {1.5, 0.5, -1.0}, double[3] tb = {0.1, 0.2, 0.3}, double[N, 3, H, 4] m, double[N, 3, H, 4] n,
+        double[N, 3] k> {
+        m = Mul(s, x)
+        y = Add(m, b)
+        n = Mul(x, row)
+        z = Add(n, b)
+        k = Mul(t, ts)
+        v = Add(k, tb)
+    }"""
+    feeds = {"x": rng.standard_normal((2, 3, 5, 4)), "t": rng.standard_normal((2, 3))}
+    before = run(model(text), **feeds)
+    m = model(text)
+    assert fuse_channel_affine(m.graph) == 1
+    remove_dead_code(m.graph)
+    assert ops(m) == ["BatchNormalization", "Mul", "Add", "Mul", "Add"]
+    for expected, actual in zip(before, run(m, **feeds)):
+        np.testing.assert_array_equal(actual, expected)
 
 
 def test_layer_norm_formula_becomes_layer_normalization():

@@ -6,6 +6,7 @@ the export size and at others; the counts are those of torch.onnx.export (dynamo
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import onnx_ir as ir
 import torch
 from torch import nn
@@ -164,16 +165,23 @@ class Normalized(nn.Module):
         return self.instance(torch.relu(self.group(x)) * 3 + 50)
 
 
-def test_group_and_instance_norm_become_centered_instance_normalization():
-    """onnxruntime's InstanceNormalization computes E[x^2] - E[x]^2: on inputs whose mean is
-    large against their spread only the centering keeps it near the float64 result (uncentered
-    it is off by 4e-3 here, as far as eager float32 PyTorch)."""
+@pytest.mark.parametrize("opset", [13, 20])
+def test_group_and_instance_norm_become_shifted_instance_normalization(opset):
+    """onnxruntime's InstanceNormalization computes x * s + (b - mean * s), which cancels on
+    inputs whose mean is large against their spread: fed x minus its first element it stays
+    near the float64 result (uncentered it is off by 4e-3 here, as far as eager float32
+    PyTorch). At every opset (below 17 from the written-out formula) the group norm is
+    Unsqueeze, Reshape, Slice, Sub, InstanceNormalization, Reshape, Squeeze and its affine as
+    one BatchNormalization; the instance norm Slice, Sub, InstanceNormalization."""
     torch.manual_seed(0)
     model_ = Normalized().eval()
     calls = [(torch.randn(b, 16, h, w) * 3,) for b, (h, w) in zip([2, 3, 1, 4], [(6, 6), (5, 9), (8, 3), (7, 7)])]
-    program = assert_exports_equivalent(model_, calls[0], dynamic_shapes=_image_dims(2), resized=calls[1:], atol=1e-4)
+    program = assert_exports_equivalent(
+        model_, calls[0], dynamic_shapes=_image_dims(2), resized=calls[1:], atol=1e-4, opset_version=opset
+    )
     histogram = op_histogram(program)
-    assert histogram["InstanceNormalization"] == 2 and "LayerNormalization" not in histogram
+    assert histogram["InstanceNormalization"] == 2 and histogram["BatchNormalization"] == 1
+    assert sum(histogram.values()) == 14  # the two norms' 11, and the Relu, Mul, Add between them
     shifted = 1000 + torch.randn(2, 16, 5, 7) * 0.05
     with torch.no_grad():
         precise = model_.double()(shifted.double())
