@@ -83,6 +83,17 @@ def test_a_users_exported_program_is_left_as_it_was():
     assert program.verify(*inputs).passed
 
 
+def test_the_onnxruntime_target_keeps_the_standard_ops():
+    # com.microsoft's GroupQueryAttention, SkipSimplifiedLayerNormalization and RotaryEmbedding
+    # measured slower or no faster on onnxruntime's CPU provider (docs/llm.md): none is used.
+    model = DECODERS["llama"](True).eval()
+    program = _export_decoder(model, opset_version=23, target="onnxruntime")
+    histogram = op_histogram(program)
+    assert histogram["Attention"] == 2 and histogram["RMSNormalization"] == 5 and histogram["RotaryEmbedding"] == 4
+    assert not [n for n in program.model_proto.graph.node if n.domain == "com.microsoft"]
+    assert program.verify(model=model, resized=[((), _filled_cache_call(model, 1, 6, 1))]).passed
+
+
 def test_below_opset_23_nothing_is_fused():
     model = DECODERS["llama"](True).eval()
     histogram = op_histogram(_export_decoder(model, opset_version=22))
