@@ -24,3 +24,18 @@ def test_mod_and_floordiv_of_sizes_follow_python_signs():
         _ShapeArithmetic(), (x,), dynamic_shapes=({0: Dim("batch")},),
         resized=[(torch.ones(n, 3),) for n in (3, 7, 10, 13, 17)],
     )
+
+
+class _SymIte(torch.nn.Module):
+    """``torch.sym_ite`` picks a size by a condition on another: 2n rows below 5, n from there."""
+
+    def forward(self, x):
+        n = x.shape[0]
+        return x.new_ones(torch.sym_ite(n > 4, n, 2 * n), 2), x * torch.sym_ite(n > 4, 1.5, 0.5)
+
+
+def test_sym_ite_takes_either_branch_at_run_time():
+    assert_exports_equivalent(
+        _SymIte(), (torch.ones(6, 3),), dynamic_shapes=({0: Dim("batch")},),
+        resized=[(torch.ones(n, 3),) for n in (2, 4, 5, 9)],
+    )

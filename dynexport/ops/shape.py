@@ -167,6 +167,47 @@ def select(ctx, self, dim, index):
     return ctx.op.Gather(self, index, axis=dim)
 
 
+def _refuse_strides_over_a_view(ctx) -> None:
+    """as_strided addresses its input's storage: that is the input's elements in order only
+    when the input is contiguous from the storage's start (not a transpose, slice or expand)."""
+    val = ctx.node.args[0].meta["val"]
+    if val.is_contiguous() and val.storage_offset() == 0:
+        return
+    raise TranslationError(
+        str(ctx.node.target),
+        source_line(ctx.node),
+        f"the input is a view (strides {tuple(val.stride())}, storage offset {val.storage_offset()}) and "
+        "as_strided reads the storage under it, which ONNX tensors do not have",
+        "call .contiguous() on the tensor before as_strided, or express the view with slicing, "
+        "unfold, expand or reshape",
+    )
+
+
+@translates(aten.as_strided.default)
+def as_strided(ctx, self, size, stride, storage_offset=None):
+    """Element ``i`` of the result is element ``offset + sum(i[d] * stride[d])`` of the input
+    taken in order: a Gather from the flattened input at indices built by broadcasting."""
+    _refuse_strides_over_a_view(ctx)
+    positions = shape_tensor(ctx, [0 if storage_offset is None else storage_offset])
+    for d, (extent, step) in enumerate(zip(size, stride)):
+        along = ctx.op.Range(
+            ctx.constant(0, ir.DataType.INT64), _int64(ctx, extent), ctx.constant(1, ir.DataType.INT64)
+        )
+        along = ctx.op.Mul(along, _int64(ctx, step))
+        positions = ctx.op.Add(ctx.op.Unsqueeze(positions, ints(ctx, [-1])) if d else positions, along)
+    flat = onnx_reshape(ctx, self, ints(ctx, [-1]))
+    if not size:
+        return ctx.op.Gather(flat, ctx.op.Squeeze(positions, ints(ctx, [0])), axis=0)
+    return ctx.op.Gather(flat, positions, axis=0)
+
+
+def _int64(ctx, value: int | ir.Value) -> ir.Value:
+    """A 0-d int64 scalar from an int or a SymInt's scalar."""
+    if isinstance(value, ir.Value):
+        return cast(ctx, value, ir.DataType.INT64)
+    return ctx.constant(int(value), ir.DataType.INT64)
+
+
 @translates(aten.cat.default, aten.concat.default)
 def cat(ctx, tensors, dim=0):
     out_rank = ctx.out_rank

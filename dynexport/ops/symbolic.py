@@ -128,6 +128,12 @@ translates(operator.and_)(_logical_or_bitwise("And"))
 translates(operator.or_)(_logical_or_bitwise("Or"))
 
 
+@translates(torch.sym_ite)
+def sym_ite(ctx, condition, then, otherwise):
+    dtype = ctx.out_dtype
+    return ctx.op.Where(scalar(ctx, condition, ir.DataType.BOOL), scalar(ctx, then, dtype), scalar(ctx, otherwise, dtype))
+
+
 @translates(torch.sym_float)
 def sym_float(ctx, a):
     return scalar(ctx, a, ir.DataType.DOUBLE)

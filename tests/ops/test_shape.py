@@ -278,3 +278,28 @@ def test_flatten_with_empty_dims_keeps_the_symbolic_ones():
         lambda y: (y.flatten(1, 2), y.flatten(0, 1), y.flatten(2)), (y,),
         dynamic_shapes=({0: B, 2: S},), resized=[(torch.randn(3, 3, 7, 5),)],
     )
+
+
+@pytest.mark.parametrize(
+    "fn, x, dims, resized",
+    [
+        # Overlapping windows (unfold's strides), an offset, and a 0-d element.
+        (lambda x: x.as_strided((3, 4), (2, 1), 1), torch.randn(12), None, []),
+        (lambda x: x.as_strided((), (), 5), torch.randn(8), None, []),
+        # Sizes and strides that follow dynamic dims.
+        (lambda x: x.as_strided((x.shape[0] - 2, 3), (1, 1)), torch.randn(8), {0: torch.export.Dim("n", min=4)},
+         [torch.randn(5), torch.randn(20)]),
+        (lambda x: x.as_strided((2, x.shape[1] - 1), (x.shape[1], 1), 1), torch.randn(3, 5),
+         {1: torch.export.Dim("m", min=3)}, [torch.randn(3, 9)]),
+    ],
+    ids=["windows", "element", "dynamic_size", "dynamic_stride"],
+)
+def test_as_strided_of_a_contiguous_tensor(fn, x, dims, resized):
+    assert_exports_equivalent(fn, (x,), dynamic_shapes=(dims,) if dims else None, resized=[(r,) for r in resized])
+
+
+def test_as_strided_over_a_view_is_refused():
+    # x.t()'s storage is x's: the ONNX tensor of x.t() has no storage order to stride over.
+    with pytest.raises(TranslationError, match=r"(?s)input is a view \(strides \(1, 5\).*call \.contiguous\(\)"):
+        dynexport.export(lambda x: x.t().as_strided((2, 2), (1, 2)), (torch.randn(3, 5),))
+    assert_exports_equivalent(lambda x: x.t().contiguous().as_strided((2, 2), (1, 2)), (torch.randn(3, 5),))

@@ -134,6 +134,18 @@ def _split(draw, dtype):
 
 
 @composite
+def _as_strided(draw, dtype):
+    shape = draw(shapes(min_rank=1, min_side=1))
+    rank = draw(st.integers(0, 3))
+    size = draw(st.lists(st.integers(0, 3), min_size=rank, max_size=rank))
+    stride = draw(st.lists(st.integers(0, 3), min_size=rank, max_size=rank))
+    offset = draw(st.integers(0, 3))
+    # Every element read lies inside the input's storage (eager refuses others).
+    assume(offset + sum((n - 1) * s for n, s in zip(size, stride) if n) < math.prod(shape))
+    return (draw(tensors(shape, dtype, SPECIALS)),), {"size": size, "stride": stride, "storage_offset": offset}
+
+
+@composite
 def _split_with_sizes(draw, dtype):
     shape = draw(shapes(min_rank=1))
     d = draw(dim(len(shape)))
@@ -197,6 +209,7 @@ SPECS: list[OpSpec] = [
     OpSpec("flatten.using_ints", aten.flatten.using_ints, _flatten, ALL),
     OpSpec("slice.Tensor", aten.slice.Tensor, slice_sample, ALL),
     OpSpec("narrow.default", aten.narrow.default, _narrow, ALL, dynamic=False),
+    OpSpec("as_strided.default", aten.as_strided.default, _as_strided, ALL, dynamic=False),
     OpSpec("select.int", aten.select.int, select_sample, ALL),
     OpSpec("cat.default", lambda *xs, dim: aten.cat.default(list(xs), dim), _several(), ALL),
     OpSpec("stack.default", lambda *xs, dim: aten.stack.default(list(xs), dim), _stack, ALL),
