@@ -1,7 +1,8 @@
 """The torchvision operators of tests/torchvision_ops.py give torchvision's results: NMS on boxes
 whose answer is worked out by hand, RoIAlign against values computed by hand on a ramp image and
 against torchvision's own pure-Python RoIAlign, RoIPool by hand and against onnxruntime's
-MaxRoiPool, the position-sensitive pair by hand and against RoIAlign."""
+MaxRoiPool, the position-sensitive pair by hand and against RoIAlign, deformable convolution
+against ordinary convolutions of shifted and averaged features."""
 
 from __future__ import annotations
 
@@ -50,16 +51,16 @@ def ramp(height: int, width: int) -> torch.Tensor:
     ("roi", "options", "expected"),
     [
         # Bins [0.5, 2.5] and [2.5, 4.5] (aligned shifts by half a pixel): their centres.
-        ([0, 1, 1, 5, 5], dict(output_size=2, aligned=True), [1.5, 3.5]),
-        ([0, 1, 1, 5, 5], dict(output_size=2, aligned=False), [2.0, 4.0]),
+        ([0, 1, 1, 5, 5], {"output_size": 2, "aligned": True}, [1.5, 3.5]),
+        ([0, 1, 1, 5, 5], {"output_size": 2, "aligned": False}, [2.0, 4.0]),
         # Four samples per side at 4.5, 5.5, 6.5 and 7.5; the last is clamped to the last column.
-        ([0, 4, 0, 8, 2], dict(output_size=1, sampling_ratio=4), [(4.5 + 5.5 + 6.5 + 7) / 4]),
+        ([0, 4, 0, 8, 2], {"output_size": 1, "sampling_ratio": 4}, [(4.5 + 5.5 + 6.5 + 7) / 4]),
         # Adaptive sampling: ceil(4 / 1) = 4 samples per side, as above.
-        ([0, 4, 0, 8, 2], dict(output_size=1, sampling_ratio=0), [(4.5 + 5.5 + 6.5 + 7) / 4]),
+        ([0, 4, 0, 8, 2], {"output_size": 1, "sampling_ratio": 0}, [(4.5 + 5.5 + 6.5 + 7) / 4]),
         # Half of the ROI in box coordinates (spatial_scale 0.5): columns 2 to 4, centre 3.
-        ([0, 4, 0, 8, 4], dict(output_size=1, spatial_scale=0.5, sampling_ratio=2), [3.0]),
+        ([0, 4, 0, 8, 4], {"output_size": 1, "spatial_scale": 0.5, "sampling_ratio": 2}, [3.0]),
         # Samples more than a pixel outside the map count as 0.
-        ([0, 20, 20, 30, 30], dict(output_size=1, sampling_ratio=2), [0.0]),
+        ([0, 20, 20, 30, 30], {"output_size": 1, "sampling_ratio": 2}, [0.0]),
     ],
 )
 def test_roi_align_on_a_ramp(torchvision, roi, options, expected):
@@ -86,11 +87,11 @@ def test_roi_align_matches_torchvisions_python_roi_align(torchvision, aligned, s
     [
         # Pixels 1 to 5 in two bins 2.5 wide: columns 1 + floor(0) to 1 + ceil(2.5) and 1 +
         # floor(2.5) to 1 + ceil(5), past the last. Of -1 - x, the largest is at the first column.
-        ([0, 1, 1, 5, 5], dict(output_size=(1, 2)), [3.0, 5.0], [-2.0, -4.0]),
+        ([0, 1, 1, 5, 5], {"output_size": (1, 2)}, [3.0, 5.0], [-2.0, -4.0]),
         # Corners 0.5 and 2.5 round away from zero, to 1 and 3 (to even, 0 and 2).
-        ([0, 1, 0, 5, 0], dict(output_size=1, spatial_scale=0.5), [3.0], [-2.0]),
+        ([0, 1, 0, 5, 0], {"output_size": 1, "spatial_scale": 0.5}, [3.0], [-2.0]),
         # Past the map: no pixel, 0.
-        ([0, 20, 20, 30, 30], dict(output_size=1), [0.0], [0.0]),
+        ([0, 20, 20, 30, 30], {"output_size": 1}, [0.0], [0.0]),
     ],
 )
 def test_roi_pool_on_a_ramp(torchvision, roi, options, expected, negated):
@@ -147,6 +148,26 @@ def test_ps_roi_pool_on_a_ramp(torchvision, roi, output_size, expected):
     features = torch.cat([ramp(8, 8), ramp(8, 8) + 100], 1)[:, : output_size[0] * output_size[1]]
     pooled = torchvision.ops.ps_roi_pool(features, torch.tensor([roi], dtype=torch.float32), output_size, 1.0)
     torch.testing.assert_close(pooled[0, 0].flatten(), torch.tensor(expected))
+
+
+def test_deform_conv2d_on_whole_and_half_pixel_offsets(torchvision):
+    torch.manual_seed(0)
+    features, weight, bias = torch.randn(2, 4, 9, 10), torch.randn(6, 2, 3, 3), torch.randn(6)
+    offset = torch.zeros(2, 2 * 9, 9, 10)
+    convolved = torch.nn.functional.conv2d(features, weight, bias, padding=1, groups=2)
+    torch.testing.assert_close(torchvision.ops.deform_conv2d(features, offset, weight, bias, padding=1), convolved)
+    # Every tap one column right: the convolution one column on (the last column has no neighbour).
+    right = offset.index_fill(1, torch.arange(1, 18, 2), 1.0)
+    shifted = torchvision.ops.deform_conv2d(features, right, weight, bias, padding=1)
+    torch.testing.assert_close(shifted[..., :-1], convolved[..., 1:])
+    # Half a row down: the convolution of the rows' means, away from the top and bottom rows.
+    down = offset.index_fill(1, torch.arange(0, 18, 2), 0.5)
+    means = torch.nn.functional.conv2d((features[:, :, :-1] + features[:, :, 1:]) / 2, weight, bias, padding=1, groups=2)
+    halfway = torchvision.ops.deform_conv2d(features, down, weight, bias, padding=1)
+    torch.testing.assert_close(halfway[:, :, 1:7], means[:, :, 1:7])
+    # A mask scales each tap's sample: a mask of 1/2 halves the convolution without its bias.
+    masked = torchvision.ops.deform_conv2d(features, offset, weight, bias, padding=1, mask=torch.full((2, 9, 9, 10), 0.5))
+    torch.testing.assert_close(masked - bias[:, None, None], (convolved - bias[:, None, None]) / 2)
 
 
 def test_torchvision_reports_its_operators(torchvision):

@@ -4,12 +4,12 @@ The torchvision wheel on the package registry is a CUDA build: with the CPU torc
 its ``_C`` library does not load and ``import torchvision`` fails ("operator torchvision::nms does
 not exist"). :func:`load_torchvision` then defines the ``torchvision`` operator library itself,
 with the schemas of torchvision's C++ sources, gives ``nms``, ``roi_align``, ``roi_pool``,
-``ps_roi_align`` and ``ps_roi_pool`` CPU kernels written in torch ops that follow torchvision's
-CPU kernels step by step, and registers torchvision's own meta functions, so that eager models
-compute torchvision's results and torch.export sees the ops torchvision's compiled library would
-have given it. ``deform_conv2d`` and ``qnms`` are defined (so a model using them exports) but have
-no CPU kernel: running one eagerly fails with torch's "Could not run ... with arguments from the
-'CPU' backend". No autograd is registered: the tests run in eval.
+``ps_roi_align``, ``ps_roi_pool`` and ``deform_conv2d`` CPU kernels written in torch ops that
+follow torchvision's CPU kernels step by step, and registers torchvision's own meta functions, so
+that eager models compute torchvision's results and torch.export sees the ops torchvision's
+compiled library would have given it. ``qnms`` is defined (so a model using it exports) but has no
+CPU kernel: running it eagerly fails with torch's "Could not run ... with arguments from the 'CPU'
+backend". No autograd is registered: the tests run in eval.
 """
 
 from __future__ import annotations
@@ -249,7 +249,79 @@ def _position_sensitive_channels(input: torch.Tensor, pooled_height: int, pooled
     return torch.arange(input.shape[1]).reshape(-1, pooled_height, pooled_width)
 
 
-KERNELS = {"nms": nms, "roi_align": roi_align, "roi_pool": roi_pool, "ps_roi_align": ps_roi_align, "ps_roi_pool": ps_roi_pool}
+def deform_conv2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    offset: torch.Tensor,
+    mask: torch.Tensor,
+    bias: torch.Tensor,
+    stride_h: int,
+    stride_w: int,
+    pad_h: int,
+    pad_w: int,
+    dilation_h: int,
+    dilation_w: int,
+    groups: int,
+    offset_groups: int,
+    use_mask: bool,
+) -> torch.Tensor:
+    """Deformable convolution as torchvision's CPU kernel: tap (i, j) of output (y, x) samples
+    its offset group's channels bilinearly at (y * stride_h - pad_h + i * dilation_h + offset_h,
+    x * stride_w - pad_w + j * dilation_w + offset_w), the offsets in (h, w) pairs per tap;
+    corners outside the map count 0 and a sample a pixel or more outside it is 0; times the
+    mask with ``use_mask``; then the grouped convolution's sums of products, plus bias."""
+    batch, channels, height, width = input.shape
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    out_h, out_w = offset.shape[-2:]
+    offset = offset.reshape(batch, offset_groups, kernel_h, kernel_w, 2, out_h, out_w)
+    rows = (torch.arange(out_h) * stride_h - pad_h).reshape(out_h, 1) + (torch.arange(kernel_h) * dilation_h).reshape(
+        kernel_h, 1, 1, 1
+    )  # [kh, 1, oh, 1]
+    columns = (torch.arange(out_w) * stride_w - pad_w) + (torch.arange(kernel_w) * dilation_w).reshape(kernel_w, 1, 1)
+    y = rows.to(input.dtype) + offset[:, :, :, :, 0]  # [B, G, kh, kw, oh, ow]
+    x = columns.to(input.dtype) + offset[:, :, :, :, 1]
+    image = input.reshape(batch, offset_groups, channels // offset_groups, height, width)
+    samples = _bilinear_zero_outside(image, y, x)  # [B, G, C / G, kh, kw, oh, ow]
+    if use_mask:
+        samples = mask.reshape(batch, offset_groups, 1, kernel_h, kernel_w, out_h, out_w) * samples
+    samples = samples.reshape(batch, groups, channels // groups * kernel_h * kernel_w, out_h * out_w)
+    output = weight.reshape(groups, out_channels // groups, -1) @ samples  # [B, groups, out / groups, oh * ow]
+    return output.reshape(batch, out_channels, out_h, out_w) + bias.reshape(out_channels, 1, 1)
+
+
+def _bilinear_zero_outside(image: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``image`` [B, G, C, H, W] sampled at ``y``, ``x`` [B, G, *points]: [B, G, C, *points]."""
+    height, width = image.shape[-2:]
+    points = y.shape[2:]
+    y_low, x_low = y.floor().long(), x.floor().long()
+    ly, lx = y - y_low, x - x_low
+    hy, hx = 1 - ly, 1 - lx
+    flat = image.flatten(3)  # [B, G, C, H * W]
+
+    def pixel(row, column):
+        valid = (row >= 0) & (row <= height - 1) & (column >= 0) & (column <= width - 1)
+        index = (row.clamp(0, height - 1) * width + column.clamp(0, width - 1)).flatten(2)
+        values = flat.gather(3, index[:, :, None].expand(-1, -1, flat.shape[2], -1)).reshape(*flat.shape[:3], *points)
+        return torch.where(valid[:, :, None], values, 0)
+
+    value = (
+        (hy * hx)[:, :, None] * pixel(y_low, x_low)
+        + (hy * lx)[:, :, None] * pixel(y_low, x_low + 1)
+        + (ly * hx)[:, :, None] * pixel(y_low + 1, x_low)
+        + (ly * lx)[:, :, None] * pixel(y_low + 1, x_low + 1)
+    )
+    inside = (y > -1) & (y < height) & (x > -1) & (x < width)
+    return torch.where(inside[:, :, None], value, 0)
+
+
+KERNELS = {
+    "nms": nms,
+    "roi_align": roi_align,
+    "roi_pool": roi_pool,
+    "ps_roi_align": ps_roi_align,
+    "ps_roi_pool": ps_roi_pool,
+    "deform_conv2d": deform_conv2d,
+}
 
 
 def _compiled_ops_load() -> bool:

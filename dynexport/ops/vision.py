@@ -1,5 +1,6 @@
 """torchvision's operators: ``torchvision::nms`` as NonMaxSuppression, ``roi_align`` and
-``ps_roi_align`` as RoiAlign, ``roi_pool`` and ``ps_roi_pool`` written out.
+``ps_roi_align`` as RoiAlign, ``roi_pool`` and ``ps_roi_pool`` written out, ``deform_conv2d`` as
+DeformConv (opset 19).
 
 torchvision's compiled library defines them when torchvision loads, and dynexport never imports
 torchvision: the rules are keyed by the operators' qualified names.
@@ -277,3 +278,32 @@ def ps_roi_pool(ctx, input, rois, spatial_scale, pooled_height, pooled_width):
     area = ctx.op.Mul(ctx.op.Unsqueeze(heights, ints(ctx, [1, 3])), ctx.op.Unsqueeze(widths, ints(ctx, [1, 2])))
     mean = ctx.op.Div(sums, cast(ctx, area, input.dtype))
     return [ctx.op.Where(_empty_bins(ctx, rows, columns), ctx.constant(0, input.dtype), mean), None]
+
+
+_CONVOLUTION_SIZES = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups")
+
+
+def _static_convolution(node: torch.fx.Node) -> bool:
+    return all(isinstance(argument(node, name), int) for name in _CONVOLUTION_SIZES)
+
+
+@translates("torchvision::deform_conv2d", min_opset=19, checker=_static_convolution)
+def deform_conv2d(
+    ctx, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+    offset_groups, use_mask,
+):
+    # ONNX's DeformConv is torchvision's: offsets in (h, w) pairs per kernel tap, corners outside
+    # the map count 0, the mask multiplies each sample.
+    compute_type = input.dtype if input.dtype in _ROI_ALIGN_TYPES else _FLOAT
+    operands = [cast(ctx, x, compute_type) for x in (input, weight, offset, bias)]
+    if use_mask:
+        operands.append(cast(ctx, mask, compute_type))
+    convolved = ctx.op.DeformConv(
+        *operands,
+        dilations=[dilation_h, dilation_w],
+        group=groups,
+        offset_group=offset_groups,
+        pads=[pad_h, pad_w, pad_h, pad_w],
+        strides=[stride_h, stride_w],
+    )
+    return cast(ctx, convolved, input.dtype)

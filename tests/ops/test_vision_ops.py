@@ -12,7 +12,7 @@ import torch
 
 import dynexport
 from dynexport.errors import OpsetTooLowError, TranslationError
-from tests.equivalence import assert_as_accurate, assert_exports_equivalent
+from tests.equivalence import TESTED_OPSET, assert_as_accurate, assert_exports_equivalent
 
 BOXES = torch.export.Dim("boxes")
 ROIS = torch.export.Dim("rois")
@@ -217,3 +217,48 @@ def test_roi_align_needs_an_output_size_known_at_export(torchvision):
             (torch.randn(1, 3, 8, 8), random_rois(3, 0, images=1)),
             dynamic_shapes=({2: height}, None),
         )
+
+
+class DeformConv(torch.nn.Module):
+    def __init__(self, torchvision, use_mask: bool):
+        super().__init__()
+        self.conv = torchvision.ops.DeformConv2d(8, 4, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+        self.use_mask = use_mask
+
+    def forward(self, features, offset, mask):
+        return self.conv(features, offset, mask if self.use_mask else None)
+
+
+def deform_conv_inputs(batch: int, height: int, width: int, seed: int, offset_groups: int = 1) -> tuple:
+    """Features, offsets of up to a few pixels (many samples land past the map) and a mask, for
+    DeformConv: a 3x2 kernel, stride (2, 1), padding (1, 0), dilation (1, 2)."""
+    generator = torch.Generator().manual_seed(seed)
+    out_h, out_w = (height - 1) // 2 + 1, width - 2
+    return (
+        torch.randn(batch, 8, height, width, generator=generator),
+        torch.randn(batch, 2 * offset_groups * 6, out_h, out_w, generator=generator) * 3,
+        torch.rand(batch, offset_groups * 6, out_h, out_w, generator=generator),
+    )
+
+
+@pytest.mark.parametrize(("use_mask", "offset_groups", "dtype"), [(False, 1, torch.float32), (True, 2, torch.float64)])
+def test_deform_conv2d_with_dynamic_batch_and_size(torchvision, use_mask, offset_groups, dtype):
+    model = DeformConv(torchvision, use_mask).eval().to(dtype)
+
+    def inputs(batch, height, width, seed):
+        return tuple(t.to(dtype) for t in deform_conv_inputs(batch, height, width, seed, offset_groups))
+
+    batch, rows, columns = torch.export.Dim("batch"), torch.export.Dim("rows", min=3), torch.export.Dim("columns", min=2)
+    per_output = {0: batch, 2: rows, 3: columns}  # the features are 2 * rows - 1 high, columns + 2 wide
+    dynamic_shapes = ({0: batch, 2: 2 * rows - 1, 3: columns + 2}, per_output, per_output)
+    if (TESTED_OPSET.get() or dynexport.options.DEFAULT_OPSET) < 19:
+        with pytest.raises(OpsetTooLowError, match="torchvision.deform_conv2d.default.*from opset 19"):
+            dynexport.export(model, inputs(2, 9, 10, 0), dynamic_shapes=dynamic_shapes)
+        return
+    program = assert_exports_equivalent(
+        model,
+        inputs(2, 9, 10, 0),
+        resized=[inputs(3, 13, 7, 1), inputs(1, 5, 4, 2)],
+        dynamic_shapes=dynamic_shapes,
+    )
+    assert [node.op_type for node in program.model.graph].count("DeformConv") == 1
