@@ -112,12 +112,10 @@ def _source(node: object) -> object:
         before, after = _val(source), _val(node)
         if before is None or after is None or not _same_shape(before, after) or before.dtype != after.dtype:
             return node
-        if node.target in _IDENTITIES or node.target in _CASTS:
-            node = source
-        elif node.target is aten.slice.Tensor and _argument(node, 4, "step", 1) == 1:
-            node = source
-        else:
+        full_slice = node.target is aten.slice.Tensor and _argument(node, 4, "step", 1) == 1
+        if not (node.target in _IDENTITIES or node.target in _CASTS or full_slice):
             return node
+        node = source
     return node
 
 
@@ -228,9 +226,10 @@ def _rms_norm(rsqrt: Node):
 
 def _uncast(node: Node) -> Node:
     """x for ``x.float()`` (a cast to float32 from a float dtype), else ``node``."""
-    if _is_call(node, *_CASTS) and _val(node.args[0]) is not None and _val(node.args[0]).is_floating_point():
-        if len(_users(node)) == 2:  # the square and the product
-            return node.args[0]
+    source = _val(node.args[0]) if _is_call(node, *_CASTS) else None
+    # Read by the square and the product only: else the cast is needed anyway.
+    if source is not None and source.is_floating_point() and len(_users(node)) == 2:
+        return node.args[0]
     return node
 
 
@@ -342,12 +341,11 @@ def _repeats_its_halves(node: object) -> bool:
         if _is_call(node, aten.cat.default):
             parts = node.args[0]
             return len(parts) == 2 and parts[0] is parts[1] and _is_last_axis(_argument(node, 1, "dim", 0), _val(node).dim())
-        if _is_call(node, aten.cos.default, aten.sin.default, *_CASTS, *_IDENTITIES):
-            node = node.args[0]
-        elif _is_call(node, aten.mul.Tensor, aten.div.Tensor) and _python_number(node.args[1]) is not None:
-            node = node.args[0]
-        else:
+        elementwise = _is_call(node, aten.cos.default, aten.sin.default, *_CASTS, *_IDENTITIES)
+        by_number = _is_call(node, aten.mul.Tensor, aten.div.Tensor) and _python_number(node.args[1]) is not None
+        if not (elementwise or by_number):
             return False
+        node = node.args[0]
     return False
 
 
@@ -394,11 +392,11 @@ def _attention(sdpa: Node):
     query, key, value = sdpa.args[:3]
     mask = _argument(sdpa, 3, "attn_mask")
     dropout, is_causal = _argument(sdpa, 4, "dropout_p", 0.0), _argument(sdpa, 5, "is_causal", False)
-    scale, gqa = sdpa.kwargs.get("scale"), sdpa.kwargs.get("enable_gqa", False)
+    scale = sdpa.kwargs.get("scale")
     query_val = _val(query)
     if dropout != 0 or query_val is None or query_val.dim() != 4 or not isinstance(query_val.shape[1], int):
         return None
-    sides = [_cached_heads(side, query_val, gqa) for side in (key, value)]
+    sides = [_cached_heads(side, query_val) for side in (key, value)]
     if None in sides:
         return None
     (key_new, key_past, key_update, key_interior), (value_new, value_past, value_update, value_interior) = sides
@@ -420,7 +418,7 @@ def _attention(sdpa: Node):
             key_interior + value_interior)
 
 
-def _cached_heads(node: Node, query_val: torch.Tensor, gqa: bool):
+def _cached_heads(node: Node, query_val: torch.Tensor):
     """(new, past, cache update node, interior nodes) for ``node`` = ``repeat_kv(cat([past, new], -2))``,
     either part optional; None for something else that cannot be read as that."""
     source, interior = _unrepeated(node, query_val)

@@ -16,8 +16,8 @@ from tests.equivalence import assert_exports_equivalent, op_histogram
 
 transformers = pytest.importorskip("transformers")
 
-from tests.models.families import DECODERS  # noqa: E402  (after the importorskip)
-from tests.test_generation import _assert_generates_as_eager, _empty_cache_call, _filled_cache_call  # noqa: E402
+from tests.models.families import DECODERS  # after the importorskip
+from tests.test_generation import _assert_generates_as_eager, _empty_cache_call, _filled_cache_call
 
 Dim = torch.export.Dim
 
