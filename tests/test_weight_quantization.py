@@ -24,6 +24,7 @@ from dynexport.quantize import (
     QuantizedWeight,
     WeightQuantization,
     accuracy_cost,
+    quantization_of,
     quantize_model,
     register_weight_quantizer,
     round_to_nearest,
@@ -289,11 +290,12 @@ def test_known_weights_are_stored_from_their_own_integers_and_the_rest_stays_flo
     by its float values and stored from the integers given for it, with their block size."""
     model, x, programs = mlp_programs
     given = round_to_nearest(model.second.weight.detach(), bits=8, block_size=16, symmetric=False)
-    known = KnownWeights()
+    known = KnownWeights("a test")
     known.add(model.second.weight.detach(), lambda: given, "second.weight")
     onnx_model = programs[21].model.clone()
     quantize_model(onnx_model, WeightQuantization(target="onnxruntime"), known)
     assert known.missing() == []
+    assert quantization_of(onnx_model) == {"source": "a test", "target": "onnxruntime", "accuracy_level": 0}
     (node,) = [n for n in onnx_model.graph if n.op_type == "MatMulNBits"]
     attributes = {name: attr.as_int() for name, attr in node.attributes.items()}
     assert attributes == {"K": 48, "N": 64, "bits": 8, "block_size": 16}

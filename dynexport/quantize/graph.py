@@ -95,9 +95,9 @@ def quantize_model(model: ir.Model, config: WeightQuantization, known: KnownWeig
     else:
         products = [p for p in _weight_products(graph) if rewrite.layout(p.weight, p.transposed) is not None]
         tables = [t for t in _embedding_tables(graph) if rewrite.layout(t.inputs[0], True) is not None]
-    if not products and not tables and known is not None:
-        return 0
     if not products and not tables:
+        if known is not None:
+            return 0
         raise ValueError(
             "the model has no weight to quantize: no MatMul or Gemm multiplies an activation by a constant "
             "2-D float weight" + ("" if config.embedding else " (embeddings are left out unless embedding=True)")
@@ -110,9 +110,10 @@ def quantize_model(model: ir.Model, config: WeightQuantization, known: KnownWeig
     remove_dead_code(graph)
     if any(node.domain == MS_DOMAIN for node in graph):
         model.opset_imports[MS_DOMAIN] = 1
-    metadata = {**config.metadata(), "blocked": blocked}
-    if known is not None:
-        metadata = {"source": "torchao", "target": config.target, "accuracy_level": config.accuracy_level}
+    if known is None:
+        metadata = {**config.metadata(), "blocked": blocked}
+    else:
+        metadata = {"source": known.source, "target": config.target, "accuracy_level": config.accuracy_level}
     model.metadata_props[QUANTIZATION_KEY] = json.dumps(metadata)
     return len(rewrite.quantized)
 

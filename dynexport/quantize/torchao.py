@@ -77,7 +77,7 @@ def _standing_in_float(model: torch.nn.Module) -> Iterator[KnownWeights | None]:
     from torchao.utils import TorchAOBaseTensor
 
     replaced: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
-    known = KnownWeights()
+    known = KnownWeights("torchao")
     stand_ins: dict[int, torch.nn.Parameter] = {}  # a weight tied to several modules, once
     try:
         for module_name, module in model.named_modules(remove_duplicate=False):

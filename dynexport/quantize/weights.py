@@ -70,7 +70,8 @@ class KnownWeights:
     by the exact float values they stood as during the capture: the graph rewrite stores those
     weights from their own integers instead of quantizing them."""
 
-    def __init__(self):
+    def __init__(self, source: str):
+        self.source = source  # who quantized them ("torchao"), recorded in the model's metadata
         self._weights: dict[tuple, tuple[Callable[[], QuantizedWeight], str]] = {}
         self._found: set[str] = set()
 
