@@ -28,7 +28,8 @@ the bin it reads (float32 and float64 only: which ROIs it pools to 0 / 0 depends
 roi_pool and ps_roi_pool bin whole pixels, from the ROI's corners rounded half away from zero;
 each bin's maximum (roi_pool) or mean (ps_roi_pool) is a masked reduction, one ROI per Loop
 iteration. Their bins are computed in the input's dtype, so float16 input is refused. Their
-second result (the argmax, or the channel read) only feeds backward and has no rule.
+second result and ps_roi_align's (the argmax, or the channel read) only feed backward and have
+no rule.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ from dynexport.registry import target_name, translates
 
 _FLOAT = ir.DataType.FLOAT
 _INT64 = ir.DataType.INT64
-# RoiAlign's kernels in onnxruntime: float and double; half precision computes in float.
-_ROI_ALIGN_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+# onnxruntime's RoiAlign and DeformConv kernels take float and double; half precision computes in
+# float.
+_FLOAT_OR_DOUBLE = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
 
 
 def _refuse(ctx, reason: str, hint: str) -> TranslationError:
@@ -121,7 +123,7 @@ def _static_bins_first_output(node: torch.fx.Node) -> bool:
 @translates("torchvision::roi_align", min_opset=16, checker=_static_bins)
 @translates("torchvision::roi_align", checker=_static_bins_not_aligned)
 def roi_align(ctx, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
-    compute_type = input.dtype if input.dtype in _ROI_ALIGN_TYPES else _FLOAT
+    compute_type = input.dtype if input.dtype in _FLOAT_OR_DOUBLE else _FLOAT
     boxes = ctx.op.Slice(cast(ctx, rois, compute_type), ints(ctx, [1]), ints(ctx, [5]), ints(ctx, [1]))
     batch_indices = cast(ctx, ctx.op.Gather(rois, ctx.constant(0, _INT64), axis=1), _INT64)
     attributes = {
@@ -138,11 +140,11 @@ def roi_align(ctx, input, rois, spatial_scale, pooled_height, pooled_width, samp
 
 
 def _check_float(ctx, input: ir.Value) -> None:
-    if input.dtype not in _ROI_ALIGN_TYPES:
+    if input.dtype not in _FLOAT_OR_DOUBLE:
         raise _refuse(
             ctx,
-            f"its bins are computed in the input's dtype, {ctx.node.args[0].meta['val'].dtype}: written out "
-            "here in float32 or float64 only",
+            f"torchvision computes it in the input's dtype, {ctx.node.args[0].meta['val'].dtype}, which the "
+            "graph reproduces for float32 and float64 only",
             "pool float32 features",
         )
 
@@ -294,7 +296,7 @@ def deform_conv2d(
 ):
     # ONNX's DeformConv is torchvision's: offsets in (h, w) pairs per kernel tap, corners outside
     # the map count 0, the mask multiplies each sample.
-    compute_type = input.dtype if input.dtype in _ROI_ALIGN_TYPES else _FLOAT
+    compute_type = input.dtype if input.dtype in _FLOAT_OR_DOUBLE else _FLOAT
     operands = [cast(ctx, x, compute_type) for x in (input, weight, offset, bias)]
     if use_mask:
         operands.append(cast(ctx, mask, compute_type))

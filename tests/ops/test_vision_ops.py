@@ -212,7 +212,7 @@ def test_ps_roi_align_with_any_number_of_rois_and_feature_size(torchvision, samp
 
 def test_roi_pools_refuse_what_they_cannot_match(torchvision):
     features, rois = torch.randn(1, 12, 8, 8), random_rois(3, 0, images=1)
-    with pytest.raises(TranslationError, match="roi_pool.*float16.*float32 or float64"):
+    with pytest.raises(TranslationError, match="roi_pool.*float16.*float32 and float64"):
         dynexport.export(RoIPool(torchvision.ops.roi_pool), (features.half(), rois.half()))
     # The second result, the argmax, only feeds backward.
     with pytest.raises(dynexport.errors.UnsupportedOperatorError, match="torchvision.roi_pool.default"):
