@@ -2,11 +2,16 @@
 whose answer is worked out by hand, RoIAlign against values computed by hand on a ramp image and
 against torchvision's own pure-Python RoIAlign, RoIPool by hand and against onnxruntime's
 MaxRoiPool, the position-sensitive pair by hand and against RoIAlign, deformable convolution
-against ordinary convolutions of shifted and averaged features."""
+against ordinary convolutions of shifted and averaged features. And dynexport translates them
+when torchvision loads after it."""
 
 from __future__ import annotations
 
 import importlib
+import pathlib
+import subprocess
+import sys
+import textwrap
 
 import onnx
 import onnxruntime
@@ -186,3 +191,25 @@ def test_torch_export_records_the_operators(torchvision):
     program = torch.export.export(PoolAndSuppress(), (torch.rand(1, 2, 8, 8), rois, torch.tensor([0.9, 0.8])))
     targets = {node.target for node in program.graph.nodes}
     assert {torch.ops.torchvision.roi_align.default, torch.ops.torchvision.nms.default} <= targets
+
+
+_EXPORT_AFTER_DYNEXPORT_LOADED = textwrap.dedent("""
+    import sys
+    import torch
+    import dynexport
+    assert "torchvision" not in sys.modules and not hasattr(torch.ops.torchvision, "nms")
+    from tests.torchvision_ops import load_torchvision
+    torchvision = load_torchvision()
+    boxes, scores = torch.tensor([[0.0, 0, 3, 1], [1, 0, 4, 1], [10, 10, 11, 11]]), torch.tensor([0.5, 0.6, 0.7])
+    program = dynexport.export(lambda b, s: torchvision.ops.nms(b, s, 0.49), (boxes, scores))
+    assert program(boxes, scores).tolist() == [2, 1], program(boxes, scores)
+""")
+
+
+def test_dynexport_translates_operators_defined_after_it_loaded():
+    # dynexport's torchvision rules are keyed by name: torchvision defines its operators later.
+    root = pathlib.Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", _EXPORT_AFTER_DYNEXPORT_LOADED], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
