@@ -84,6 +84,20 @@ def test_nms_keeps_torchvisions_order_among_equal_scores(torchvision):
     assert program(boxes.flip(0), torch.full((5,), 0.5)).tolist() == [0, 1, 2]
 
 
+def test_nms_orders_nan_and_infinite_scores_as_torch_sorts_them(torchvision):
+    # torch's sort puts NaN above +inf; NonMaxSuppression gets the boxes already in that order.
+    def scored(seed):
+        boxes, scores = grid_boxes(30, seed)
+        generator = torch.Generator().manual_seed(seed)
+        scores[torch.rand(30, generator=generator) < 0.2] = torch.nan
+        scores[torch.rand(30, generator=generator) < 0.1] = torch.inf
+        return boxes, scores
+
+    assert_exports_equivalent(
+        NMS(torchvision, 0.3), scored(0), dynamic_shapes=({0: BOXES}, {0: BOXES}), resized=[scored(1), scored(2)]
+    )
+
+
 def test_nms_refuses_what_nonmaxsuppression_cannot_match(torchvision):
     boxes, scores = random_boxes(6, 0)
     with pytest.raises(TranslationError, match="nms.*float32.*float64"):
