@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
-__all__ = ["FLOATING", "INTEGRAL", "scalar_dtype", "to_onnx_dtype", "to_torch_dtype"]
+__all__ = ["FLOATING", "INTEGRAL", "carried_dtype", "scalar_dtype", "to_onnx_dtype", "to_torch_dtype"]
 
 _TORCH_TO_ONNX: dict[torch.dtype, ir.DataType] = {
     torch.float32: ir.DataType.FLOAT,
@@ -57,6 +57,22 @@ def to_onnx_dtype(dtype: torch.dtype) -> ir.DataType:
         return _TORCH_TO_ONNX[dtype]
     except KeyError:
         raise TypeError(f"torch dtype {dtype} has no ONNX equivalent") from None
+
+
+# onnxruntime has no complex kernels: inside a graph a complex tensor is carried as a real tensor
+# of its parts' type with a trailing dim of 2 holding (real, imaginary).
+_COMPLEX_PARTS: dict[torch.dtype, ir.DataType] = {
+    torch.complex32: ir.DataType.FLOAT16,
+    torch.complex64: ir.DataType.FLOAT,
+    torch.complex128: ir.DataType.DOUBLE,
+}
+
+
+def carried_dtype(dtype: torch.dtype) -> ir.DataType:
+    """The ONNX element type a tensor of ``dtype`` has in an exported graph: its own, or for a
+    complex dtype its parts' (the tensor then has a trailing dim of 2, real and imaginary)."""
+    parts = _COMPLEX_PARTS.get(dtype)
+    return parts if parts is not None else to_onnx_dtype(dtype)
 
 
 def to_torch_dtype(dtype: ir.DataType) -> torch.dtype:

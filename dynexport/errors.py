@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "CaptureError",
+    "ComplexTensorError",
     "DimSpecializedError",
     "ExportError",
     "OpsetTooLowError",
@@ -124,8 +125,9 @@ class UnsupportedOperatorError(ExportError):
         lines = [f"{len(self.uses)} operator(s) in the model have no ONNX translation:"]
         for use in self.uses:
             later = f": translated from opset {use.min_opset}" if use.min_opset else ""
+            why = f" {use.why}" if use.why else ""
             where = f"\n      first used at {use.source}" if use.source else ""
-            lines.append(f"  - {use.target} (used {use.count}x){later}{where}")
+            lines.append(f"  - {use.target} (used {use.count}x){why}{later}{where}")
         lines.append(
             "Hint: pass custom_translation_table={op: onnxscript_function} to export, or "
             "rewrite that part of the model with supported operators."
@@ -152,6 +154,10 @@ class OpsetTooLowError(UnsupportedOperatorError):
             lines.append(f"  - {use.target} (used {use.count}x): from opset {use.min_opset}{why}{where}")
         lines.append(f"Hint: export with opset_version={self.min_opset} (or later).")
         ExportError.__init__(self, "\n".join(lines))
+
+
+class ComplexTensorError(ExportError):
+    """A model's input or output is a complex tensor, which ONNX runtimes cannot hold."""
 
 
 class TranslationError(ExportError):

@@ -36,6 +36,7 @@ __all__ = [
     "RuleForm",
     "TranslationTable",
     "default_table",
+    "involves_complex",
     "register_translation",
     "rule_form",
     "target_name",
@@ -78,6 +79,7 @@ class Rule:
     min_opset: int = 1
     form: RuleForm = RuleForm.CONTEXT
     builtin: bool = False
+    accepts_complex: bool = False
 
     @property
     def name(self) -> str:
@@ -178,7 +180,7 @@ class TranslationTable:
         for rule in self._builtin_rules(target):
             if rule.min_opset > opset:
                 continue
-            if rule.checker is not None and node is not None and not rule.checker(node):
+            if node is not None and not _accepts(rule, node):
                 continue
             return rule
         return self._parent.lookup(target, node, opset) if self._parent is not None else None
@@ -190,7 +192,7 @@ class TranslationTable:
         opsets = [
             rule.min_opset
             for rule in self._builtin_rules(target)
-            if rule.checker is None or node is None or rule.checker(node)
+            if node is None or _accepts(rule, node)
         ]
         if self._parent is not None:
             opsets.append(self._parent.lowest_opset(target, node))
@@ -205,6 +207,25 @@ class TranslationTable:
         return table
 
 
+def _accepts(rule: Rule, node: torch.fx.Node) -> bool:
+    """Whether ``rule`` translates ``node``: its checker agrees, and a node that reads or makes a
+    complex tensor (carried as (real, imaginary) pairs, see dynexport.dtypes) goes only to a rule
+    written for that layout."""
+    if not rule.accepts_complex and involves_complex(node):
+        return False
+    return rule.checker is None or rule.checker(node)
+
+
+def involves_complex(node: torch.fx.Node) -> bool:
+    """Whether ``node`` reads or makes a complex tensor."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    vals = [n.meta.get("val") for n in node.all_input_nodes]
+    out = node.meta.get("val")
+    vals += list(out) if isinstance(out, (tuple, list)) else [out]
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in vals)
+
+
 default_table = TranslationTable()
 
 
@@ -215,6 +236,7 @@ def translates(
     checker: Callable[[torch.fx.Node], bool] | None = None,
     min_opset: int = 1,
     table: TranslationTable | None = None,
+    accepts_complex: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the rule for ``targets``: in dynexport's form
     (``rule(ctx, ...)``), or an ``@onnxscript.script()`` function. Rules registered from outside
@@ -230,6 +252,8 @@ def translates(
             decomposed instead.
         min_opset: the lowest ONNX opset the rule is valid for; the highest applicable one wins.
         table: the table to register into (the default table when None).
+        accepts_complex: the rule handles complex tensors, which it receives and returns as real
+            tensors with a trailing dim of 2 (real, imaginary); other rules never see them.
     """
     if not targets:
         raise ValueError("translates() needs at least one operator")
@@ -237,7 +261,7 @@ def translates(
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         form = RuleForm.ONNXSCRIPT_FUNCTION if isinstance(fn, onnxscript.OnnxFunction) else RuleForm.CONTEXT
         (table or default_table).add(
-            Rule(fn, tuple(targets), promote, promoted, checker, min_opset, form, _is_builtin(fn))
+            Rule(fn, tuple(targets), promote, promoted, checker, min_opset, form, _is_builtin(fn), accepts_complex)
         )
         return fn
 

@@ -35,8 +35,9 @@ from dynexport.decompositions import (
     decomposition_table,
     trace_decomposition,
 )
-from dynexport.dtypes import scalar_dtype, to_onnx_dtype, to_torch_dtype
+from dynexport.dtypes import carried_dtype, scalar_dtype, to_onnx_dtype, to_torch_dtype
 from dynexport.errors import (
+    ComplexTensorError,
     ExportError,
     OpsetTooLowError,
     TranslationError,
@@ -48,7 +49,7 @@ from dynexport.module_functions import extract_module_functions
 from dynexport.passes.fx.functionalize import functional_variant, mutated_argument
 from dynexport.passes.fx.simplify import Simplifications
 from dynexport.passes.onnx.naming import make_names_unique
-from dynexport.registry import Promote, Rule, RuleForm, TranslationTable, target_name
+from dynexport.registry import Promote, Rule, RuleForm, TranslationTable, involves_complex, target_name
 
 __all__ = [
     "BUFFER_UPDATES_KEY",
@@ -100,12 +101,12 @@ class TranslationContext:
 
     @property
     def out_dtype(self) -> ir.DataType:
-        """ONNX element type of the node's (first) tensor output."""
+        """ONNX element type of the node's (first) tensor output (a complex one's parts')."""
         val = self.out
         if isinstance(val, (tuple, list)):
             val = next(v for v in val if isinstance(v, torch.Tensor))
         if isinstance(val, torch.Tensor):
-            return to_onnx_dtype(val.dtype)
+            return carried_dtype(val.dtype)
         return scalar_dtype(val)
 
     @property
@@ -169,7 +170,9 @@ class _DimNamer:
         return name
 
     def shape(self, val: torch.Tensor) -> ir.Shape:
-        return ir.Shape([self.dim(d) for d in val.shape])
+        """The shape ``val`` has in the graph: a complex tensor's ends in its (real, imaginary) pair."""
+        pair = [2] if val.is_complex() else []
+        return ir.Shape([self.dim(d) for d in val.shape] + pair)
 
 
 class _Translator:
@@ -230,7 +233,7 @@ class _Translator:
         (a sequence keeps its type: its ``val`` is the handle standing for it)."""
         sequence = isinstance(value.type, ir.SequenceType)
         if isinstance(val, torch.Tensor) and not sequence:
-            value.type = ir.TensorType(to_onnx_dtype(val.dtype))
+            value.type = ir.TensorType(carried_dtype(val.dtype))
             value.shape = self.dims.shape(val)
         elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
             value.type = ir.TensorType(scalar_dtype(val))
@@ -295,7 +298,7 @@ class _Translator:
             while value.name in self.graph.initializers:
                 value.name = f"{value.name}_"
             self.annotate(value, tensor, None)
-            value.const_value = TorchTensor(tensor, name=value.name)
+            value.const_value = TorchTensor(_carried(tensor), name=value.name)
             self.graph.register_initializer(value)
             return value
         return None  # dropped: nothing reads it
@@ -735,6 +738,7 @@ class TranslationPlan:
                 if node is None:  # a None argument has no placeholder
                     continue
                 val = node.meta.get("val")
+                _refuse_complex_io(val, f"input {name!r}")
                 if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
                     value = ir.Value(name=name)
                     translator.annotate(value, val, None)
@@ -749,7 +753,7 @@ class TranslationPlan:
             value = ir.Value(name=spec.target)
             translator.annotate(value, tensor, None)
             if options.export_params:
-                value.const_value = TorchTensor(tensor.detach(), name=spec.target)
+                value.const_value = TorchTensor(_carried(tensor.detach()), name=spec.target)
                 graph.register_initializer(value)
                 if options.keep_initializers_as_inputs:
                     graph.inputs.append(value)
@@ -816,6 +820,8 @@ def _add_outputs(
     used: set[int] = set()
     sizes: dict[str, dict[int, str]] = {}
     for (arg, _), name in zip(user_outputs(program), names):
+        if isinstance(arg, torch.fx.Node):
+            _refuse_complex_io(arg.meta.get("val"), f"output {name!r}")
         value = env[arg] if isinstance(arg, torch.fx.Node) else arg
         if value is None:
             continue
@@ -863,9 +869,33 @@ def _unsupported_uses(missing: list[_Missing]) -> list[UnsupportedUse]:
         by_target.setdefault(target, []).append(node)
         min_opsets[target] = min_opset
     return [
-        UnsupportedUse(target, len(nodes), next(filter(None, map(source_line, nodes)), None), min_opsets[target])
+        UnsupportedUse(
+            target,
+            len(nodes),
+            next(filter(None, map(source_line, nodes)), None),
+            min_opsets[target],
+            _COMPLEX_WHY if any(map(involves_complex, nodes)) else None,
+        )
         for target, nodes in by_target.items()
     ]
+
+
+_COMPLEX_WHY = "on a complex tensor, which no rule for it handles (docs/complex.md lists the complex operators)"
+
+
+def _carried(tensor: torch.Tensor) -> torch.Tensor:
+    """A weight as the graph holds it: a complex one as its (real, imaginary) pairs."""
+    return torch.view_as_real(tensor.resolve_conj()) if tensor.is_complex() else tensor
+
+
+def _refuse_complex_io(val: Any, what: str) -> None:
+    if isinstance(val, torch.Tensor) and val.is_complex():
+        raise ComplexTensorError(
+            f"the model's {what} is a complex tensor ({val.dtype}); ONNX runtimes have no complex "
+            "kernels, so an exported graph carries complex values only inside. Hint: return "
+            "torch.view_as_real(x) (or x.abs(), x.real and x.imag) and pass complex inputs the same way "
+            "(torch.view_as_complex on a real (..., 2) input inside the model)."
+        )
 
 
 def _version() -> str:

@@ -22,6 +22,7 @@ from dynexport.ops import (  # noqa: F401
     sequence,
     shape,
     sorting,
+    spectral,
     symbolic,
     unique,
     vision,
