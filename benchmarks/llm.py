@@ -13,6 +13,10 @@ nothing downloaded); its past keys and values come in, and go out, as plain tens
   form the model builder gives; export time includes the quantization);
 - ``dynexport_int4_portable``: ``target="portable"`` (opset-21 blocked DequantizeLinear + MatMul;
   onnxruntime fuses the pair into MatMulNBits when it loads it);
+- ``dynexport_torchao_int4``: a copy of the model quantized by torchao
+  (``IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))``), exported by
+  dynexport with torchao's own integers (``target="onnxruntime"``, accuracy level 4); skipped
+  when torchao is not installed;
 - ``torch_onnx_18``, ``torch_onnx_23``: ``torch.onnx.export(dynamo=True, opset_version=18 / 23)``;
 - ``builder_fp32``, ``builder_int4``: onnxruntime-genai's model builder (``-p fp32|int4 -e cpu``,
   its defaults: int4 block 32, symmetric, accuracy level 4, the tied embedding and LM head in
@@ -72,9 +76,10 @@ from dynexport.quantize import accuracy_cost, seeded_calls
 
 Dim = torch.export.Dim
 DYNEXPORT_GRAPHS = ("dynexport", "dynexport_int4", "dynexport_int4_portable")
+TORCHAO_GRAPH = "dynexport_torchao_int4"
 TORCH_ONNX_GRAPHS = {"torch_onnx_18": 18, "torch_onnx_23": 23}
 BUILDER_GRAPHS = {"builder_fp32": "fp32", "builder_int4": "int4"}
-GRAPHS = (*DYNEXPORT_GRAPHS, *TORCH_ONNX_GRAPHS, *BUILDER_GRAPHS)
+GRAPHS = (*DYNEXPORT_GRAPHS, TORCHAO_GRAPH, *TORCH_ONNX_GRAPHS, *BUILDER_GRAPHS)
 QUANTIZED = {
     "dynexport_int4": {"bits": 4, "block_size": 32, "accuracy_level": 4, "embedding": True},
     "dynexport_int4_portable": {"bits": 4, "block_size": 32, "target": "portable"},
@@ -158,6 +163,28 @@ def export_dynexport(model, graphs: list[str], directory: str, opset: int) -> tu
             results[name] = _saved(quantized, seconds + quantize_s, directory, name)
             results[name]["quantize_s"] = quantize_s
     return results, program
+
+
+def export_torchao(model, directory: str, opset: int) -> dict:
+    """A copy of the model quantized by torchao (``IntxWeightOnlyConfig`` int4, groups of 32, its
+    linear layers: the LM head, no longer tied, too), exported by dynexport with torchao's
+    integers (MatMulNBits, accuracy level 4); the export time leaves torchao's quantization out."""
+    import copy
+
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    quantized = copy.deepcopy(model)
+    quantize_(quantized, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
+    start = time.perf_counter()
+    program = dynexport.export(
+        WithPlainCache(quantized), (), kwargs=cached_call(model.config, 2, 8, 4),
+        dynamic_shapes=dynamic_shapes(model.config.num_hidden_layers), opset_version=opset, target="onnxruntime",
+        quantize_weights={"accuracy_level": 4},
+    )
+    result = _saved(program, time.perf_counter() - start, directory, TORCHAO_GRAPH)
+    del result["program"]
+    return result
 
 
 def export_torch_onnx(model, opset: int, directory: str, name: str) -> dict:
@@ -413,6 +440,9 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     print(f"LLaMA-shaped decoder: {args.layers} layers, {params / 1e6:.1f}M parameters; torch {torch.__version__}, "
           f"onnxruntime {ort.__version__}, {os.cpu_count()} CPUs")
+    if TORCHAO_GRAPH in graphs and importlib.util.find_spec("torchao") is None:
+        print(f"torchao is not installed: {TORCHAO_GRAPH} is skipped")
+        graphs.remove(TORCHAO_GRAPH)
     if importlib.util.find_spec("onnxruntime_genai") is None:
         print("onnxruntime-genai is not installed: the model builder's graphs are skipped")
         graphs = [g for g in graphs if g not in BUILDER_GRAPHS]
@@ -426,6 +456,8 @@ def main() -> None:
             warnings.simplefilter("ignore")
             if any(g in DYNEXPORT_GRAPHS for g in graphs):
                 results, float_program = export_dynexport(model, graphs, directory, args.opset)
+            if TORCHAO_GRAPH in graphs:
+                results[TORCHAO_GRAPH] = export_torchao(model, directory, args.opset)
             for name, opset in TORCH_ONNX_GRAPHS.items():
                 if name in graphs:
                     with contextlib.redirect_stdout(io.StringIO()):
