@@ -1,6 +1,7 @@
 """Graph quality: dynexport vs torch.onnx.export, side by side, in one process.
 
     python benchmarks/graph_quality.py [--rounds 30] [--models mlp,resnet18,...]
+        [--groups examples,conv,realistic] [--statistic min]
         [--exporters dynexport,dynexport_ort,dynamo,dynamo_ortopt,torchscript] [--image-size 224]
 
 The paths (``--exporters``, default ``dynexport,dynamo``): dynexport (portable, the default),
@@ -9,14 +10,15 @@ The paths (``--exporters``, default ``dynexport,dynamo``): dynexport (portable, 
 users take today for onnxruntime's contrib fusions) and ``torchscript`` (the TorchScript
 exporter).
 
-The suite is ``benchmarks/export_speed.py``'s (the examples, tiny transformers encoders and
-decoders), convolutional and recurrent models (torchvision's resnet18, mobilenet_v3_small and
+The suite, in three groups (``--groups``, default all): ``examples``,
+``benchmarks/export_speed.py``'s (the examples, tiny transformers encoders and decoders);
+``conv``, convolutional and recurrent models (torchvision's resnet18, mobilenet_v3_small and
 deeplabv3_mobilenet_v3_large at a static size, transformers' MobileNetV2 at a dynamic size and,
 with TensorFlow padding, a static one, where torchvision loads (tests/torchvision_ops.py); small
 blocks: GroupNorm + InstanceNorm, gather/index_select/masked ops, a depthwise-separable CNN,
-pixel_shuffle, a bidirectional LSTM) and the realistic sizes of the onnxruntime target's goal
-(BERT-base at sequence 128, ViT-B/16 and Whisper-tiny's encoder, random weights; ResNet-50,
-MobileNetV2 and EfficientNet-B0 at 224 px). Per model and path it prints the main graph's node
+pixel_shuffle, a bidirectional LSTM); ``realistic``, the realistic sizes of the onnxruntime
+target's goal (BERT-base at sequence 128, ViT-B/16 and Whisper-tiny's encoder, random weights;
+ResNet-50, MobileNetV2 and EfficientNet-B0 at 224 px). Per model and path it prints the main graph's node
 count, the initializer bytes, the file size and the onnxruntime latency on the example inputs
 (CPU provider, one thread; the sessions run in turn, ``--rounds`` times, and the median of each
 is reported, or with ``--statistic min`` the fastest run, steadier where other processes load
@@ -52,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_speed import Case, suite  # noqa: E402  (the same models, defined once)
 
 EXPORTERS = ("dynexport", "dynexport_ort", "dynamo", "dynamo_ortopt", "torchscript")
+GROUPS = ("examples", "conv", "realistic")
 Dim = torch.export.Dim
 
 
@@ -400,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="interleaved timed runs per session")
     parser.add_argument("--models", help="comma-separated subset of the suite")
     parser.add_argument(
+        "--groups", default=",".join(GROUPS), help="comma-separated, any of: " + ", ".join(GROUPS) + " (the default: all)"
+    )
+    parser.add_argument(
         "--exporters", default="dynexport,dynamo", help="comma-separated, any of: " + ", ".join(EXPORTERS)
     )
     parser.add_argument("--image-size", type=int, default=224)
@@ -411,7 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     statistic = {"median": statistics.median, "min": min}[options.statistic]
     torch.set_num_threads(1)
-    models = {**suite(), **conv_suite(options.image_size), **realistic_suite()}
+    groups = options.groups.split(",")
+    if not set(groups) <= set(GROUPS):
+        parser.error(f"--groups: any of {GROUPS}")
+    factories = {"examples": suite, "conv": lambda: conv_suite(options.image_size), "realistic": realistic_suite}
+    models = {name: model for group in groups for name, model in factories[group]().items()}
     if options.models:
         unknown = set(options.models.split(",")) - set(models)
         if unknown:
