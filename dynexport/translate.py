@@ -874,7 +874,7 @@ def _unsupported_uses(missing: list[_Missing]) -> list[UnsupportedUse]:
             len(nodes),
             next(filter(None, map(source_line, nodes)), None),
             min_opsets[target],
-            _COMPLEX_WHY if any(map(involves_complex, nodes)) else None,
+            _COMPLEX_WHY if min_opsets[target] is None and any(map(involves_complex, nodes)) else None,
         )
         for target, nodes in by_target.items()
     ]

@@ -100,6 +100,19 @@ def _dft(ctx, x: ir.Value, axis: int, *, inverse: bool = False, onesided: bool =
     return ctx.op.DFT(x, axis=axis, inverse=int(inverse), onesided=int(onesided))
 
 
+def _real_bins_exact(ctx, spectrum: ir.Value, rank_: int, axis: int, n: int | ir.Value) -> ir.Value:
+    """``spectrum`` (pairs of rank ``rank_``), the DFT of a real signal of ``n`` points along ``axis``, with the imaginary
+    parts of bins 0 and n/2 exactly 0, as PyTorch's FFT gives them (they round to ±1e-16
+    otherwise, which flips angle() between pi and -pi)."""
+    one = ctx.constant(1, ir.DataType.INT64)
+    bins = ctx.op.Range(ctx.constant(0, ir.DataType.INT64), ctx.sym_size(spectrum, axis), one)
+    real_bin = ctx.op.Or(ctx.op.Equal(bins, ctx.constant(0, ir.DataType.INT64)),
+                         ctx.op.Equal(ctx.op.Mul(bins, ctx.constant(2, ir.DataType.INT64)), _int64(ctx, n)))
+    real_bin = ctx.op.Reshape(real_bin, ints(ctx, [-1] + [1] * (rank_ - 1 - axis)))
+    imaginary = ctx.op.And(real_bin, ctx.constant([False, True], ir.DataType.BOOL))
+    return ctx.op.Where(imaginary, ctx.constant(0.0, spectrum.dtype), spectrum)
+
+
 def _signal_size(ctx, x: ir.Value, dims: Sequence[int]) -> int | ir.Value:
     """The number of points the transform over ``dims`` of ``x`` spans: an int when static."""
     sizes = [size_of(ctx, x, d) for d in dims]
@@ -128,6 +141,7 @@ def fft_r2c(ctx, self, dim, normalization, onesided):
     points = _signal_size(ctx, x, dims)
     # The last dim is transformed real to complex (one-sided if asked), the others complex to complex.
     result = _dft(ctx, ctx.op.Unsqueeze(x, ints(ctx, [-1])), dims[-1], onesided=onesided)
+    result = _real_bins_exact(ctx, result, r + 1, dims[-1], size_of(ctx, x, dims[-1]))
     for d in dims[:-1]:
         result = _dft(ctx, result, d)
     return cast(ctx, _normalized(ctx, result, points, normalization, inverse=False), ctx.out_dtype)
@@ -201,7 +215,7 @@ def stft(ctx, self, n_fft, hop_length=None, win_length=None, window=None, normal
     hop = ctx.constant(n_fft // 4 if hop_length is None else hop_length, ir.DataType.INT64)
     spectrum = ctx.op.STFT(signal, hop, window, ctx.constant(n_fft, ir.DataType.INT64),
                            onesided=int(onesided is not False))
-    spectrum = ctx.op.Transpose(spectrum, perm=[0, 2, 1, 3])
+    spectrum = _real_bins_exact(ctx, ctx.op.Transpose(spectrum, perm=[0, 2, 1, 3]), 4, 1, n_fft)
     if not batched:
         spectrum = ctx.op.Squeeze(spectrum, ints(ctx, [0]))
     if normalized:
