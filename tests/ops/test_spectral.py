@@ -1,0 +1,176 @@
+"""Spectral operators and complex tensors (stft, the fft family, complex arithmetic and views)
+against onnxruntime, with dynamic signal lengths checked at another length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dynexport
+from dynexport.errors import ComplexTensorError, OpsetTooLowError, UnsupportedOperatorError
+from tests.equivalence import assert_exports_equivalent, op_histogram
+
+LENGTH = torch.export.Dim("length", min=500, max=8000)
+BATCH = torch.export.Dim("batch", min=2)
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _length_dynamic(fn, x, longer, **options):
+    """Export ``fn(x)`` with the signal's last dim dynamic, and check it at ``longer`` too."""
+    dims = {x.dim() - 1: LENGTH}
+    return assert_exports_equivalent(Lambda(fn), (x,), dynamic_shapes=(dims,), resized=[(longer,)], **options)
+
+
+# -- stft --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "center, normalized, onesided",
+    [(True, False, True), (False, True, False), (True, True, None)],
+    ids=["centered", "uncentered-normalized-twosided", "centered-normalized"],
+)
+def test_stft_magnitude_with_hann_window_at_another_length(center, normalized, onesided):
+    # n_fft 400, not a power of 2 (Whisper's): onnxruntime's DFT is exact enough there only in float64.
+    def spectrogram(x):
+        window = torch.hann_window(400)
+        spectrum = torch.stft(x, 400, 160, window=window, center=center, normalized=normalized,
+                              onesided=onesided, return_complex=True)
+        return spectrum.abs()
+
+    program = _length_dynamic(spectrogram, torch.randn(2, 1600), torch.randn(2, 2345))
+    assert op_histogram(program)["STFT"] == 1
+
+
+def test_stft_power_of_a_1d_signal_with_a_shorter_window():
+    # win_length < n_fft: PyTorch zero-pads the window about the middle.
+    def power(x):
+        spectrum = torch.stft(x, 64, 16, win_length=48, window=torch.hann_window(48), return_complex=True)
+        return spectrum.abs().pow(2), torch.view_as_real(spectrum)
+
+    _length_dynamic(power, torch.randn(700), torch.randn(901))
+
+
+class MelSpectrogram(torch.nn.Module):
+    """torchaudio's MelSpectrogram in outline: stft, power, a mel filterbank, log."""
+
+    def __init__(self, n_fft=256, hop=64, n_mels=20):
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.register_buffer("window", torch.hann_window(n_fft))
+        self.register_buffer("filterbank", torch.rand(n_fft // 2 + 1, n_mels))
+
+    def forward(self, waveform):
+        spectrum = torch.stft(waveform, self.n_fft, self.hop, window=self.window, return_complex=True)
+        power = spectrum.abs().pow(2)
+        mel = torch.matmul(power.transpose(-1, -2), self.filterbank).transpose(-1, -2)
+        return torch.log(mel.clamp(min=1e-10))
+
+
+def test_mel_spectrogram_with_dynamic_batch_and_length():
+    model = MelSpectrogram().eval()
+    assert_exports_equivalent(
+        model, (torch.randn(2, 1000),), dynamic_shapes=({0: BATCH, 1: LENGTH},), resized=[(torch.randn(3, 1777),)],
+        rtol=1e-4, atol=1e-4,
+    )
+
+
+# -- the fft family ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
+def test_rfft_irfft_and_fft_ifft_in_each_norm_at_another_length(norm):
+    def transforms(x):
+        spectrum = torch.fft.rfft(x, norm=norm)
+        full = torch.fft.fft(x, norm=norm)
+        back = torch.fft.irfft(spectrum * 0.5, n=x.shape[-1], norm=norm)
+        return spectrum.abs(), torch.view_as_real(spectrum), full.real, full.imag, back, torch.fft.ifft(full, norm=norm).real
+
+    # irfft's n = x.shape[-1] makes torch.export require an even length.
+    _length_dynamic(transforms, torch.randn(2, 600), torch.randn(2, 1002))
+
+
+@pytest.mark.parametrize("n", [64, 65])
+def test_irfft_of_a_filtered_spectrum_of_even_and_odd_length(n):
+    def lowpass(x):
+        spectrum = torch.fft.rfft(x)
+        return torch.fft.irfft(spectrum * torch.linspace(1.0, 0.0, spectrum.shape[-1]), n=n)
+
+    assert_exports_equivalent(Lambda(lowpass), (torch.randn(3, n),))
+
+
+def test_fnet_mixing_fft2_real_with_dynamic_sequence():
+    def fnet(x):
+        return torch.fft.fft2(x).real, torch.fft.fft(torch.fft.fft(x, dim=-1), dim=-2).imag
+
+    program = assert_exports_equivalent(
+        Lambda(fnet), (torch.randn(2, 16, 12),), dynamic_shapes=({1: torch.export.Dim("seq", min=2)},),
+        resized=[(torch.randn(2, 23, 12),)], rtol=1e-4, atol=1e-4,
+    )
+    assert op_histogram(program)["DFT"] == 4  # two per 2-D transform
+
+
+def test_2d_real_transforms_and_float64():
+    def transforms(x):
+        return torch.fft.irfft2(torch.fft.rfft2(x, norm="ortho"), s=x.shape[-2:], norm="ortho"), torch.fft.rfft(x, n=20).abs()
+
+    assert_exports_equivalent(Lambda(transforms), (torch.randn(2, 6, 10),))
+    assert_exports_equivalent(Lambda(transforms), (torch.randn(2, 6, 10, dtype=torch.float64),))
+
+
+def test_angle_of_a_spectrum_is_pi_not_minus_pi_at_the_real_bins():
+    # Bins 0 and n/2 of a real signal's DFT are real: PyTorch's angle there is 0 or pi exactly.
+    assert_exports_equivalent(Lambda(lambda x: torch.fft.rfft(x).angle()), (torch.randn(4, 64),))
+
+
+# -- complex arithmetic and views ----------------------------------------------------------------
+
+
+class ComplexArithmetic(torch.nn.Module):
+    def forward(self, x, pairs):
+        a, b = torch.fft.rfft(x), torch.view_as_complex(pairs)
+        cross = a * b.conj() + 2 * a - b / 4 - 1.5
+        scaled = (a * x[..., :33]).transpose(0, 1)
+        return (
+            torch.view_as_real(cross),
+            scaled.real,
+            torch.cat([a, b], dim=-1).reshape(2, 3, -1).abs(),
+            a.permute(1, 0)[5].imag,
+            a[:, 1:7].unsqueeze(0).angle(),
+            torch.view_as_real(x.to(torch.complex64) - a[..., :1]),
+        )
+
+
+def test_complex_arithmetic_conjugates_and_views():
+    assert_exports_equivalent(ComplexArithmetic(), (torch.randn(2, 64), torch.randn(2, 33, 2)))
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+
+def test_complex_output_is_refused_with_the_fix():
+    with pytest.raises(ComplexTensorError, match=r"output 'output' is a complex tensor .*view_as_real"):
+        dynexport.export(Lambda(torch.fft.rfft), (torch.randn(2, 8),))
+
+
+def test_complex_input_is_refused_with_the_fix():
+    with pytest.raises(ComplexTensorError, match=r"input 'x' is a complex tensor .*view_as_complex"):
+        dynexport.export(Lambda(torch.abs), (torch.randn(2, 8, dtype=torch.complex64),))
+
+
+def test_an_operator_without_a_complex_rule_is_refused_not_run_on_the_pairs():
+    with pytest.raises(UnsupportedOperatorError, match="exp.default .*on a complex tensor, which no rule for it handles"):
+        dynexport.export(Lambda(lambda x: torch.fft.rfft(x).exp().abs()), (torch.randn(2, 8),))
+
+
+def test_ffts_are_refused_below_opset_17():
+    with pytest.raises(OpsetTooLowError) as raised:
+        dynexport.export(Lambda(lambda x: torch.fft.rfft(x).abs()), (torch.randn(2, 8),), opset_version=16)
+    assert [(use.target, use.min_opset) for use in raised.value.uses] == [("aten._fft_r2c.default", 17)]
