@@ -83,6 +83,25 @@ def test_a_users_exported_program_is_left_as_it_was():
     assert program.verify(*inputs).passed
 
 
+def test_a_static_cache_attends_through_one_attention_without_the_repeat():
+    from tests.test_model_caches import _static_cache_call
+
+    model = DECODERS["llama"](True).eval()
+    batch = Dim("batch")
+    layers = [{0: batch}] * model.config.num_hidden_layers
+    program = dynexport.export(
+        model, (), kwargs=_static_cache_call(model, 2, 3, 2), opset_version=23,
+        dynamic_shapes={"input_ids": {0: batch, 1: Dim("seq", max=8)}, "cache": [layers, layers, [None, None]]},
+    )
+    # The buffer's index_copy_ update stays outside; the repeat to 4 heads goes.
+    assert [len(node.input) for node in _attention_nodes(program)] == [4, 4]
+    for sizes in [(1, 5, 1), (3, 0, 4)]:
+        with torch.no_grad():
+            expected = model(**_static_cache_call(model, *sizes))
+        actual = program(**_static_cache_call(model, *sizes))
+        torch.testing.assert_close(actual.logits, expected.logits, atol=1e-4, rtol=1e-4)
+
+
 def test_the_onnxruntime_target_keeps_the_standard_ops():
     # com.microsoft's GroupQueryAttention, SkipSimplifiedLayerNormalization and RotaryEmbedding
     # measured slower or no faster on onnxruntime's CPU provider (docs/llm.md): none is used.
