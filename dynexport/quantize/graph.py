@@ -436,7 +436,7 @@ def _attributes(values: dict) -> list[ir.Attr]:
 
 def _pack_low_first(codes: np.ndarray, bits: int) -> np.ndarray:
     """Unsigned ``bits``-wide codes along the last axis, packed into bytes low bits first."""
-    codes = codes.astype(np.uint8)
+    codes = codes.astype(np.uint8, copy=False)
     if bits == 8:
         return codes
     if codes.shape[-1] % 2:
@@ -456,16 +456,15 @@ def _unsigned_codes(q: QuantizedWeight, padded_k: int) -> tuple[np.ndarray, np.n
     """The codes as onnxruntime's uint8 forms store them (symmetric ones shifted up by the
     default zero point ``2^(bits-1)``), K padded with the zero point, and the zero points."""
     n, k = q.values.shape
-    blocks = padded_k // q.block_size
     if q.zero_points is None:
-        zero_points = np.full((n, blocks), 2 ** (q.bits - 1), np.int32)
-        codes = q.values.numpy() + 2 ** (q.bits - 1)
+        codes = (q.values + 2 ** (q.bits - 1)).to(torch.uint8).numpy()
+        padding = np.full((n, 1), 2 ** (q.bits - 1), np.uint8)
     else:
-        zero_points = q.zero_points.numpy()
-        codes = q.values.numpy()
-    padded = np.repeat(zero_points, q.block_size, axis=1)
-    padded[:, :k] = codes
-    return padded, None if q.zero_points is None else zero_points
+        codes = q.values.to(torch.uint8).numpy()
+        padding = q.zero_points[:, -1:].to(torch.uint8).numpy()  # the padding lies in the last block
+    if padded_k > k:
+        codes = np.concatenate([codes, np.broadcast_to(padding, (n, padded_k - k))], axis=1)
+    return codes, None if q.zero_points is None else q.zero_points.numpy()
 
 
 def _float_array(tensor: torch.Tensor, dtype: ir.DataType) -> np.ndarray:

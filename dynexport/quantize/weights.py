@@ -135,23 +135,27 @@ def round_to_nearest(weight: torch.Tensor, *, bits: int, block_size: int, symmet
     the integer zero point that represents 0.0 exactly."""
     n, k = weight.shape
     blocks = -(-k // block_size)
-    padded = torch.zeros(n, blocks * block_size, dtype=torch.float32)
-    padded[:, :k] = weight.to(torch.float32)
-    grouped = padded.view(n, blocks, block_size)
+    if k % block_size:
+        padded = torch.zeros(n, blocks * block_size, dtype=torch.float32)
+        padded[:, :k] = weight
+    else:
+        padded = weight.to(torch.float32)
+    grouped = padded.reshape(n, blocks, block_size)
+    low, high = grouped.amin(dim=2), grouped.amax(dim=2)
+    # In-place rounding and clamping: the weight's size in float32, allocated once.
     if symmetric:
         largest = 2 ** (bits - 1) - 1
-        scales = grouped.abs().amax(dim=2) / largest
+        scales = torch.maximum(high, -low) / largest
         divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
-        values = torch.round(grouped / divisor[..., None]).clamp(-largest - 1, largest)
+        values = (grouped / divisor[..., None]).round_().clamp_(-largest - 1, largest)
         zero_points = None
     else:
         largest = 2**bits - 1
-        low = grouped.amin(dim=2).clamp(max=0.0)
-        high = grouped.amax(dim=2).clamp(min=0.0)
+        low, high = low.clamp(max=0.0), high.clamp(min=0.0)
         scales = (high - low) / largest
         divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
         zero_points = torch.round(-low / divisor).clamp(0, largest)
-        values = (torch.round(grouped / divisor[..., None]) + zero_points[..., None]).clamp(0, largest)
+        values = (grouped / divisor[..., None]).round_().add_(zero_points[..., None]).clamp_(0, largest)
         zero_points = zero_points.to(torch.int32)
     values = values.view(n, blocks * block_size)[:, :k].to(torch.int32).contiguous()
     return QuantizedWeight(values, scales.contiguous(), zero_points, bits, block_size)
