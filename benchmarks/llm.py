@@ -1,13 +1,13 @@
 """A LLaMA-shaped 135M decoder with explicit past keys and values, exported side by side.
 
-    python benchmarks/llm.py [--layers 30] [--prefill 128] [--past 256,1024] [--rounds 20] [--opset 21]
+    python benchmarks/llm.py [--layers 30] [--prefill 128] [--past 256,1024] [--rounds 20] [--opset 23]
                              [--graphs dynexport,dynexport_int4,...] [--accuracy-variants] [--quick]
 
 The model is issue 18's: transformers' LlamaForCausalLM with 30 layers, hidden 576, 9 query and
 3 key-value heads, intermediate 1536, vocabulary 49152, tied embeddings, random weights (seeded,
 nothing downloaded); its past keys and values come in, and go out, as plain tensors. Graphs:
 
-- ``dynexport``: ``dynexport.export`` (fp32, at ``--opset``);
+- ``dynexport``: ``dynexport.export`` (fp32, at ``--opset``, 23 by default: the fused decoder ops);
 - ``dynexport_int4``: the same program with ``quantize_weights(bits=4, block_size=32,
   accuracy_level=4, embedding=True)`` (com.microsoft MatMulNBits and GatherBlockQuantized, the
   form the model builder gives; export time includes the quantization);
@@ -417,7 +417,10 @@ def main() -> None:
     parser.add_argument("--past", default="256,1024", help="comma-separated past lengths of the decode points")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--accuracy-variants", action="store_true", help="also the cost of other quantizations")
-    parser.add_argument("--opset", type=int, default=21, help="dynexport's opset (from 21 for the portable int4)")
+    parser.add_argument(
+        "--opset", type=int, default=23,
+        help="dynexport's opset (from 23: Attention, RMSNormalization, RotaryEmbedding; the portable int4 needs 21)",
+    )
     parser.add_argument("--graphs", default=",".join(GRAPHS), help=f"comma-separated, of {GRAPHS}")
     parser.add_argument("--quick", action="store_true", help="2 layers, prefill 16, past 64, 3 rounds")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
