@@ -7,9 +7,9 @@ here, with ``accepts_complex=True``, ever see such a tensor; every other rule de
 reads or makes one, and the export refuses it rather than treat the pair dim as data. The
 model's inputs and outputs are never complex (the translator refuses them).
 
-``aten.stft`` and the ``fft_*`` functions decompose (torch's decompositions) into framing, the
-window product and the three FFT primitives ``_fft_r2c``, ``_fft_c2c`` and ``_fft_c2r``, which
-become ONNX DFTs (opset 17), one per transformed dim.
+``aten.stft`` becomes ONNX STFT, and the ``fft_*`` functions decompose (torch's decompositions)
+into the three FFT primitives ``_fft_r2c``, ``_fft_c2c`` and ``_fft_c2r``, which become ONNX DFTs,
+one per transformed dim; both from opset 17.
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ def _is_complex(argument) -> bool:
     return isinstance(val, torch.Tensor) and val.is_complex()
 
 
-def _complex_arguments(ctx) -> list[bool]:
-    """Which of the node's positional arguments are complex tensors."""
-    return [_is_complex(a) for a in ctx.node.args]
+def _is_complex_operand(argument) -> bool:
+    """A complex tensor or Python complex number."""
+    return _is_complex(argument) or isinstance(argument, _PYTHON_COMPLEX)
 
 
-def _complex_rank(ctx, index: int = 0) -> int:
-    """The rank PyTorch sees for the node's ``index``-th argument (its pair dim left out)."""
-    return ctx.node.args[index].meta["val"].dim()
+def _complex_rank(ctx) -> int:
+    """The rank PyTorch sees for the node's first argument (its pair dim left out)."""
+    return ctx.node.args[0].meta["val"].dim()
 
 
 def _real_part(ctx, x: ir.Value) -> ir.Value:
@@ -76,11 +76,11 @@ def _pairs(ctx, real: ir.Value, imag: ir.Value) -> ir.Value:
     return ctx.op.Concat(ctx.op.Unsqueeze(real, axis), ctx.op.Unsqueeze(imag, axis), axis=-1)
 
 
-def _as_complex(ctx, x: ir.Value | int | float, dtype: ir.DataType) -> ir.Value:
-    """A real tensor or number as pairs with a zero imaginary part (as PyTorch converts it,
-    so an infinite real part keeps a zero imaginary part)."""
+def _as_complex(ctx, x: ir.Value | complex, dtype: ir.DataType) -> ir.Value:
+    """A real tensor or a number as pairs, a real one's imaginary part zero (as PyTorch converts
+    it, so an infinite real part keeps a zero imaginary part)."""
     if not isinstance(x, ir.Value):
-        return ctx.constant([float(x), 0.0], dtype)
+        return ctx.constant([_PYTHON_COMPLEX(x).real, _PYTHON_COMPLEX(x).imag], dtype)
     real = ctx.op.Unsqueeze(cast(ctx, x, dtype), ints(ctx, [-1]))
     return ctx.op.Concat(real, ctx.op.Expand(ctx.constant(0, dtype), ctx.op.Shape(real)), axis=-1)
 
@@ -101,9 +101,9 @@ def _dft(ctx, x: ir.Value, axis: int, *, inverse: bool = False, onesided: bool =
 
 
 def _real_bins_exact(ctx, spectrum: ir.Value, rank_: int, axis: int, n: int | ir.Value) -> ir.Value:
-    """``spectrum`` (pairs of rank ``rank_``), the DFT of a real signal of ``n`` points along ``axis``, with the imaginary
-    parts of bins 0 and n/2 exactly 0, as PyTorch's FFT gives them (they round to ±1e-16
-    otherwise, which flips angle() between pi and -pi)."""
+    """``spectrum`` (pairs, of rank ``rank_``), the DFT of a real signal of ``n`` points along
+    ``axis``, with the imaginary parts of bins 0 and n/2 exactly 0, as PyTorch's FFT gives them
+    (they round to ±1e-16 otherwise, which flips angle() between pi and -pi)."""
     one = ctx.constant(1, ir.DataType.INT64)
     bins = ctx.op.Range(ctx.constant(0, ir.DataType.INT64), ctx.sym_size(spectrum, axis), one)
     real_bin = ctx.op.Or(ctx.op.Equal(bins, ctx.constant(0, ir.DataType.INT64)),
@@ -187,8 +187,8 @@ def _int64(ctx, value: int | ir.Value) -> ir.Value:
 
 
 def _slice(ctx, x: ir.Value, axis: int, start: int | ir.Value, end: int | ir.Value, step: int = 1) -> ir.Value:
-    bound = lambda v: ctx.op.Reshape(_int64(ctx, v), ints(ctx, [1]))  # noqa: E731
-    return ctx.op.Slice(x, bound(start), bound(end), ints(ctx, [axis]), ints(ctx, [step]))
+    start, end = (ctx.op.Reshape(_int64(ctx, v), ints(ctx, [1])) for v in (start, end))
+    return ctx.op.Slice(x, start, end, ints(ctx, [axis]), ints(ctx, [step]))
 
 
 def _stft_checker(node: torch.fx.Node) -> bool:
@@ -272,26 +272,26 @@ def neg(ctx, self):
 @_complex_rule(aten.mul.Tensor, aten.mul.Scalar)
 def mul(ctx, self, other):
     dtype = ctx.out_dtype
-    self_complex, other_complex = _complex_arguments(ctx)[:2] + [False] * (2 - len(ctx.node.args))
+    self_complex, other_complex = (_is_complex_operand(a) for a in ctx.node.args[:2])
     if self_complex and other_complex:
-        a, b = _real_part(ctx, cast(ctx, self, dtype)), _imag_part(ctx, cast(ctx, self, dtype))
-        c, d = _real_part(ctx, cast(ctx, other, dtype)), _imag_part(ctx, cast(ctx, other, dtype))
+        self, other = (_as_complex(ctx, v, dtype) if isinstance(v, _PYTHON_COMPLEX) else cast(ctx, v, dtype)
+                       for v in (self, other))
+        a, b = _real_part(ctx, self), _imag_part(ctx, self)
+        c, d = _real_part(ctx, other), _imag_part(ctx, other)
         return _pairs(ctx, ctx.op.Sub(ctx.op.Mul(a, c), ctx.op.Mul(b, d)), ctx.op.Add(ctx.op.Mul(a, d), ctx.op.Mul(b, c)))
     pairs, factor = (self, other) if self_complex else (other, self)
     return ctx.op.Mul(cast(ctx, pairs, dtype), _real_factor(ctx, factor, dtype))
 
 
-@_complex_rule(aten.div.Tensor, aten.div.Scalar, checker=lambda node: not _is_complex(node.args[1]))
+@_complex_rule(aten.div.Tensor, aten.div.Scalar, checker=lambda node: not _is_complex_operand(node.args[1]))
 def div(ctx, self, other):
     dtype = ctx.out_dtype
     return ctx.op.Div(cast(ctx, self, dtype), _real_factor(ctx, other, dtype))
 
 
-def _real_factor(ctx, factor: ir.Value | int | float, dtype: ir.DataType) -> ir.Value:
+def _real_factor(ctx, factor: ir.Value | float, dtype: ir.DataType) -> ir.Value:
     """A real tensor or number that scales both parts of a complex tensor."""
     if not isinstance(factor, ir.Value):
-        if isinstance(factor, _PYTHON_COMPLEX):
-            raise TypeError("a Python complex scalar operand is not supported")
         return ctx.constant(float(factor), dtype)
     return ctx.op.Unsqueeze(cast(ctx, factor, dtype), ints(ctx, [-1]))
 
@@ -299,12 +299,8 @@ def _real_factor(ctx, factor: ir.Value | int | float, dtype: ir.DataType) -> ir.
 @_complex_rule(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def add(ctx, self, other, alpha=1):
     dtype = ctx.out_dtype
-    operands = []
-    for value, is_complex in zip((self, other), _complex_arguments(ctx)[:2] + [False] * (2 - len(ctx.node.args))):
-        if isinstance(value, _PYTHON_COMPLEX):
-            raise TypeError("a Python complex scalar operand is not supported")
-        operands.append(cast(ctx, value, dtype) if is_complex else _as_complex(ctx, value, dtype))
-    self, other = operands
+    self, other = (cast(ctx, v, dtype) if _is_complex(n) else _as_complex(ctx, v, dtype)
+                   for v, n in zip((self, other), ctx.node.args[:2]))
     if alpha != 1:
         other = ctx.op.Mul(other, ctx.constant(float(alpha), dtype))
     combine = ctx.op.Sub if ctx.node.target in (aten.sub.Tensor, aten.sub.Scalar) else ctx.op.Add
@@ -364,12 +360,12 @@ def _squeezes_only_ones(node: torch.fx.Node) -> bool:
     return all(isinstance(shape[d], int) for d in dims)
 
 
-@_complex_rule(aten.squeeze.dim, aten.squeeze.dims,
-               checker=_squeezes_only_ones)
+@_complex_rule(aten.squeeze.dim, aten.squeeze.dims, checker=_squeezes_only_ones)
 def squeeze(ctx, self, dim):
     r = _complex_rank(ctx)
     dims = [normalize_dim(d, r) for d in ([dim] if isinstance(dim, int) else dim)]
-    return ctx.op.Squeeze(self, ints(ctx, [d for d in dims if self.shape[d] == 1]))
+    ones = [d for d in dims if self.shape[d] == 1]
+    return ctx.op.Squeeze(self, ints(ctx, ones)) if ones else self
 
 
 @_complex_rule(aten.select.int)

@@ -136,14 +136,14 @@ def test_angle_of_a_spectrum_is_pi_not_minus_pi_at_the_real_bins():
 class ComplexArithmetic(torch.nn.Module):
     def forward(self, x, pairs):
         a, b = torch.fft.rfft(x), torch.view_as_complex(pairs)
-        cross = a * b.conj() + 2 * a - b / 4 - 1.5
+        cross = a * b.conj() + 2 * a - b / 4 - 1.5 + (0.5 - 2j) * a + 1j
         scaled = (a * x[..., :33]).transpose(0, 1)
         return (
             torch.view_as_real(cross),
             scaled.real,
             torch.cat([a, b], dim=-1).reshape(2, 3, -1).abs(),
             a.permute(1, 0)[5].imag,
-            a[:, 1:7].unsqueeze(0).angle(),
+            a[:, 1:7].unsqueeze(0).squeeze(1).squeeze(0).angle(),
             torch.view_as_real(x.to(torch.complex64) - a[..., :1]),
         )
 
