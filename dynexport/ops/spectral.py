@@ -254,9 +254,15 @@ def abs(ctx, self):
     return ctx.op.Sqrt(reduce(ctx, "ReduceSum", ctx.op.Mul(self, self), [-1], keepdims=False))
 
 
-@_complex_rule(aten.angle.default)
+@translates(aten.angle.default, accepts_complex=True)
 def angle(ctx, self):
-    return elementwise.atan2(ctx, _imag_part(ctx, self), _real_part(ctx, self))
+    if _is_complex(ctx.node.args[0]):
+        return elementwise.atan2(ctx, _imag_part(ctx, self), _real_part(ctx, self))
+    # A real number's angle: pi below 0, else 0 (-0.0 included), NaN kept.
+    x = cast(ctx, self, ctx.out_dtype)
+    zero = ctx.constant(0.0, x.dtype)
+    angle = ctx.op.Where(ctx.op.Less(x, zero), ctx.constant(math.pi, x.dtype), zero)
+    return ctx.op.Where(ctx.op.IsNaN(x), x, angle)
 
 
 @_complex_rule(aten._conj.default, aten.conj_physical.default, aten.conj.default)

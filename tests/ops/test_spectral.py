@@ -130,6 +130,13 @@ def test_angle_of_a_spectrum_is_pi_not_minus_pi_at_the_real_bins():
     assert_exports_equivalent(Lambda(lambda x: torch.fft.rfft(x).angle()), (torch.randn(4, 64),))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_angle_of_real_numbers(dtype):
+    x = torch.tensor([-2.0, -0.0, 0.0, 3.0, float("nan"), -float("inf")])
+    x = x.nan_to_num(0.0, 0.0, -5.0).to(dtype) if dtype == torch.int64 else x
+    assert_exports_equivalent(Lambda(torch.angle), (x,))
+
+
 # -- complex arithmetic and views ----------------------------------------------------------------
 
 

@@ -25,15 +25,20 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+_COMPLEX_OUTPUTS = (
+    "its OpInfo samples take or return complex tensors, which an exported model cannot (complex values "
+    "live only inside the graph, docs/complex.md); tests/ops/test_spectral.py checks it through abs, "
+    "view_as_real, real and imag"
+)
 _UNREACHABLE = {
     "backward": "a backward op: exports of inference graphs never hold it",
     "aten.sym_storage_offset.default": "a stride/storage query: torch.export does not emit it for the contiguous inputs ONNX has",
     "aten.sym_stride.int": "a stride/storage query: torch.export does not emit it for the contiguous inputs ONNX has",
     "aten.as_strided.default": "strided views have no ONNX equivalent (ONNX tensors have no strides)",
-    "aten._fft_r2c.default": "FFT to a complex tensor: onnxruntime has no complex kernels (ONNX DFT gives real/imaginary pairs, not PyTorch's complex output)",
+    "aten._fft_r2c.default": _COMPLEX_OUTPUTS,
     "aten._native_batch_norm_legit.default": "training-mode batch norm that updates running statistics in place: an exported module in eval mode holds _native_batch_norm_legit_no_training instead",
     "aten.atan2.out": "an out= variant: torch.export functionalizes it to atan2.default",
-    "aten._fft_c2r.default": "FFT with complex input: ONNX has no complex tensors in onnxruntime's CPU kernels",
+    "aten._fft_c2r.default": _COMPLEX_OUTPUTS,
 }
 
 
@@ -44,7 +49,8 @@ _GAP_REASONS: list[tuple[str, str]] = [
      r"|lu_unpack|triangular_solve|geqrf|ormqr",
      "a matrix factorization, inverse or solve: ONNX has none of these (only Det), and an iterative "
      "graph would not match LAPACK's results"),
-    (r"_fft_|_conj|stft|angle", "complex tensors: onnxruntime has no complex kernels (ONNX DFT's real/imag pairs are not PyTorch's complex outputs)"),
+    (r"_fft_|_conj|stft|angle", "a use of complex tensors with no rule for dynexport's (real, imaginary) pair layout "
+     "(docs/complex.md lists the complex operators)"),
     (r"_to_sparse", "sparse layouts: ONNX tensors are dense"),
     (r"special_|bessel|zeta|igamma|digamma|lgamma|polygamma|erf_inv|ndtri|erfcx|airy",
      "a special function with no ONNX operator: PyTorch computes it with series and rational "
