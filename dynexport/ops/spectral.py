@@ -332,6 +332,11 @@ def clone(ctx, self, *, memory_format=None):
     return self
 
 
+@_complex_rule(aten.sym_size.int)
+def sym_size(ctx, self, dim):
+    return ctx.sym_size(self, normalize_dim(dim, _complex_rank(ctx)))
+
+
 @_complex_rule(aten.permute.default)
 def permute(ctx, self, dims):
     r = _complex_rank(ctx)

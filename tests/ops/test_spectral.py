@@ -82,6 +82,16 @@ def test_mel_spectrogram_with_dynamic_batch_and_length():
     )
 
 
+def test_istft_of_a_filtered_stft_at_another_length():
+    # istft decomposes (an inverse FFT per frame, overlap-add); it reads the spectrum's sizes.
+    def filtered(x):
+        window = torch.hann_window(64)
+        spectrum = torch.stft(x, 64, 16, window=window, return_complex=True)
+        return torch.istft(spectrum * torch.linspace(1.0, 0.2, 33).unsqueeze(-1), 64, 16, window=window)
+
+    _length_dynamic(filtered, torch.randn(2, 600), torch.randn(2, 1000))
+
+
 # -- the fft family ----------------------------------------------------------------------------
 
 
@@ -157,6 +167,24 @@ class ComplexArithmetic(torch.nn.Module):
 
 def test_complex_arithmetic_conjugates_and_views():
     assert_exports_equivalent(ComplexArithmetic(), (torch.randn(2, 64), torch.randn(2, 33, 2)))
+
+
+class ComplexWeights(torch.nn.Module):
+    """A complex buffer, and a complex constant folded from real buffers at export."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("response", torch.randn(33, dtype=torch.complex64))
+        self.register_buffer("magnitude", torch.rand(33))
+        self.register_buffer("phase", torch.rand(33))
+
+    def forward(self, x):
+        spectrum = torch.fft.rfft(x)
+        return (spectrum * self.response).abs(), torch.view_as_real(spectrum * torch.polar(self.magnitude, self.phase))
+
+
+def test_complex_weights_are_stored_as_pairs():
+    assert_exports_equivalent(ComplexWeights(), (torch.randn(2, 64),))
 
 
 # -- refusals ------------------------------------------------------------------------------------
