@@ -46,13 +46,13 @@ def fuse_llm_patterns(program: torch.export.ExportedProgram, *, opset: int) -> t
     sharing the weights), or ``program`` itself when nothing matches or ``opset`` < 23."""
     if opset < 23:
         return program
-    module = _copied_module(program.graph_module)
-    graph = module.graph
+    graph = _copied_graph(program.graph)
     renamed: dict[str, str] = {}
     fused = sum(fuse(graph, renamed) for fuse in (_fuse_rms_norms, _fuse_rotary_embeddings, _fuse_attentions))
     if not fused:
         return program
-    module.recompile()
+    # Loop bodies and branches stay where they are: the new module reads its attributes from the old.
+    module = torch.fx.GraphModule(program.graph_module, graph)
     signature = copy.deepcopy(program.graph_signature)
     for spec in signature.output_specs:
         if isinstance(spec.arg, torch.export.graph_signature.TensorArgument) and spec.arg.name in renamed:
@@ -60,13 +60,12 @@ def fuse_llm_patterns(program: torch.export.ExportedProgram, *, opset: int) -> t
     return program._update(module, signature)
 
 
-def _copied_module(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A new GraphModule over a copy of ``module``'s graph (node metadata shared, not copied)."""
+def _copied_graph(original: torch.fx.Graph) -> torch.fx.Graph:
+    """A copy of ``original`` (node metadata shared, not copied)."""
     graph = torch.fx.Graph()
-    graph._codegen = module.graph._codegen
-    values: dict[Node, Node] = {}
-    graph.output(graph.graph_copy(module.graph, values))
-    return torch.fx.GraphModule(module, graph)
+    graph._codegen = original._codegen
+    graph.output(graph.graph_copy(original, {}))
+    return graph
 
 
 # -- matching helpers --------------------------------------------------------------------------
@@ -238,12 +237,13 @@ def _uncast(node: Node) -> Node:
 
 def _fuse_rotary_embeddings(graph: torch.fx.Graph, renamed: dict[str, str]) -> int:
     fused = 0
+    halves_of: dict[Node, Node] = {}  # every layer reads the same tables
     for add in [n for n in graph.nodes if _is_call(n, aten.add.Tensor)]:
         matched = _rotary(add)
         if matched is None:
             continue
         x, cos, sin, interior = matched
-        halves = [_first_half(graph, add, table) for table in (cos, sin)]
+        halves = [halves_of.get(table) or halves_of.setdefault(table, _first_half(graph, table)) for table in (cos, sin)]
         node = _fused_call(graph, add, fused_ops.rotary_embedding.default, (x, *halves), add.meta["val"])
         _replace(graph, add, node, renamed)
         _erase_unused(graph, [add, *interior])
@@ -349,10 +349,11 @@ def _repeats_its_halves(node: object) -> bool:
     return False
 
 
-def _first_half(graph: torch.fx.Graph, before: Node, table: Node) -> Node:
+def _first_half(graph: torch.fx.Graph, table: Node) -> Node:
     val = _val(table)
     half = val.shape[-1] // 2
-    with graph.inserting_before(before):
+    # Right after the table (computed in the graph: a cos or sin), so that every layer may read it.
+    with graph.inserting_after(table):
         node = graph.call_function(aten.slice.Tensor, (table, -1, 0, half))
     with val.fake_mode:
         node.meta["val"] = val[..., :half]
