@@ -214,15 +214,18 @@ def test_rotary_near_miss_is_not_fused(module):
 class CachedAttention(torch.nn.Module):
     """Attention over ``cat([past, new])`` keys and values, their heads repeated twice."""
 
-    def __init__(self, value_cache: bool = True, cache_dim: int = -2, repeat_returned: bool = False):
+    def __init__(self, value_cache: bool = True, cache_dim: int = -2, repeat_returned: bool = False, gqa: bool = False):
         super().__init__()
         self.value_cache, self.cache_dim, self.repeat_returned = value_cache, cache_dim, repeat_returned
+        self.gqa = gqa  # SDPA repeats the heads itself (enable_gqa) instead
 
     def forward(self, q, k, v, past_k, past_v):
         keys = torch.cat([past_k, k], self.cache_dim)
         values = torch.cat([past_v, v], self.cache_dim)
         if not self.value_cache:
             values = values * 1.5
+        if self.gqa:
+            return torch.nn.functional.scaled_dot_product_attention(q, keys, values, enable_gqa=True), keys
         repeated, values = (
             t[:, :, None].expand(-1, -1, 2, -1, -1).reshape(t.shape[0], 2 * t.shape[1], t.shape[2], t.shape[3])
             for t in (keys, values)
@@ -236,8 +239,9 @@ def _attention_inputs(batch: int = 2, past: int = 3):
             torch.randn(batch, 2, past, 8), torch.randn(batch, 2, past, 8))
 
 
-def test_cached_grouped_attention_is_one_attention_with_past():
-    program = _exported(CachedAttention(), *_attention_inputs())
+@pytest.mark.parametrize("gqa", [False, True], ids=["repeat_kv", "enable_gqa"])
+def test_cached_grouped_attention_is_one_attention_with_past(gqa):
+    program = _exported(CachedAttention(gqa=gqa), *_attention_inputs())
     (node,) = _attention_nodes(program)
     assert len(node.input) == 6 and op_histogram(program)["Concat"] == 0
 
