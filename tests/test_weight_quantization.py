@@ -283,6 +283,14 @@ def test_tied_embedding_and_lm_head():
         quantized = program.quantize_weights(4, target=target, embedding=True)
         assert "model.embed_tokens.weight" not in quantized.model.graph.initializers
         assert quantized.verify().passed
+    # GatherBlockQuantized reads the LM head's MatMulNBits weight and scales through Reshapes:
+    # one stored copy.
+    quantized = program.quantize_weights(4, embedding=True)
+    gather = next(n for n in quantized.model.graph if n.op_type == "GatherBlockQuantized")
+    assert [v.producer().op_type for v in gather.inputs[::2]] == ["Reshape", "Reshape"]
+    assert not any(".gbq." in name for name in quantized.model.graph.initializers)
+    assert gather.inputs[0].producer().inputs[0].name == "model.embed_tokens.weight.nbits.quantized"
+    onnx.checker.check_model(quantized.model_proto, full_check=True)
 
 
 def test_known_weights_are_stored_from_their_own_integers_and_the_rest_stays_float(mlp_programs):

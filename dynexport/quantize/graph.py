@@ -366,7 +366,8 @@ class _Rewriter:
         form = self.form(q, gather)
         if form == "nbits":
             arrays = lambda q: _gather_block_quantized_arrays(q, dtype)
-            data, scales, zero_points = self.initializers(table, True, "gbq", arrays, gather)
+            shared = self._matmul_nbits_as_table(table, q, gather)
+            data, scales, zero_points = shared or self.initializers(table, True, "gbq", arrays, gather)
             attributes = {"gather_axis": 0, "quantize_axis": 1, "block_size": q.block_size, "bits": q.bits}
             inputs = [data, indices, scales] + ([zero_points] if zero_points is not None else [])
             nodes = [ir.Node(MS_DOMAIN, "GatherBlockQuantized", inputs, _attributes(attributes))]
@@ -376,6 +377,31 @@ class _Rewriter:
             dequantized = self._dequantized(table, True, "table_dq", arrays, axis=1, before=gather, blocked=blocked)
             nodes = [ir.Node("", "Gather", [dequantized, indices], _attributes({"axis": 0}))]
         self._replace(gather, nodes)
+
+    def _matmul_nbits_as_table(self, table: ir.Value, q: _Layout, before: ir.Node) -> tuple[ir.Value | None, ...] | None:
+        """A table already stored for MatMulNBits (an embedding tied to the LM head) read by
+        GatherBlockQuantized through Reshapes: both ops pack each row's codes low bits first
+        with the same scales and zero points, so one copy serves both where K needs no padding."""
+        stored = self.stored.get((table.name, True, "nbits"))
+        rows, k = table.const_value.shape
+        if stored is None or q.block_size * q.blocks != k:
+            return None
+        key = (table.name, True, "nbits_as_table")
+        if key not in self.stored:
+            self.stored[key] = tuple(
+                None if value is None else self._reshaped(value, rows, before) for value in stored
+            )
+        return self.stored[key]
+
+    def _reshaped(self, value: ir.Value, rows: int, before: ir.Node) -> ir.Value:
+        """A constant read as ``[rows, size / rows]``."""
+        shape = [rows, int(np.prod(value.const_value.shape)) // rows]
+        target = add_initializer(self.graph, np.array(shape, np.int64), f"{value.name}.table_shape")
+        node = ir.Node("", "Reshape", [value, target])
+        node.outputs[0].dtype = value.dtype
+        node.outputs[0].shape = ir.Shape(shape)
+        self.graph.insert_before(before, node)
+        return node.outputs[0]
 
     # -- shared --------------------------------------------------------------------------------
 
@@ -528,16 +554,25 @@ def _matmul_nbits_weight(node: ir.Node) -> np.ndarray:
 
 def _gather_block_quantized_table(node: ir.Node) -> np.ndarray:
     bits, block_size = _int_attribute(node, "bits", 4), _int_attribute(node, "block_size", 0)
-    scales = constant_array(node.inputs[2]).astype(np.float64)
-    h = constant_array(node.inputs[0]).shape[1] * 8 // bits
-    codes = _unpack_low_first(constant_array(node.inputs[0]), bits, h)
+    scales = _reshaped_constant(node.inputs[2]).astype(np.float64)
+    data = _reshaped_constant(node.inputs[0])
+    h = data.shape[1] * 8 // bits
+    codes = _unpack_low_first(data, bits, h)
     zero_points = _optional_input(node, 3)
     if zero_points is None:
         zero_points = np.full(scales.shape, 2 ** (bits - 1), np.int32)
     else:
-        zero_points = _unpack_low_first(constant_array(zero_points), bits, scales.shape[1])
+        zero_points = _unpack_low_first(_reshaped_constant(zero_points), bits, scales.shape[1])
     expand = lambda per_block: np.repeat(per_block, block_size, axis=1)[:, :h]
     return (codes - expand(zero_points)) * expand(scales)
+
+
+def _reshaped_constant(value: ir.Value) -> np.ndarray:
+    """A constant, or a Reshape of one (a MatMulNBits weight read as a table)."""
+    reshape = producer(value, "Reshape")
+    if reshape is not None:
+        return constant_array(reshape.inputs[0]).reshape(constant_array(reshape.inputs[1]))
+    return constant_array(value)
 
 
 def _dequantize_linear(node: ir.Node) -> np.ndarray:
