@@ -191,3 +191,15 @@ def test_quantize_weights_chooses_the_accuracy_level_and_verify_checks_the_store
                       quantize_weights={"accuracy_level": 4}, verify=True)
     assert {n.attributes["accuracy_level"].as_int() for n in program.model.graph if n.op_type == "MatMulNBits"} == {4}
     assert program.verification.passed and program.verification.accuracy.calls == 4
+
+
+def test_a_torchao_weight_no_product_reads_is_named_in_a_warning():
+    class Unused(MLP):
+        def forward(self, x):
+            self.second(torch.relu(self.first(x)))  # result unused: the graph drops both layers
+            return self.first(x)
+
+    model = _quantized(Unused().eval(), CONFIGS["intx-int4-group16"]())
+    with pytest.warns(UserWarning, match=r"\['second.weight'\] are not stored quantized"):
+        program = dynexport.export(model, (torch.randn(3, 64),), opset_version=21)
+    assert op_histogram(program)["DequantizeLinear"] == 1

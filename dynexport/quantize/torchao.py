@@ -66,8 +66,8 @@ def store_torchao_weights(
     quantize_model(model, config, known)
     if known.missing():
         warnings.warn(
-            f"the torchao weights {known.missing()} stay float in the ONNX model: no MatMul, Gemm or Gather reads "
-            "them as a constant 2-D weight after the optimizer",
+            f"the torchao weights {known.missing()} are not stored quantized: no MatMul, Gemm or Gather of the "
+            "optimized graph reads them as a constant 2-D weight (one the optimizer changed stays float)",
             stacklevel=3,
         )
 
