@@ -152,6 +152,7 @@ def export_dynexport(model, graphs: list[str], directory: str, opset: int) -> tu
         dynamic_shapes=dynamic_shapes(model.config.num_hidden_layers), opset_version=opset,
     )
     seconds = time.perf_counter() - start
+    print("dynexport's export phases: " + ", ".join(f"{name} {s:.1f} s" for name, s in program.timings.items()))
     results = {}
     if "dynexport" in graphs:
         results["dynexport"] = _saved(program, seconds, directory, "dynexport")
