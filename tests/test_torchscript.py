@@ -819,3 +819,23 @@ def test_scripted_lists_and_branches_at_low_opsets(opset):
         opset_version=opset,
     )
     assert program.model.opset_imports[""] == opset and "If" in op_histogram(program)
+
+
+class VariadicForward(torch.nn.Module):
+    # ultralytics' models: forward(self, x, *args, **kwargs).
+    def forward(self, x, *args, **kwargs):
+        return torch.nn.functional.relu(x) * 2
+
+
+def test_traced_forward_with_empty_variadic_arguments_and_a_dynamic_dim_of_example_size_one():
+    # What torch.onnx's TorchScript exporter takes: a batch of one declared dynamic stays dynamic.
+    program = assert_exports_equivalent(
+        VariadicForward(),
+        (torch.randn(1, 3),),
+        dynamo=False,
+        input_names=["images"],
+        dynamic_axes={"images": {0: "batch"}},
+        resized=[(torch.randn(4, 3),)],
+    )
+    assert [value.name for value in program.model.graph.inputs] == ["images"]
+    assert str(program.model.graph.inputs[0].shape[0]) == "batch"

@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch._export import converter as ts_converter
 
 from dynexport.torchscript import lists
@@ -83,9 +84,18 @@ def capture(
     module: torch.fx.GraphModule, args: tuple, kwargs: dict, dynamic_shapes: Any
 ) -> tuple[torch.export.ExportedProgram, str]:
     """Capture the GraphModule made by :func:`graph_module` with torch.export (non-strict: the
-    graph is already ATen, there is no Python left to analyse)."""
+    graph is already ATen, there is no Python left to analyse). A dim declared dynamic whose
+    example size is 0 or 1 stays dynamic, as torch.onnx's TorchScript exporter keeps it: torch
+    reasons about sizes obliviously to those two values then."""
+    oblivious = dynamic_shapes is not None and any(
+        size in (0, 1)
+        for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
+        if isinstance(leaf, torch.Tensor)
+        for size in leaf.shape
+    )
     try:
-        program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        with fx_config.patch(backed_size_oblivious=oblivious):
+            program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except TorchScriptConversionError:
         raise
     except Exception as error:
@@ -111,9 +121,16 @@ def _traced(model: Any, args: tuple, kwargs: dict) -> tuple[torch.jit.ScriptModu
                 f"dynamo=False traces the model with torch.jit.trace, which takes tensors only; "
                 f"argument {name!r} is {type(value).__name__}: pass it as a tensor, or drop dynamo=False"
             )
-    given = {name: value for name, value in bound.arguments.items() if value is not None}
+    # An empty *args or **kwargs of forward is no argument of the trace.
+    parameters = inspect.signature(model.forward).parameters
+    arguments = {
+        name: value
+        for name, value in bound.arguments.items()
+        if parameters[name].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) or value
+    }
+    given = {name: value for name, value in arguments.items() if value is not None}
     try:
-        if len(given) == len(bound.arguments):
+        if len(given) == len(arguments):
             traced = torch.jit.trace(model, tuple(given.values()), check_trace=False, strict=False)
             return traced, tuple(given.values()), {}
         traced = torch.jit.trace(model, example_kwarg_inputs=given, check_trace=False, strict=False)
