@@ -10,13 +10,24 @@ function object itself before the export does not).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch.onnx import TrainingMode
 
-__all__ = ["TrainingMode", "exporting", "is_in_onnx_export", "select_model_mode_for_export", "shape_as_tensor"]
+__all__ = [
+    "TrainingMode",
+    "exporting",
+    "is_in_onnx_export",
+    "leaving_attributes_unchanged",
+    "select_model_mode_for_export",
+    "shape_as_tensor",
+]
+
+_Result = TypeVar("_Result")
 
 _state = threading.local()
 
@@ -60,6 +71,27 @@ def select_model_mode_for_export(model: torch.nn.Module, mode: TrainingMode) -> 
     finally:
         for module, training in flags:
             module.training = training
+
+
+def leaving_attributes_unchanged(capture: Callable[..., _Result]) -> Callable[..., _Result]:
+    """``capture(module, ...)`` that leaves every submodule of ``module`` with the attributes it
+    had. torch.export puts back the attributes forward replaced, not those forward added: a module
+    that caches what it computed from its first input (ultralytics' Detect head: ``self.shape``,
+    ``self.anchors``) would keep the capture's fake tensors, and the next capture (after a dim
+    refinement) or eager call would read them as its cache."""
+
+    @functools.wraps(capture)
+    def capture_leaving_attributes(module: torch.nn.Module, *args, **kwargs) -> _Result:
+        saved = [(submodule, dict(submodule.__dict__)) for submodule in module.modules()]
+        try:
+            return capture(module, *args, **kwargs)
+        finally:
+            for submodule, attributes in saved:
+                for name in submodule.__dict__.keys() - attributes.keys():
+                    del submodule.__dict__[name]
+                submodule.__dict__.update(attributes)
+
+    return capture_leaving_attributes
 
 
 def shape_as_tensor(x: torch.Tensor) -> torch.Tensor:

@@ -242,3 +242,29 @@ def test_guards_that_admit_other_sizes_keep_the_dims_dynamic():
             _Pairs(), (x, y), input_names=["x", "y"], dynamic_axes={"x": [0, 1], "y": [0, 1]},
             resized=[(torch.randn(3, 12), torch.randn(3, 12)), (torch.randn(5, 4), torch.randn(5, 4))],
         )
+
+
+class CachesOnFirstCall(torch.nn.Module):
+    # ultralytics' Detect head: anchors computed for the first input's size, kept in attributes
+    # that the class declares (``shape = None``) and forward sets on the instance.
+    shape = None
+
+    def forward(self, x):
+        if self.shape != x.shape:
+            self.offsets = torch.arange(x.shape[-1], dtype=x.dtype)
+            self.shape = x.shape
+        return x[..., ::2] + x[..., 1::2] + self.offsets[::2]
+
+
+def test_attributes_set_by_forward_during_capture_are_removed():
+    # The even width is a dim refinement, captured twice: the second capture must not read the
+    # first one's cache (fake tensors), and the module is left as it was for eager calls.
+    model = CachesOnFirstCall()
+    with pytest.warns(UserWarning, match="width = 2\\*_width"):
+        assert_exports_equivalent(
+            model, (torch.randn(2, 6),), dynamic_shapes=({1: torch.export.Dim("width")},), resized=[(torch.randn(2, 10),)]
+        )
+    assert "offsets" in vars(model)  # set by the eager calls of the comparison, after the export
+    model = CachesOnFirstCall()
+    dynexport.export(model, (torch.randn(2, 6),), dynamic_shapes=({1: torch.export.Dim("width")},))
+    assert "offsets" not in vars(model) and "shape" not in vars(model)
