@@ -29,9 +29,9 @@ prefill latency (``--prefill`` new tokens, no past) and the decode latency (one 
 each past length, batch 1, 1 thread: the graphs' sessions run in turn, ``--rounds`` times, and
 the median of each is reported, so that the machine's load drifts over all of them alike. Each
 graph is fed by the names of its declared inputs (the builder's ``past_key_values.<i>.key`` /
-``.value``; the exporters' ``past_key_values_<i>_<0|1>``), and its logits at the first decode
-point are compared with dynexport's fp32 graph (the fp32 graphs agree up to float rounding).
-Then the ratios to ``dynexport``, issue 18's targets against the builder, the peak resident
+``.value``; the exporters' ``past_key_values_<i>_<0|1>``), and its logits at the prefill point
+are compared with dynexport's fp32 graph (the fp32 graphs agree up to float rounding). Then
+dynexport's export time by phase, the ratios to ``dynexport``, issue 18's targets against the builder, the peak resident
 memory of dynexport's export (in a child process, against the weights' bytes), and the int4
 graphs' accuracy cost against the fp32 one (:func:`dynexport.quantize.accuracy_cost`: next-token
 top-1 agreement at every position of seeded prompts, max logit error); ``--accuracy-variants``
