@@ -1,0 +1,187 @@
+"""ultralytics YOLO models exported with dynexport and compared with eager PyTorch in onnxruntime.
+
+Models come from the yaml configs ultralytics ships (nano scale, random weights, nothing
+downloaded), their BatchNorm statistics set from a batch of images first (``calibrated``: freshly
+initialized networks let activations vanish). Two ways users export them:
+
+- ``dynexport.export`` on the ``nn.Module`` (``YOLO(cfg).model``: a DetectionModel,
+  SegmentationModel, PoseModel, ...) in eval mode, with ``dynamic_shapes`` or torch.onnx's
+  ``dynamic_axes``;
+- ultralytics' own ``YOLO.export(format="onnx")``, which calls ``torch.onnx.export(model, im, f,
+  opset_version=..., input_names=["images"], output_names=[...], dynamic_axes=..., dynamo=False)``,
+  with ``torch.onnx.export = dynexport.export``.
+
+Outputs are compared with the model computed in float64, channel by channel (a detection output
+holds box coordinates in pixels, class scores and angles side by side): onnxruntime's error in a
+channel, relative to that channel's largest value, may be at most ``ROUNDING`` times eager
+float32's worst such error in any output (and the float32 tolerance). Both only round:
+onnxruntime's convolutions and the optimizer's BatchNorm folding (ultralytics' own ``fuse`` does
+the same) round differently from eager's, up to 5 times its error here (obb's boxes, where
+nearly equal numbers are subtracted and scaled by the stride). A translation error is of the
+order of the values themselves.
+
+ultralytics imports torchvision: the ``ultralytics`` fixture imports it after the ``torchvision``
+fixture. It is told it is offline (``YOLO_OFFLINE``) and keeps its settings in a temporary
+directory, and every test here refuses network connections, so that nothing waits on a network.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import dynexport
+from dynexport.errors import DimSpecializedError
+from dynexport.verification import tolerance
+from tests.equivalence import assert_same_structure
+from tests.models.test_torchvision import calibrated
+
+Dim = torch.export.Dim
+# Image sides are multiples of the largest stride, 32: the neck concatenates upsampled maps with
+# the backbone's, which other sizes misalign (in eager PyTorch too).
+EXAMPLE = (2, 3, 64, 64)
+RESIZED = [(3, 3, 96, 128), (1, 3, 128, 64)]
+ROUNDING = 8
+
+
+@pytest.fixture(scope="module")
+def ultralytics(torchvision, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("YOLO_OFFLINE", "1")
+        patch.setenv("YOLO_CONFIG_DIR", str(tmp_path_factory.mktemp("ultralytics")))
+        import ultralytics
+
+        yield ultralytics
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    def refused(*args, **kwargs):
+        raise OSError("tests/models/test_yolo.py runs without a network")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refused)
+    monkeypatch.setattr(socket.socket, "connect", refused)
+
+
+def yolo(ultralytics, config: str):
+    """``YOLO(config)`` with random weights and calibrated BatchNorm statistics."""
+    torch.manual_seed(0)
+    model = ultralytics.YOLO(config, verbose=False)
+    calibrated(model.model, torch.rand(4, 3, 64, 64))
+    return model
+
+
+def assert_matches_eager(
+    actual, model: torch.nn.Module, images: torch.Tensor, *, where: str, outputs=lambda result: result
+) -> None:
+    """``actual`` (onnxruntime's) about as close to the float64 model as ``outputs(model(images))``,
+    channel by channel (see above)."""
+    with torch.no_grad():
+        expected = outputs(model(images))
+        precise = outputs(copy.deepcopy(model).double()(images.double()))
+    assert_same_structure(actual, expected, where=where)
+    rtol, atol = tolerance(torch.float32)
+    leaves = list(zip(*map(pytree.tree_leaves, (actual, expected, precise))))
+    eager_relative_error = max(
+        float((channel_maxima(eager - exact) / (channel_maxima(exact) + atol)).max()) for _, eager, exact in leaves
+    )
+    for i, (ours, _, exact) in enumerate(leaves):
+        ours_error, scale = channel_maxima(ours - exact), channel_maxima(exact)
+        allowed = atol + max(rtol, ROUNDING * eager_relative_error) * scale
+        worse = (ours_error > allowed).nonzero().flatten().tolist()
+        assert not worse, (
+            f"{where} output {i}: channels {worse} further from the float64 model than {ROUNDING} times eager's "
+            f"float32 error ({ours_error[worse].tolist()} > {allowed[worse].tolist()})"
+        )
+
+
+def channel_maxima(values: torch.Tensor) -> torch.Tensor:
+    """The largest ``|value|`` of each channel (dim 1) of an output."""
+    return values.detach().double().abs().transpose(0, 1).flatten(1).amax(1)
+
+
+def assert_dynamic_export_matches_eager(model: torch.nn.Module, **export_options) -> dynexport.ONNXProgram:
+    program = dynexport.export(model, (torch.rand(EXAMPLE),), **export_options)
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    for shape in [EXAMPLE, *RESIZED]:
+        images = torch.rand(shape)
+        assert_matches_eager(program(images), model, images, where=f"images {shape}")
+    return program
+
+
+def test_detection_model_with_torch_onnx_dynamic_axes(ultralytics):
+    model = yolo(ultralytics, "yolov8n.yaml").model
+    images = torch.rand(EXAMPLE)
+    with torch.no_grad():
+        model(images)
+    # The head keeps the anchors of the last input size (``if self.dynamic or self.shape !=
+    # shape``): a graph captured through that cache would hold the example's anchors, which
+    # dynexport refuses. ultralytics' exporter sets ``dynamic`` for dynamic exports; so does a user.
+    dims = {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}
+    with pytest.raises(DimSpecializedError, match=r"batch = 2, height = 64, width = 64") as error:
+        dynexport.export(model, (images,), dynamic_shapes=(dims,))
+    assert "self.shape != shape" in error.value.source
+    model.model[-1].dynamic = True
+    program = assert_dynamic_export_matches_eager(
+        model, input_names=["images"], dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"}}
+    )
+    assert [str(dim) for dim in program.model.graph.inputs[0].shape] == ["batch", "3", "height", "width"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config", ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml", "yolo11n-obb.yaml", "yolo26n.yaml"]
+)
+def test_models_with_dynamic_batch_and_image_size(ultralytics, config):
+    model = yolo(ultralytics, config).model
+    model.model[-1].dynamic = True
+    dims = {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}
+    assert_dynamic_export_matches_eager(model, dynamic_shapes=(dims,))
+
+
+@pytest.mark.slow
+def test_classifier_with_dynamic_batch_and_image_size(ultralytics):
+    model = yolo(ultralytics, "yolo11n-cls.yaml").model
+    dims = {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}
+    assert_dynamic_export_matches_eager(model, dynamic_shapes=(dims,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml"])
+def test_models_with_static_shapes(ultralytics, config):
+    model = yolo(ultralytics, config).model
+    images = torch.rand(EXAMPLE)
+    program = dynexport.export(model, (images,))
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    assert [int(dim) for dim in program.model.graph.inputs[0].shape] == list(EXAMPLE)
+    assert_matches_eager(program(images), model, images, where="example images")
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+def test_ultralytics_export_with_dynexport_as_torch_onnx_export(ultralytics, monkeypatch, tmp_path, dynamic):
+    model = yolo(ultralytics, "yolov8n.yaml")
+    monkeypatch.setattr(torch.onnx, "export", dynexport.export)
+    monkeypatch.chdir(tmp_path)  # the file is written to the working directory
+    path = model.export(format="onnx", imgsz=64, dynamic=dynamic, simplify=False)
+    onnx.checker.check_model(path, full_check=True)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    [images_input], [output0] = session.get_inputs(), session.get_outputs()
+    if dynamic:
+        assert images_input.shape == ["batch", 3, "height", "width"] and output0.shape[0] == "batch"
+        shapes = [(1, 3, 64, 64), *RESIZED]
+    else:
+        assert images_input.shape == [1, 3, 64, 64] and output0.shape == [1, 84, 84]
+        shapes = [(1, 3, 64, 64)]
+    for shape in shapes:
+        images = torch.rand(shape)
+        (actual,) = session.run(None, {"images": images.numpy()})
+        # ultralytics exports the head's first output only (its ``export`` flag).
+        assert_matches_eager(
+            torch.from_numpy(actual), model.model, images, where=f"images {shape}", outputs=lambda result: result[0]
+        )
