@@ -270,7 +270,8 @@ class _Translator:
                 self._decomposition_table = decomposition_table(lambda op: op in self.table)
             decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
             if decomposition is None:
-                if self.fallback_to_custom_domain and isinstance(target, torch._ops.OpOverload):
+                # A custom-domain node would receive complex values as their (real, imaginary) pairs.
+                if self.fallback_to_custom_domain and isinstance(target, torch._ops.OpOverload) and not involves_complex(node):
                     self.fallbacks[node] = target
                 else:
                     missing.append((target_name(target), origin or node, self.table.lowest_opset(target, node)))
