@@ -22,7 +22,8 @@ ResNet-50, MobileNetV2 and EfficientNet-B0 at 224 px). Per model and path it pri
 count, the initializer bytes, the file size and the onnxruntime latency on the example inputs
 (CPU provider, one thread; the sessions run in turn, ``--rounds`` times, and the median of each
 is reported, or with ``--statistic min`` the fastest run, steadier where other processes load
-the machine; the turns make the load drift over all of them alike), then the ratios
+the machine; the turns make the load drift over all of them alike; ``--session-nodes`` also
+prints the node count of the graph onnxruntime makes of each at session creation), then the ratios
 dynexport/torch.onnx and dynexport_ort/dynamo_ortopt, their geometric means, and a flag on every
 row where ours has more nodes or is slower by more than ``--tolerance``. Latency is noisy on a
 shared machine: re-measure a flagged row (``--models``) before acting on it; nothing here is a
@@ -323,11 +324,15 @@ def _silenced() -> Iterator[None]:
                 os.close(copy)
 
 
-def _session(path: str, inputs: list[torch.Tensor]) -> Callable[[], Any]:
+def _session(path: str, inputs: list[torch.Tensor], optimized_path: str | None = None) -> Callable[[], Any]:
+    """A run of ``path`` on ``inputs``; with ``optimized_path``, the graph onnxruntime made of it
+    (after its own fusions and layout changes) is written there."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if optimized_path is not None:
+        options.optimized_model_filepath = optimized_path
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), inputs)}
     return lambda: session.run(None, feeds)
@@ -356,7 +361,7 @@ def _initializer_bytes(model: onnx.ModelProto) -> int:
 
 def measure(
     name: str, factory: Callable[[], Case], exporters: list[str], rounds: int, workdir: str,
-    statistic: Callable[[list[float]], float] = statistics.median,
+    statistic: Callable[[list[float]], float] = statistics.median, session_nodes: bool = False,
 ) -> dict[str, Any]:
     case = factory()
     inputs = [*case.args, *case.kwargs.values()]
@@ -380,7 +385,10 @@ def measure(
                 "bytes": _initializer_bytes(proto),
                 "file": sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)),
             }
-            runs[exporter] = _session(path, inputs)
+            optimized = os.path.join(workdir, f"{name}.{exporter}.session.onnx") if session_nodes else None
+            runs[exporter] = _session(path, inputs, optimized)
+            if optimized is not None:
+                results[exporter]["session_nodes"] = len(onnx.load(optimized, load_external_data=False).graph.node)
         except Exception as error:  # a failure is a result: print it and go on with the suite
             results[exporter] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:70]}"}
     for exporter, latency in _interleaved_latencies(runs, rounds, statistic).items():
@@ -409,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         "--exporters", default="dynexport,dynamo", help="comma-separated, any of: " + ", ".join(EXPORTERS)
     )
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument(
+        "--session-nodes", action="store_true",
+        help="also print the node count of the graph onnxruntime makes of each (equal graphs: equal speed, whatever "
+        "the noise says)",
+    )
     parser.add_argument("--tolerance", type=float, default=0.05, help="latency ratio above 1 + this is flagged")
     parser.add_argument(
         "--statistic", choices=("median", "min"), default="median",
@@ -441,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     failures, flagged = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for name, factory in models.items():
-            r = measure(name, factory, exporters, options.rounds, workdir, statistic)
+            r = measure(name, factory, exporters, options.rounds, workdir, statistic, options.session_nodes)
             cells = " | ".join(f"{_cell(r[e]):>36}" for e in exporters)
             ratio_text, flags = [], []
             for ours, theirs in pairs:
@@ -455,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
                 flags += [f"nodes>{theirs}"] * (nodes > 1) + [f"latency>{theirs}"] * (latency > 1 + options.tolerance)
             flag = f"  <- {' '.join(flags)}" if flags else ""
             print(f"{name:<20} {cells} | {' ; '.join(ratio_text)}{flag}", flush=True)
+            if options.session_nodes:
+                counts = ", ".join(f"{e} {r[e]['session_nodes']}" for e in exporters if "session_nodes" in r[e])
+                print(f"{'':<20} onnxruntime's session graph, nodes: {counts}", flush=True)
             flagged += [name] if flags else []
             failures += [f"{name} {e}: {r[e]['error']}" for e in exporters if "error" in r[e]]
     for (key, ours, theirs), values in ratios.items():
