@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 import torch
 
-from dynexport.ops import elementwise
+from dynexport.ops import elementwise, indexing
 from dynexport.ops._helpers import argument, cast, ints, normalize_dim, rank, reduce, shape_of, shape_tensor, size_of
 from dynexport.ops._helpers import reshape as onnx_reshape
 from dynexport.registry import involves_complex, translates
@@ -389,6 +389,17 @@ def select(ctx, self, dim, index):
 def slice(ctx, self, dim=0, start=None, end=None, step=1):
     dim = normalize_dim(dim, _complex_rank(ctx))
     return _slice(ctx, self, dim, 0 if start is None else start, _INT64_MAX if end is None else end, step)
+
+
+@_complex_rule(aten.roll.default, checker=lambda node: bool(argument(node, "dims")))
+def roll(ctx, self, shifts, dims=()):
+    # Without dims roll shifts the flattened tensor, which the pairs are not.
+    return indexing.roll(ctx, self, shifts, [normalize_dim(d, _complex_rank(ctx)) for d in dims])
+
+
+@_complex_rule(aten.flip.default)
+def flip(ctx, self, dims):
+    return indexing.flip(ctx, self, [normalize_dim(d, _complex_rank(ctx)) for d in dims])
 
 
 @_complex_rule(aten.expand.default)
