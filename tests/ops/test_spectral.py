@@ -179,6 +179,7 @@ class ComplexArithmetic(torch.nn.Module):
             a[:, 1:7].unsqueeze(0).squeeze(1).squeeze(0).angle(),
             torch.view_as_real(x.to(torch.complex64) - a[..., :1]),
             torch.fft.fftshift(a, dim=-1).flip(0).abs(),
+            torch.view_as_real(torch.roll(a, (3, 1), (-1, 0))),
         )
 
 
