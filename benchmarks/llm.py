@@ -263,7 +263,8 @@ def _reset_peak_rss() -> bool:
 
 
 def _rss(field: str) -> int:
-    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process, in bytes."""
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process, in bytes. (``ru_maxrss`` would not
+    do: Linux carries it over ``exec`` from the parent process the child was forked from.)"""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(field + ":"):
@@ -288,7 +289,7 @@ def child_export_memory(layers: int, opset: int) -> dict:
         )
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"imports": imports, "with_model": with_model, "peak": _rss("VmHWM") if reset else None,
-            "lifetime_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "weights": weights}
+            "lifetime_peak": _rss("VmHWM"), "weights": weights}
 
 
 def child_builder(checkpoint: str, precision: str, folder: str) -> dict:
@@ -300,7 +301,7 @@ def child_builder(checkpoint: str, precision: str, folder: str) -> dict:
         options = builder.parse_extra_options(None, checkpoint, folder, precision, "cpu", cache, [])
         builder.create_model(None, checkpoint, folder, precision, "cpu", cache, **options)
         seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"seconds": seconds, "peak_rss": _rss("VmHWM")}
 
 
 # -- running -----------------------------------------------------------------------------------
