@@ -509,9 +509,9 @@ def _check_custom_result(node: torch.fx.Node, origin: torch.fx.Node | None, rule
         which = f"result {index}" if len(expected) > 1 else "its result"
         if not isinstance(value, ir.Value):
             problem = f"returned {_described(value)} for {which}, a {want.dim()}-d {want.dtype} tensor"
-        elif value.dtype is not None and value.dtype != to_onnx_dtype(want.dtype):
+        elif value.dtype is not None and value.dtype != carried_dtype(want.dtype):
             problem = f"returned a {value.dtype.name} value for {which}, which the operator gives as {want.dtype}"
-        elif value.shape is not None and value.shape.rank() != want.dim():
+        elif value.shape is not None and value.shape.rank() != want.dim() + want.is_complex():
             problem = f"returned a {value.shape.rank()}-d value for {which}, which the operator gives {want.dim()}-d"
     if problem is not None:
         raise TranslationError(

@@ -227,6 +227,20 @@ def test_complex_weights_are_stored_as_pairs():
     assert_exports_equivalent(ComplexWeights(), (torch.randn(2, 64),))
 
 
+def test_a_custom_rule_receives_and_returns_complex_values_as_pairs():
+    def magnitude(ctx, x):
+        squares = ctx.op.ReduceSum(ctx.op.Mul(x, x), ctx.op.Constant(value_ints=[-1]), keepdims=0)
+        return ctx.op.Sqrt(squares)
+
+    def scaled(ctx, x, factor):
+        return ctx.op.Mul(x, ctx.op.Constant(value_float=float(factor)))
+
+    assert_exports_equivalent(
+        Lambda(lambda x: (torch.fft.rfft(x) * 3).abs()), (torch.randn(2, 64),),
+        custom_translation_table={torch.ops.aten.abs.default: magnitude, torch.ops.aten.mul.Tensor: scaled},
+    )
+
+
 # -- refusals ------------------------------------------------------------------------------------
 
 
