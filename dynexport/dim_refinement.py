@@ -103,6 +103,10 @@ def capture_refining_dims(
                     if bounds[0] == int(declared[name].min)  # else _minimums_from_guards raises the minimum
                 }
                 if not checked:
+                    pinned = _pinned_hints(error)
+                    if pinned:
+                        line = _specializing_line(set(pinned.values()), capture, module, args, kwargs, dynamic_shapes)
+                        raise DimSpecializedError(pinned, line, error.reasons) from error
                     raise
                 dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
                 refinements += _warned([_describe_checked(name, bounds) for name, bounds in checked.items()])
@@ -210,6 +214,23 @@ def _suggested_fixes_message(error: CaptureError, dynamic_shapes: Any) -> str | 
                 return reason.msg
             return _minimums_from_guards(reason.msg, dynamic_shapes)
     return None
+
+
+# "You marked L['x'].size()[0] as dynamic but your code specialized it to be a constant (3)."
+_PINNED_HINT = re.compile(r"You marked L\['(\w+)'\]\.size\(\)\[(\d+)\] as dynamic but your code specialized it to be a constant \((\d+)\)")
+
+
+def _pinned_hints(error: CaptureError) -> dict[str, int]:
+    """``{"x.shape[0]": 3}`` for the dims declared by a hint (``Dim.DYNAMIC``: what ``dynamic_axes``
+    and ``_hinted`` declare), which torch.export reports fixed without suggesting a fix."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    return {
+        f"{name}.shape[{axis}]": int(size)
+        for reason in error.reasons.values()
+        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
+        for name, axis, size in _PINNED_HINT.findall(reason.msg)
+    }
 
 
 # "Not all values of w = L['x'].size()[3] in the specified range satisfy the generated guard

@@ -167,6 +167,13 @@ def test_dim_the_model_makes_static_is_refused_with_the_model_line():
     assert "Dim.AUTO" in str(error.value)
 
 
+def test_dim_the_model_makes_static_is_refused_with_the_model_line_under_dynamic_axes():
+    # dynamic_axes declares hints (Dim.DYNAMIC), which torch.export reports fixed without a fix.
+    with pytest.raises(DimSpecializedError, match=r"x.shape\[0\] = 3") as error:
+        dynexport.export(_FixedRows(), (torch.randn(3, 4),), input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    assert "view(3, -1)" in error.value.source
+
+
 class _SingleRowBranch(torch.nn.Module):
     def forward(self, x):
         if x.shape[0] == 1:
