@@ -217,7 +217,9 @@ def _suggested_fixes_message(error: CaptureError, dynamic_shapes: Any) -> str | 
 
 
 # "You marked L['x'].size()[0] as dynamic but your code specialized it to be a constant (3)."
-_PINNED_HINT = re.compile(r"You marked L\['(\w+)'\]\.size\(\)\[(\d+)\] as dynamic but your code specialized it to be a constant \((\d+)\)")
+_PINNED_HINT = re.compile(
+    r"You marked L\['(\w+)'\]\.size\(\)\[(\d+)\] as dynamic but your code specialized it to be a constant \((\d+)\)"
+)
 
 
 def _pinned_hints(error: CaptureError) -> dict[str, int]:
