@@ -378,7 +378,7 @@ def print_table(results: dict[str, dict], points: list[str]) -> None:
 
 
 def print_ratios(results: dict[str, dict], points: list[str]) -> None:
-    if "dynexport" in results:
+    if "dynexport" in results and len(results) > 1:
         base = results["dynexport"]
         print("\nratios to dynexport fp32 (time per point, file size, export time):")
         for name, r in results.items():
