@@ -265,6 +265,26 @@ def angle(ctx, self):
     return ctx.op.Where(ctx.op.IsNaN(x), x, angle)
 
 
+@_complex_rule(aten.exp.default)
+def exp(ctx, self):
+    """exp(a + bi) = e^a (cos b + i sin b)."""
+    magnitude = ctx.op.Exp(_real_part(ctx, self))
+    phase = _imag_part(ctx, self)
+    return _pairs(ctx, ctx.op.Mul(magnitude, ctx.op.Cos(phase)), ctx.op.Mul(magnitude, ctx.op.Sin(phase)))
+
+
+@_complex_rule(aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default)
+def sum(ctx, self, dim=None, keepdim=False, *, dtype=None):
+    """A sum or mean over leading dims (None or []: all of them), the pair dim kept."""
+    r = _complex_rank(ctx)
+    dims = list(range(r)) if not dim else [normalize_dim(d, r) for d in dim]
+    x = cast(ctx, self, ctx.out_dtype)
+    if not dims:
+        return x
+    mean = ctx.node.target in (aten.mean.dim, aten.mean.default)
+    return reduce(ctx, "ReduceMean" if mean else "ReduceSum", x, dims, keepdims=keepdim)
+
+
 @_complex_rule(aten._conj.default, aten.conj_physical.default, aten.conj.default)
 def conj(ctx, self):
     return _conjugate(ctx, self)
@@ -279,9 +299,9 @@ def neg(ctx, self):
 def mul(ctx, self, other):
     dtype = ctx.out_dtype
     self_complex, other_complex = (_is_complex_operand(a) for a in ctx.node.args[:2])
+    self, other = (_as_complex(ctx, v, dtype) if isinstance(v, _PYTHON_COMPLEX) else v for v in (self, other))
     if self_complex and other_complex:
-        self, other = (_as_complex(ctx, v, dtype) if isinstance(v, _PYTHON_COMPLEX) else cast(ctx, v, dtype)
-                       for v in (self, other))
+        self, other = cast(ctx, self, dtype), cast(ctx, other, dtype)
         a, b = _real_part(ctx, self), _imag_part(ctx, self)
         c, d = _real_part(ctx, other), _imag_part(ctx, other)
         return _pairs(ctx, ctx.op.Sub(ctx.op.Mul(a, c), ctx.op.Mul(b, d)), ctx.op.Add(ctx.op.Mul(a, d), ctx.op.Mul(b, c)))
@@ -321,6 +341,31 @@ def to_copy(ctx, self, *args, **kwargs):
         # PyTorch discards the imaginary part (with a warning).
         return cast(ctx, _real_part(ctx, self), ctx.out_dtype)
     return cast(ctx, self, ctx.out_dtype)
+
+
+# -- complex factories ------------------------------------------------------------------------
+
+
+def _filled(ctx, shape: ir.Value, value) -> ir.Value:
+    """A complex tensor of PyTorch shape ``shape`` (a 1-D int64 tensor) holding ``value``."""
+    shape = ctx.op.Concat(shape, ints(ctx, [2]), axis=0)
+    return ctx.op.Expand(_as_complex(ctx, value, ctx.out_dtype), shape)
+
+
+@_complex_rule(aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format)
+def full(ctx, size, fill_value=None, **kwargs):
+    # empty's contents are unspecified; zeros are as good as any and deterministic.
+    value = {aten.zeros.default: 0, aten.ones.default: 1, aten.empty.memory_format: 0}.get(ctx.node.target, fill_value)
+    return _filled(ctx, shape_tensor(ctx, size), value)
+
+
+@_complex_rule(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default)
+def full_like(ctx, self, fill_value=None, **kwargs):
+    fills = {aten.zeros_like.default: 0, aten.ones_like.default: 1, aten.empty_like.default: 0}
+    value = fills.get(ctx.node.target, fill_value)
+    # A complex tensor's own shape ends in its pair dim already.
+    shape = shape_of(ctx, self, 0, -1) if _is_complex(ctx.node.args[0]) else ctx.op.Shape(self)
+    return _filled(ctx, shape, value)
 
 
 # -- shapes of complex tensors: the pair dim stays last ------------------------------------------

@@ -209,6 +209,25 @@ def test_complex_arithmetic_conjugates_and_views():
     assert_exports_equivalent(ComplexArithmetic(), (torch.randn(2, 64), torch.randn(2, 33, 2)))
 
 
+class PhasesReductionsFactories(torch.nn.Module):
+    def forward(self, x):
+        a = torch.fft.rfft(x)
+        rotated = torch.exp(1j * x[..., :33]) * a
+        filled = torch.zeros(33, dtype=torch.complex64) + torch.ones_like(a) + torch.full((33,), 2 + 1j)
+        filled = filled + torch.zeros_like(x, dtype=torch.complex64)[..., :33] + torch.full_like(a, 3.0)
+        return (
+            torch.view_as_real(rotated.sum(0)),
+            torch.view_as_real(rotated.mean(-1, keepdim=True)),
+            torch.view_as_real(a.mean()),
+            torch.view_as_real(a * filled),
+        )
+
+
+def test_phase_rotations_reductions_and_factories():
+    # Static: torch.export's decomposition of a real tensor times 1j fixes the batch (Eq(33*s0, 66)).
+    assert_exports_equivalent(PhasesReductionsFactories(), (torch.randn(3, 64),), atol=SPECTRUM_ATOL)
+
+
 class ComplexWeights(torch.nn.Module):
     """A complex buffer, and a complex constant folded from real buffers at export."""
 
