@@ -108,6 +108,49 @@ def _batch_images(self, images: list[torch.Tensor], size_divisible: int = 32) ->
     return batched
 
 
+def _paste_masks_in_image(
+    masks: torch.Tensor, boxes: torch.Tensor, img_shape: tuple[int, int], padding: int = 1
+) -> torch.Tensor:
+    """``paste_masks_in_image`` for every mask at once, where torchvision loops over the masks,
+    resizing each to its box (a size read from data) and copying it into an empty image: here
+    each pixel of the image inside a box takes the sample of its mask that ``F.interpolate``'s
+    bilinear resize puts there."""
+    roi_heads = sys.modules["torchvision.models.detection.roi_heads"]
+    masks, scale = roi_heads.expand_masks(masks, padding=padding)
+    boxes = roi_heads.expand_boxes(boxes, scale).to(dtype=torch.int64)
+    masks = masks[:, 0]
+    im_h, im_w = img_shape
+    rows, row_weights, row_inside = _bilinear_taps(boxes[:, 1], boxes[:, 3], im_h, masks.shape[1], masks.dtype)
+    cols, col_weights, col_inside = _bilinear_taps(boxes[:, 0], boxes[:, 2], im_w, masks.shape[2], masks.dtype)
+    mask_index = torch.arange(masks.shape[0], device=masks.device)[:, None, None]
+    pasted = sum(
+        masks[mask_index, rows[..., i, None], cols[:, None, :, j]] * row_weights[..., i, None] * col_weights[:, None, :, j]
+        for i in (0, 1)
+        for j in (0, 1)
+    )
+    inside = row_inside[:, :, None] & col_inside[:, None, :]
+    return torch.where(inside, pasted, torch.zeros((), dtype=masks.dtype, device=masks.device))[:, None]
+
+
+def _bilinear_taps(
+    start: torch.Tensor, end: torch.Tensor, size: int, source_size: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each box (``start``/``end``: its first and last pixel along one axis) and each of the
+    image's ``size`` pixels along that axis: the two source pixels and the weights of torch's
+    bilinear resize (``align_corners=False``) of ``source_size`` pixels to the box's length, and
+    whether the pixel lies in the box."""
+    pixel = torch.arange(size, device=start.device)
+    length = (end - start + 1).clamp(min=1)
+    offset = pixel[None, :] - start[:, None]
+    inside = (offset >= 0) & (pixel[None, :] <= end[:, None])
+    scale = torch.tensor(source_size, dtype=dtype, device=start.device) / length.to(dtype)
+    source = (scale[:, None] * (offset.to(dtype) + 0.5) - 0.5).clamp(min=0)
+    low = source.floor().to(torch.int64).clamp(max=source_size - 1)
+    weight = (source - low.to(dtype)).clamp(0, 1)
+    high = torch.where(low < source_size - 1, low + 1, low)
+    return torch.stack([low, high], -1), torch.stack([1 - weight, weight], -1), inside
+
+
 # (module, attribute path, replacement): torchvision's code that asks about a number of boxes.
 _REPLACEMENTS = (
     ("torchvision.ops.boxes", "batched_nms", _batched_nms),
@@ -115,6 +158,8 @@ _REPLACEMENTS = (
     ("torchvision.ops.poolers", "_multiscale_roi_align", _multiscale_roi_align),
     ("torchvision.models.detection._utils", "BoxCoder.decode", _decode),
     ("torchvision.models.detection.transform", "GeneralizedRCNNTransform.batch_images", _batch_images),
+    ("torchvision.models.detection.transform", "paste_masks_in_image", _paste_masks_in_image),
+    ("torchvision.models.detection.roi_heads", "paste_masks_in_image", _paste_masks_in_image),
 )
 # The replaced originals, while replaced (by replacement).
 _ORIGINALS: dict[Callable, Callable] = {}

@@ -1,0 +1,152 @@
+"""torchvision's detectors (random weights, nothing downloaded) exported with dynamic image sizes
+and compared with eager PyTorch in onnxruntime on images where they find boxes and where they
+find none, one image or a batch.
+
+torchvision comes from the ``torchvision`` fixture (tests/torchvision_ops.py). Each detector's
+BatchNorm statistics are first set from a batch (``calibrated``), so that scores and boxes vary
+from image to image. An image "without boxes" is an honest one: the score threshold (a
+constructor argument users set) is put halfway between the best scores eager finds on an image
+of noise and on a blank image, so eager finds boxes in one and none in the other.
+
+Detections are compared as sets: each of eager's must be in the ONNX output with its label, its
+box and its score (within tolerance), the ONNX output must hold no other, and its scores must
+come in eager's order (descending). Two detections of one label kept by NMS overlap by at most
+the IoU threshold, so a box matches one detection at most; equal scores are not ordered the same
+way by both (onnxruntime's convolutions round differently, which reorders near-ties).
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+import dynexport
+from tests.models.test_torchvision import calibrated
+
+HEIGHT, WIDTH = torch.export.Dim("height", min=32, max=512), torch.export.Dim("width", min=32, max=512)
+
+
+def detector(torchvision, name: str, classifier_scale: float = 1.0, **options) -> torch.nn.Module:
+    """``name`` with random weights, its BatchNorms calibrated; ``classifier_scale`` scales the
+    weights of an SSD's classification head (VGG has no BatchNorm: its random logits are so
+    large that every score is 1.0)."""
+    torch.manual_seed(0)
+    model = getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None, num_classes=3, **options)
+    if classifier_scale != 1.0:
+        with torch.no_grad():
+            for conv in model.head.classification_head.module_list:
+                conv.weight *= classifier_scale
+    return calibrated(model, [torch.rand(3, 128, 128) for _ in range(4)])
+
+
+def best_score(model: torch.nn.Module, image: torch.Tensor) -> float:
+    with torch.no_grad():
+        scores = model([image])[0]["scores"]
+    return float(scores.max()) if len(scores) else 0.0
+
+
+def threshold_between(model: torch.nn.Module, first: torch.Tensor, second: torch.Tensor) -> None:
+    """Set ``model``'s score threshold halfway between the best scores of the two images, so that
+    eager finds boxes in one and none in the other."""
+    scores = best_score(model, first), best_score(model, second)
+    # 20 times the differences between onnxruntime's scores and eager's.
+    assert abs(scores[0] - scores[1]) > 2e-3, f"the images' best scores {scores} are too close to tell apart"
+    owner = model.roi_heads if hasattr(model, "roi_heads") else model
+    owner.score_thresh = sum(scores) / 2
+
+
+def assert_same_detections(actual: list[dict], expected: list[dict], *, box_atol: float, where: str) -> None:
+    assert len(actual) == len(expected), f"{where}: {len(actual)} images from ONNX, {len(expected)} from PyTorch"
+    for image, (got, want) in enumerate(zip(actual, expected)):
+        at = f"{where}, image {image}"
+        assert got.keys() == want.keys(), at
+        assert len(got["boxes"]) == len(want["boxes"]), f"{at}: {len(got['boxes'])} detections, eager {len(want['boxes'])}"
+        scores = got["scores"]
+        assert bool((scores[1:] <= scores[:-1] + 1e-4).all()), f"{at}: scores out of order: {scores}"
+        unmatched = list(range(len(got["boxes"])))
+        for i in range(len(want["boxes"])):
+            match = next(
+                (
+                    j
+                    for j in unmatched
+                    if got["labels"][j] == want["labels"][i]
+                    and (got["boxes"][j] - want["boxes"][i]).abs().max() <= box_atol
+                ),
+                None,
+            )
+            assert match is not None, (
+                f"{at}: eager's detection {i} (label {int(want['labels'][i])}, box {want['boxes'][i].tolist()}, "
+                f"score {float(want['scores'][i]):.4f}) is not in the ONNX output"
+            )
+            unmatched.remove(match)
+            torch.testing.assert_close(got["scores"][match], want["scores"][i], atol=1e-3, rtol=0, msg=at)
+            if "masks" in want:  # probabilities
+                torch.testing.assert_close(got["masks"][match], want["masks"][i], atol=1e-3, rtol=0, msg=at)
+
+
+def assert_detects_as_eager(program: dynexport.ONNXProgram, model: torch.nn.Module, calls: list[list[torch.Tensor]]):
+    """Each call's detections the same in onnxruntime as in eager; the calls must include one
+    image with boxes and one without."""
+    counts = []
+    for images in calls:
+        with torch.no_grad():
+            expected = model(images)
+        where = "images " + ", ".join(str(tuple(image.shape)) for image in images)
+        # onnxruntime's float32 convolutions differ from PyTorch's in the last bits, which random
+        # networks amplify into the box deltas: boxes agree within 1e-3 of the image side.
+        box_atol = 1e-3 * max(max(image.shape[1:]) for image in images)
+        assert_same_detections(program(images), expected, box_atol=box_atol, where=where)
+        counts += [len(detections["boxes"]) for detections in expected]
+    assert min(counts) == 0 < max(counts), f"detections per image: {counts}"
+
+
+DETECTORS = [
+    pytest.param("ssdlite320_mobilenet_v3_large", {}, id="ssdlite320_mobilenet_v3_large"),
+    pytest.param("ssd300_vgg16", dict(classifier_scale=0.05), id="ssd300_vgg16", marks=pytest.mark.slow),
+    pytest.param(
+        "fasterrcnn_resnet50_fpn", dict(min_size=128, max_size=128), id="fasterrcnn_resnet50_fpn", marks=pytest.mark.slow
+    ),
+    pytest.param(
+        "retinanet_resnet50_fpn",
+        dict(min_size=128, max_size=128, score_thresh=0.0),
+        id="retinanet_resnet50_fpn",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "fcos_resnet50_fpn",
+        dict(min_size=128, max_size=128, score_thresh=0.0),
+        id="fcos_resnet50_fpn",
+        marks=pytest.mark.slow,
+    ),
+]
+
+
+@pytest.mark.parametrize("name, options", DETECTORS)
+def test_detector_with_dynamic_image_size(torchvision, name, options):
+    model = detector(torchvision, name, **options)
+    torch.manual_seed(1)
+    noise, blank = torch.rand(3, 128, 96), torch.zeros(3, 128, 96)
+    threshold_between(model, noise, blank)
+    program = dynexport.export(model, ([noise],), dynamic_shapes=([{1: HEIGHT, 2: WIDTH}],))
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    calls = [[noise], [blank], [torch.rand(3, 96, 160)], [torch.zeros(3, 64, 80)], [torch.rand(3, 200, 120)]]
+    assert_detects_as_eager(program, model, calls)
+
+
+def test_faster_rcnn_on_a_batch_of_images_of_dynamic_sizes(torchvision):
+    model = detector(torchvision, "fasterrcnn_mobilenet_v3_large_320_fpn", min_size=128, max_size=128)
+    torch.manual_seed(1)
+    noise, blank = torch.rand(3, 128, 96), torch.zeros(3, 128, 96)
+    threshold_between(model, noise, blank)
+    first = {1: torch.export.Dim("height_0", min=32, max=512), 2: torch.export.Dim("width_0", min=32, max=512)}
+    second = {1: torch.export.Dim("height_1", min=32, max=512), 2: torch.export.Dim("width_1", min=32, max=512)}
+    program = dynexport.export(model, ([noise, blank],), dynamic_shapes=([first, second],))
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    calls = [
+        [noise, blank],
+        [blank, noise],
+        [torch.rand(3, 96, 160), torch.rand(3, 128, 128)],
+        [torch.zeros(3, 64, 80), torch.rand(3, 200, 120)],
+    ]
+    assert_detects_as_eager(program, model, calls)
