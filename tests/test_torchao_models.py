@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 import torch
@@ -203,3 +204,16 @@ def test_a_torchao_weight_no_product_reads_is_named_in_a_warning():
     with pytest.warns(UserWarning, match=r"\['second.weight'\] are not stored quantized"):
         program = dynexport.export(model, (torch.randn(3, 64),), opset_version=21)
     assert op_histogram(program)["DequantizeLinear"] == 1
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", None])
+def test_float16_torchao_model(target):
+    model = _quantized(MLP().eval().to(torch.float16), CONFIGS["intx-int4-group16"]())
+    program = _export(model, (torch.randn(3, 64, dtype=torch.float16),), dynamic_shapes=({0: Dim("batch")},),
+                      opset_version=21, target=target)
+    assert {v.dtype for v in program.model.graph.initializers.values() if v.name.endswith(".scales")} == {
+        ir.DataType.FLOAT16
+    }
+    x = torch.randn(5, 64, dtype=torch.float16)
+    with torch.no_grad():
+        assert_close(_exact(program)(x), model(x))
