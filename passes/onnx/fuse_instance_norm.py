@@ -57,10 +57,9 @@ def fuse_instance_norm(graph: ir.Graph) -> int:
             full = add_initializer(graph, np.full(normalized, scale.reshape(-1)[0], np.float32), "layer_norm_scale")
             norm.replace_input_with(1, full)
             fused += 1
-        elif axis == 2 and _is_filled(norm.inputs[1], 1.0) and _has_no_bias(norm):
-            if not any(v.uses() or v.is_graph_output() for v in norm.outputs[1:]):
-                epsilon = norm.attributes["epsilon"].as_float() if "epsilon" in norm.attributes else 1e-5
-                fused += _as_instance_norm(graph, norm.outputs[0], x, epsilon)
+        elif axis == 2 and _is_filled(norm.inputs[1], 1.0) and _has_no_bias(norm) and not _statistics_read(norm):
+            epsilon = norm.attributes["epsilon"].as_float() if "epsilon" in norm.attributes else 1e-5
+            fused += _as_instance_norm(graph, norm.outputs[0], x, epsilon)
     for sqrt in nodes_of(graph, "Sqrt"):
         matched = _written_out_normalization(sqrt)
         if matched is not None:
@@ -70,6 +69,11 @@ def fuse_instance_norm(graph: ir.Graph) -> int:
 
 def _has_no_bias(norm: ir.Node) -> bool:
     return len(norm.inputs) < 3 or norm.inputs[2] is None or _is_filled(norm.inputs[2], 0.0)
+
+
+def _statistics_read(norm: ir.Node) -> bool:
+    """True when the mean or inverse deviation output of ``norm`` is read."""
+    return any(v.uses() or v.is_graph_output() for v in norm.outputs[1:])
 
 
 def _written_out_normalization(sqrt: ir.Node) -> tuple[ir.Value, ir.Value, float] | None:

@@ -11,8 +11,8 @@ import onnx_ir as ir
 from dynexport.passes.onnx.values import add_initializer, constant_array, constant_scalar, producer, single_consumer
 
 __all__ = [
-    "is_number",
     "channel_vector",
+    "is_number",
     "is_square_of",
     "last_axis_scale",
     "leaves",

@@ -6,8 +6,8 @@ the export size and at others; the counts are those of torch.onnx.export (dynamo
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import onnx_ir as ir
+import pytest
 import torch
 from torch import nn
 
