@@ -123,14 +123,12 @@ def test_detection_model_with_torch_onnx_dynamic_axes(ultralytics):
     # The head keeps the anchors of the last input size (``if self.dynamic or self.shape !=
     # shape``): a graph captured through that cache would hold the example's anchors, which
     # dynexport refuses. ultralytics' exporter sets ``dynamic`` for dynamic exports; so does a user.
-    dims = {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}
-    with pytest.raises(DimSpecializedError, match=r"batch = 2, height = 64, width = 64") as error:
-        dynexport.export(model, (images,), dynamic_shapes=(dims,))
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}}
+    with pytest.raises(DimSpecializedError, match=r"x.shape\[0\] = 2") as error:
+        dynexport.export(model, (images,), input_names=["images"], dynamic_axes=axes)
     assert "self.shape != shape" in error.value.source
     model.model[-1].dynamic = True
-    program = assert_dynamic_export_matches_eager(
-        model, input_names=["images"], dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"}}
-    )
+    program = assert_dynamic_export_matches_eager(model, input_names=["images"], dynamic_axes=axes)
     assert [str(dim) for dim in program.model.graph.inputs[0].shape] == ["batch", "3", "height", "width"]
 
 
