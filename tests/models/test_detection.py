@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import dynexport
+from dynexport.errors import CaptureError
 from tests.models.test_torchvision import calibrated
 
 HEIGHT, WIDTH = torch.export.Dim("height", min=32, max=512), torch.export.Dim("width", min=32, max=512)
@@ -150,3 +151,51 @@ def test_faster_rcnn_on_a_batch_of_images_of_dynamic_sizes(torchvision):
         [torch.zeros(3, 64, 80), torch.rand(3, 200, 120)],
     ]
     assert_detects_as_eager(program, model, calls)
+
+
+def test_batched_nms_keeps_none_one_or_many_boxes(torchvision):
+    class ClassNMS(torch.nn.Module):
+        def forward(self, boxes, scores, classes):
+            return torchvision.ops.batched_nms(boxes, scores, classes, 0.5)
+
+    def boxes_of(count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        corners = torch.rand(count, 2) * 40
+        return torch.cat([corners, corners + 5 + torch.rand(count, 2) * 20], 1), torch.rand(count), torch.randint(0, 3, (count,))
+
+    torch.manual_seed(0)
+    count = torch.export.Dim("count", min=0, max=4096)
+    program = dynexport.export(ClassNMS(), boxes_of(20), dynamic_shapes=({0: count}, {0: count}, {0: count}))
+    for n in (0, 1, 2, 20, 300):
+        inputs = boxes_of(n)
+        expected = ClassNMS()(*inputs)
+        torch.testing.assert_close(program(*inputs), expected, msg=f"{n} boxes")
+    # A box and its copy: one of them is kept.
+    overlapping = (torch.tensor([[0.0, 0.0, 10.0, 10.0]] * 2), torch.tensor([0.9, 0.8]), torch.tensor([1, 1]))
+    torch.testing.assert_close(program(*overlapping), torch.tensor([0]))
+
+
+def test_capture_leaves_torchvision_as_it_was(torchvision):
+    detection = torchvision.models.detection
+    owners = [
+        (torchvision.ops.boxes, "batched_nms"),
+        (torchvision.ops, "batched_nms"),
+        (torchvision.ops.poolers, "_multiscale_roi_align"),
+        (detection._utils.BoxCoder, "decode"),
+        (detection.transform.GeneralizedRCNNTransform, "batch_images"),
+        (detection.transform, "paste_masks_in_image"),
+        (detection.roi_heads, "paste_masks_in_image"),
+    ]
+
+    def state():
+        fake_kernel = torch._library.simple_registry.singleton.find("torchvision::nms").fake_impl.kernel
+        return [vars(owner)[name] for owner, name in owners], fake_kernel
+
+    class FailsAfterNMS(torch.nn.Module):
+        def forward(self, boxes, scores):
+            keep = torchvision.ops.batched_nms(boxes, scores, torch.zeros_like(scores, dtype=torch.long), 0.5)
+            raise ValueError(f"kept {keep.shape}")
+
+    before = state()
+    with pytest.raises(CaptureError, match="kept"):
+        dynexport.export(FailsAfterNMS(), (torch.rand(4, 4), torch.rand(4)))
+    assert state() == before
