@@ -172,7 +172,7 @@ def instance_norm(
         return _batch_norm_inference(ctx, input, weight, bias, running_mean, running_var, eps)
     # LayerNormalization over dims 2.. rather than InstanceNormalization: onnxruntime has no
     # double kernel for the latter and computes float16 in float16, where PyTorch uses float32.
-    normalized = _normalized(ctx, input, None, None, 2, eps)
+    normalized = with_shape(_normalized(ctx, input, None, None, 2, eps), input.shape)
     return _channel_affine(ctx, normalized, input, weight, bias)
 
 
