@@ -43,8 +43,9 @@ __all__ = [
 
 BATCH = torch.export.Dim("batch")
 
-# The opset :func:`assert_exports_equivalent` exports at when a test names none (None: dynexport's
-# default); tests/ops and tests/property run every test at the default and at 17.
+# The opset the running test exports at when it names none (None: dynexport's default); set
+# with that default by tests/opset_parametrization.py, which runs tests/ops and tests/property at
+# the default and at 17.
 TESTED_OPSET: contextvars.ContextVar[int | None] = contextvars.ContextVar("TESTED_OPSET", default=None)
 
 
@@ -150,8 +151,6 @@ def assert_exports_equivalent(
     if isinstance(args, torch.Tensor):
         args = (args,)
     kwargs = dict(kwargs or {})
-    if TESTED_OPSET.get() is not None:
-        export_options.setdefault("opset_version", TESTED_OPSET.get())
     program = dynexport.export(model, args, kwargs=kwargs, **export_options)
     onnx.checker.check_model(program.model_proto, full_check=full_check)
     assert_portable(program, export_options)  # onnx's shape inference agrees; ONNX operators and types only
@@ -238,10 +237,9 @@ def assert_dynamic_equivalent(
     inputs = tuple(inputs)
     fn = _fixed_arity(fn, len(inputs))
     shapes = tuple({d: torch.export.Dim.AUTO for d, s in enumerate(t.shape) if s >= 2} or None for t in inputs)
-    options = {"opset_version": TESTED_OPSET.get()} if TESTED_OPSET.get() is not None else {}
-    program = dynexport.export(fn, inputs, dynamic_shapes=shapes if dynamic else None, **options)
+    program = dynexport.export(fn, inputs, dynamic_shapes=shapes if dynamic else None)
     onnx.checker.check_model(program.model_proto, full_check=True)
-    assert_portable(program, options)
+    assert_portable(program, {})
     run = _runner(program, runtime)
     calls = [inputs]
     if growth is not None:

@@ -38,7 +38,10 @@ LATER_OPSET_OPS = {
 
 
 @pytest.fixture(autouse=True, params=[None, LOW_OPSET], ids=["default-opset", f"opset{LOW_OPSET}"])
-def tested_opset(request):
+def tested_opset(request, monkeypatch):
+    # Also the default of every export the test makes itself (dynexport.export without opset_version).
+    if request.param is not None:
+        monkeypatch.setattr("dynexport.options.DEFAULT_OPSET", request.param)
     token = TESTED_OPSET.set(request.param)
     yield request.param
     TESTED_OPSET.reset(token)

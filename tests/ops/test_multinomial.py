@@ -9,14 +9,11 @@ import pytest
 import torch
 
 import dynexport
-from tests.equivalence import TESTED_OPSET
 
 Dim = torch.export.Dim
 
 
 def exported(fn, *args, **options):
-    if TESTED_OPSET.get() is not None:
-        options.setdefault("opset_version", TESTED_OPSET.get())
     program = dynexport.export(fn, args, **options)
     onnx.checker.check_model(program.model_proto, full_check=True)
     return program

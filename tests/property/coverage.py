@@ -34,7 +34,6 @@ _UNREACHABLE = {
     "backward": "a backward op: exports of inference graphs never hold it",
     "aten.sym_storage_offset.default": "a stride/storage query: torch.export does not emit it for the contiguous inputs ONNX has",
     "aten.sym_stride.int": "a stride/storage query: torch.export does not emit it for the contiguous inputs ONNX has",
-    "aten.as_strided.default": "strided views have no ONNX equivalent (ONNX tensors have no strides)",
     "aten._fft_r2c.default": _COMPLEX_OUTPUTS,
     "aten._native_batch_norm_legit.default": "training-mode batch norm that updates running statistics in place: an exported module in eval mode holds _native_batch_norm_legit_no_training instead",
     "aten.atan2.out": "an out= variant: torch.export functionalizes it to atan2.default",
@@ -59,7 +58,7 @@ _GAP_REASONS: list[tuple[str, str]] = [
      "come from value ranges; not translated yet"),
     (r"fractional_max_pool", "random window placement: results cannot be compared with eager"),
     (r"hash_tensor", "a hash of the bytes: no ONNX counterpart"),
-    (r"as_strided|aten\.resize", "arbitrary strides or storage resizing: ONNX tensors have no strides or storage"),
+    (r"aten\.resize", "storage resizing: ONNX tensors have no storage"),
     (r"aten\.convolution|avg_pool[23]d",
      "integer convolution or average pooling: ONNX Conv and AveragePool take floating types only "
      "(PyTorch also computes them for integers on CPU)"),
