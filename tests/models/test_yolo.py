@@ -161,25 +161,38 @@ def test_models_with_static_shapes(ultralytics, config):
     assert_matches_eager(program(images), model, images, where="example images")
 
 
-@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
-def test_ultralytics_export_with_dynexport_as_torch_onnx_export(ultralytics, monkeypatch, tmp_path, dynamic):
-    model = yolo(ultralytics, "yolov8n.yaml")
+@pytest.mark.parametrize(
+    "config, dynamic",
+    [
+        ("yolov8n.yaml", True),
+        ("yolov8n.yaml", False),
+        ("yolo11n-seg.yaml", True),
+        ("yolo11n-pose.yaml", True),
+        pytest.param("yolo11n-seg.yaml", False, marks=pytest.mark.slow),
+        pytest.param("yolo11n-pose.yaml", False, marks=pytest.mark.slow),
+    ],
+)
+def test_ultralytics_export_with_dynexport_as_torch_onnx_export(ultralytics, monkeypatch, tmp_path, config, dynamic):
+    model = yolo(ultralytics, config)
     monkeypatch.setattr(torch.onnx, "export", dynexport.export)
     monkeypatch.chdir(tmp_path)  # the file is written to the working directory
     path = model.export(format="onnx", imgsz=64, dynamic=dynamic, simplify=False)
     onnx.checker.check_model(path, full_check=True)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    [images_input], [output0] = session.get_inputs(), session.get_outputs()
+    [images_input], output0 = session.get_inputs(), session.get_outputs()[0]
     if dynamic:
-        assert images_input.shape == ["batch", 3, "height", "width"] and output0.shape[0] == "batch"
+        assert images_input.shape == ["batch", 3, "height", "width"]
+        assert output0.shape == ["batch", output0.shape[1], "anchors"]
         shapes = [(1, 3, 64, 64), *RESIZED]
     else:
-        assert images_input.shape == [1, 3, 64, 64] and output0.shape == [1, 84, 84]
+        assert images_input.shape == [1, 3, 64, 64] and output0.shape == [1, output0.shape[1], 84]
         shapes = [(1, 3, 64, 64)]
     for shape in shapes:
         images = torch.rand(shape)
-        (actual,) = session.run(None, {"images": images.numpy()})
-        # ultralytics exports the head's first output only (its ``export`` flag).
+        actual = tuple(torch.from_numpy(output) for output in session.run(None, {"images": images.numpy()}))
+        # ultralytics exports the head's first result only (its ``export`` flag): segmentation's
+        # is the detections and the mask prototypes.
         assert_matches_eager(
-            torch.from_numpy(actual), model.model, images, where=f"images {shape}", outputs=lambda result: result[0]
+            actual, model.model, images, where=f"images {shape}",
+            outputs=lambda result: tuple(pytree.tree_leaves(result[0])),
         )
