@@ -25,6 +25,8 @@ import dynexport
 from dynexport.errors import CaptureError
 from tests.models.test_torchvision import calibrated
 
+# Images resized to 128 pixels (min_size and max_size are constructor arguments users set).
+SMALL = {"min_size": 128, "max_size": 128}
 HEIGHT, WIDTH = torch.export.Dim("height", min=32, max=512), torch.export.Dim("width", min=32, max=512)
 
 
@@ -60,30 +62,37 @@ def threshold_between(model: torch.nn.Module, first: torch.Tensor, second: torch
 def assert_same_detections(actual: list[dict], expected: list[dict], *, box_atol: float, where: str) -> None:
     assert len(actual) == len(expected), f"{where}: {len(actual)} images from ONNX, {len(expected)} from PyTorch"
     for image, (got, want) in enumerate(zip(actual, expected)):
-        at = f"{where}, image {image}"
-        assert got.keys() == want.keys(), at
-        assert len(got["boxes"]) == len(want["boxes"]), f"{at}: {len(got['boxes'])} detections, eager {len(want['boxes'])}"
-        scores = got["scores"]
-        assert bool((scores[1:] <= scores[:-1] + 1e-4).all()), f"{at}: scores out of order: {scores}"
-        unmatched = list(range(len(got["boxes"])))
-        for i in range(len(want["boxes"])):
-            match = next(
-                (
-                    j
-                    for j in unmatched
-                    if got["labels"][j] == want["labels"][i]
-                    and (got["boxes"][j] - want["boxes"][i]).abs().max() <= box_atol
-                ),
-                None,
-            )
-            assert match is not None, (
-                f"{at}: eager's detection {i} (label {int(want['labels'][i])}, box {want['boxes'][i].tolist()}, "
-                f"score {float(want['scores'][i]):.4f}) is not in the ONNX output"
-            )
-            unmatched.remove(match)
-            torch.testing.assert_close(got["scores"][match], want["scores"][i], atol=1e-3, rtol=0, msg=at)
-            if "masks" in want:  # probabilities
-                torch.testing.assert_close(got["masks"][match], want["masks"][i], atol=1e-3, rtol=0, msg=at)
+        assert_same_image_detections(got, want, box_atol=box_atol, at=f"{where}, image {image}")
+
+
+def assert_same_image_detections(got: dict, want: dict, *, box_atol: float, at: str) -> None:
+    def in_image(message: str) -> str:
+        return f"{at}: {message}"
+
+    assert got.keys() == want.keys(), at
+    assert len(got["boxes"]) == len(want["boxes"]), f"{at}: {len(got['boxes'])} detections, eager {len(want['boxes'])}"
+    scores = got["scores"]
+    assert bool((scores[1:] <= scores[:-1] + 1e-4).all()), f"{at}: scores out of order: {scores}"
+    unmatched = list(range(len(got["boxes"])))
+    for i in range(len(want["boxes"])):
+        match = next(
+            (
+                j
+                for j in unmatched
+                if got["labels"][j] == want["labels"][i] and (got["boxes"][j] - want["boxes"][i]).abs().max() <= box_atol
+            ),
+            None,
+        )
+        assert match is not None, (
+            f"{at}: eager's detection {i} (label {int(want['labels'][i])}, box {want['boxes'][i].tolist()}, "
+            f"score {float(want['scores'][i]):.4f}) is not in the ONNX output"
+        )
+        unmatched.remove(match)
+        torch.testing.assert_close(got["scores"][match], want["scores"][i], atol=1e-3, rtol=0, msg=in_image)
+        if "masks" in want:
+            # Probabilities from the mask head, which reads the features at the proposals and so
+            # carries their error too (3e-3 seen).
+            torch.testing.assert_close(got["masks"][match], want["masks"][i], atol=1e-2, rtol=0, msg=in_image)
 
 
 def assert_detects_as_eager(program: dynexport.ONNXProgram, model: torch.nn.Module, calls: list[list[torch.Tensor]]):
@@ -104,22 +113,13 @@ def assert_detects_as_eager(program: dynexport.ONNXProgram, model: torch.nn.Modu
 
 DETECTORS = [
     pytest.param("ssdlite320_mobilenet_v3_large", {}, id="ssdlite320_mobilenet_v3_large"),
-    pytest.param("ssd300_vgg16", dict(classifier_scale=0.05), id="ssd300_vgg16", marks=pytest.mark.slow),
-    pytest.param(
-        "fasterrcnn_resnet50_fpn", dict(min_size=128, max_size=128), id="fasterrcnn_resnet50_fpn", marks=pytest.mark.slow
-    ),
-    pytest.param(
-        "retinanet_resnet50_fpn",
-        dict(min_size=128, max_size=128, score_thresh=0.0),
-        id="retinanet_resnet50_fpn",
-        marks=pytest.mark.slow,
-    ),
-    pytest.param(
-        "fcos_resnet50_fpn",
-        dict(min_size=128, max_size=128, score_thresh=0.0),
-        id="fcos_resnet50_fpn",
-        marks=pytest.mark.slow,
-    ),
+    pytest.param("ssd300_vgg16", {"classifier_scale": 0.05}, id="ssd300_vgg16", marks=pytest.mark.slow),
+    pytest.param("fasterrcnn_resnet50_fpn", SMALL, id="fasterrcnn_resnet50_fpn", marks=pytest.mark.slow),
+    pytest.param("maskrcnn_resnet50_fpn", SMALL, id="maskrcnn_resnet50_fpn", marks=pytest.mark.slow),
+    # Their heads start at a prior probability of 0.01: no random score reaches their default
+    # thresholds (0.05, 0.2).
+    pytest.param("retinanet_resnet50_fpn", {**SMALL, "score_thresh": 0.0}, id="retinanet_resnet50_fpn", marks=pytest.mark.slow),
+    pytest.param("fcos_resnet50_fpn", {**SMALL, "score_thresh": 0.0}, id="fcos_resnet50_fpn", marks=pytest.mark.slow),
 ]
 
 
@@ -136,7 +136,7 @@ def test_detector_with_dynamic_image_size(torchvision, name, options):
 
 
 def test_faster_rcnn_on_a_batch_of_images_of_dynamic_sizes(torchvision):
-    model = detector(torchvision, "fasterrcnn_mobilenet_v3_large_320_fpn", min_size=128, max_size=128)
+    model = detector(torchvision, "fasterrcnn_mobilenet_v3_large_320_fpn", **SMALL)
     torch.manual_seed(1)
     noise, blank = torch.rand(3, 128, 96), torch.zeros(3, 128, 96)
     threshold_between(model, noise, blank)
