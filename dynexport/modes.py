@@ -75,21 +75,23 @@ def select_model_mode_for_export(model: torch.nn.Module, mode: TrainingMode) -> 
 
 def leaving_attributes_unchanged(capture: Callable[..., _Result]) -> Callable[..., _Result]:
     """``capture(module, ...)`` that leaves every submodule of ``module`` with the attributes it
-    had. torch.export puts back the attributes forward replaced, not those forward added: a module
-    that caches what it computed from its first input (ultralytics' Detect head: ``self.shape``,
-    ``self.anchors``) would keep the capture's fake tensors, and the next capture (after a dim
-    refinement) or eager call would read them as its cache."""
+    had. torch.export puts back the attributes forward replaced or mutated (a snapshot of each),
+    not those forward added: a module that caches what it computed from its first input
+    (ultralytics' Detect head: ``self.shape``, ``self.anchors``) would keep the capture's fake
+    tensors, and the next capture (after a dim refinement) or eager call would read them as its
+    cache. The added ones are removed here; the others are torch.export's to restore (putting
+    back the original objects would bring back what forward wrote into them, e.g. timm LeViT's
+    ``attention_bias_cache`` dict)."""
 
     @functools.wraps(capture)
     def capture_leaving_attributes(module: torch.nn.Module, *args, **kwargs) -> _Result:
-        saved = [(submodule, dict(submodule.__dict__)) for submodule in module.modules()]
+        saved = [(submodule, set(submodule.__dict__)) for submodule in module.modules()]
         try:
             return capture(module, *args, **kwargs)
         finally:
-            for submodule, attributes in saved:
-                for name in submodule.__dict__.keys() - attributes.keys():
+            for submodule, names in saved:
+                for name in submodule.__dict__.keys() - names:
                     del submodule.__dict__[name]
-                submodule.__dict__.update(attributes)
 
     return capture_leaving_attributes
 

@@ -268,3 +268,24 @@ def test_attributes_set_by_forward_during_capture_are_removed():
     model = CachesOnFirstCall()
     dynexport.export(model, (torch.randn(2, 6),), dynamic_shapes=({1: torch.export.Dim("width")},))
     assert "offsets" not in vars(model) and "shape" not in vars(model)
+
+
+class CachesInADict(torch.nn.Module):
+    # timm's LeViT in eval mode: a bias computed once per device, kept in a dict the module owns.
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(4))
+        self.cache = {}
+
+    def forward(self, x):
+        if "cpu" not in self.cache:
+            self.cache["cpu"] = self.bias * 2
+        return x + self.cache["cpu"]
+
+
+def test_containers_forward_fills_during_capture_are_left_as_they_were():
+    model = CachesInADict().eval()
+    program = dynexport.export(model, (torch.randn(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    assert model.cache == {}  # not the capture's fake tensor
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(program(x), model(x))
