@@ -8,6 +8,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 import torch
 
+from dynexport.builder import OperatorNotInOpset
 from dynexport.errors import TranslationError, source_line
 from dynexport.ops._helpers import (
     cast,
@@ -22,6 +23,7 @@ from dynexport.ops._helpers import reshape as onnx_reshape
 from dynexport.registry import translates
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 def _static_out_shape(ctx) -> list[int] | None:
@@ -183,11 +185,9 @@ def _refuse_strides_over_a_view(ctx) -> None:
     )
 
 
-@translates(aten.as_strided.default)
-def as_strided(ctx, self, size, stride, storage_offset=None):
-    """Element ``i`` of the result is element ``offset + sum(i[d] * stride[d])`` of the input
-    taken in order: a Gather from the flattened input at indices built by broadcasting."""
-    _refuse_strides_over_a_view(ctx)
+def _strided_positions(ctx, size, stride, storage_offset) -> ir.Value:
+    """The storage position ``offset + sum(i[d] * stride[d])`` of each element ``i`` of an
+    as_strided view, as an int64 tensor of shape ``size`` ([1] for a 0-d view)."""
     positions = shape_tensor(ctx, [0 if storage_offset is None else storage_offset])
     for d, (extent, step) in enumerate(zip(size, stride)):
         along = ctx.op.Range(
@@ -195,10 +195,55 @@ def as_strided(ctx, self, size, stride, storage_offset=None):
         )
         along = ctx.op.Mul(along, _int64(ctx, step))
         positions = ctx.op.Add(ctx.op.Unsqueeze(positions, ints(ctx, [-1])) if d else positions, along)
+    return positions
+
+
+@translates(aten.as_strided.default)
+def as_strided(ctx, self, size, stride, storage_offset=None):
+    """Element ``i`` of the result is element ``offset + sum(i[d] * stride[d])`` of the input
+    taken in order: a Gather from the flattened input at indices built by broadcasting."""
+    _refuse_strides_over_a_view(ctx)
+    positions = _strided_positions(ctx, size, stride, storage_offset)
     flat = onnx_reshape(ctx, self, ints(ctx, [-1]))
     if not size:
         return ctx.op.Gather(flat, ctx.op.Squeeze(positions, ints(ctx, [0])), axis=0)
     return ctx.op.Gather(flat, positions, axis=0)
+
+
+def _never_overlaps(size, stride) -> bool:
+    """Whether no two elements of a view with these (static) sizes and strides share a position."""
+    if not all(isinstance(n, int) for n in (*size, *stride)):
+        return False
+    positions = {0}
+    for extent, step in zip(size, stride):
+        positions = {p + i * step for p in positions for i in range(extent)}
+    return len(positions) == math.prod(size)
+
+
+@translates(aten.as_strided_scatter.default, prims.as_strided_scatter.default)
+def as_strided_scatter(ctx, self, src, size, stride, storage_offset=None):
+    """``self`` with ``src`` written at its as_strided positions. Where positions repeat (a stride
+    of 0, overlapping windows), eager's copy writes in order and the last write stays: each
+    position takes the update of the highest index that names it (ScatterElements max of the
+    indices, opset 18), as ScatterND leaves repeated indices undefined."""
+    _refuse_strides_over_a_view(ctx)
+    flat = onnx_reshape(ctx, self, ints(ctx, [-1]))
+    positions = onnx_reshape(ctx, _strided_positions(ctx, size, stride, storage_offset), ints(ctx, [-1]))
+    updates = onnx_reshape(ctx, src, ints(ctx, [-1]))
+    if _never_overlaps(size, stride):
+        written = ctx.op.ScatterND(flat, ctx.op.Unsqueeze(positions, ints(ctx, [-1])), updates)
+    else:
+        if ctx.opset < 18:
+            raise OperatorNotInOpset("ScatterElements", ctx.opset, 18, "reduction 'max'")
+        count = ctx.op.Shape(positions)
+        order = ctx.op.Range(
+            ctx.constant(0, ir.DataType.INT64), ctx.op.Squeeze(count, ints(ctx, [0])), ctx.constant(1, ir.DataType.INT64)
+        )
+        nobody = ctx.op.Expand(ctx.constant(-1, ir.DataType.INT64), ctx.op.Shape(flat))
+        writer = ctx.op.ScatterElements(nobody, positions, order, axis=0, reduction="max")
+        last_update = ctx.op.Gather(updates, ctx.op.Max(writer, ctx.constant(0, ir.DataType.INT64)), axis=0)
+        written = ctx.op.Where(ctx.op.GreaterOrEqual(writer, ctx.constant(0, ir.DataType.INT64)), last_update, flat)
+    return onnx_reshape(ctx, written, ctx.op.Shape(self))
 
 
 def _int64(ctx, value: int | ir.Value) -> ir.Value:

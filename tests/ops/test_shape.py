@@ -8,6 +8,7 @@ import torch
 import dynexport
 from dynexport.errors import TranslationError
 from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.opset_parametrization import max_min_scatter_refused_below_18
 
 B = torch.export.Dim("batch")
 S = torch.export.Dim("seq")
@@ -303,3 +304,28 @@ def test_as_strided_over_a_view_is_refused():
     with pytest.raises(TranslationError, match=r"(?s)input is a view \(strides \(1, 5\).*call \.contiguous\(\)"):
         dynexport.export(lambda x: x.t().as_strided((2, 2), (1, 2)), (torch.randn(3, 5),))
     assert_exports_equivalent(lambda x: x.t().contiguous().as_strided((2, 2), (1, 2)), (torch.randn(3, 5),))
+
+
+def test_as_strided_scatter_writes_the_strided_positions():
+    # Disjoint positions: one ScatterND.
+    program = assert_exports_equivalent(
+        lambda x, y: torch.as_strided_scatter(x, y, (2, 2), (3, 1), 1), (torch.zeros(3, 3), torch.randn(2, 2))
+    )
+    assert op_histogram(program)["ScatterND"] == 1
+
+
+@pytest.mark.parametrize(
+    "fn, args, dims, resized",
+    [
+        # Overlapping windows: eager's copy writes in order, the last write to a position stays.
+        (lambda x, y: torch.as_strided_scatter(x, y, (2, 2), (1, 1), 0), (torch.zeros(9), torch.randn(2, 2)), None, []),
+        # Sizes and strides that follow a dynamic dim (whether they overlap is known only at run time).
+        (lambda x, y: torch.as_strided_scatter(x, y, (2, y.shape[1]), (y.shape[1] - 1, 1), 1),
+         (torch.zeros(20), torch.randn(2, 4)), (None, {1: torch.export.Dim("m", min=2, max=8)}),
+         [(torch.zeros(20), torch.randn(2, 7)), (torch.zeros(20), torch.randn(2, 2))]),
+    ],
+    ids=["overlapping", "dynamic"],
+)
+def test_as_strided_scatter_of_overlapping_positions_keeps_the_last_write(fn, args, dims, resized):
+    with max_min_scatter_refused_below_18("max"):
+        assert_exports_equivalent(fn, args, dynamic_shapes=dims, resized=resized)
