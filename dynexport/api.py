@@ -29,7 +29,7 @@ from dynexport.dim_refinement import (
 )
 from dynexport.errors import ExportError
 from dynexport.model_caches import caches_flattened
-from dynexport.modes import TrainingMode, exporting, leaving_attributes_unchanged, select_model_mode_for_export
+from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.fx.fuse_llm import fuse_llm_patterns
@@ -254,7 +254,7 @@ def _capture_module(
     input_names = signature.graph_input_names(options.input_names, slots)
     with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
         program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
-            leaving_attributes_unchanged(capture), module, args, kwargs, dynamic_shapes
+            capture, module, args, kwargs, dynamic_shapes
         )
     if options.auto_dims:
         _warn_fixed_dims(program, requested_dims)

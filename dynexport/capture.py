@@ -42,6 +42,7 @@ from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
 from dynexport.errors import CaptureError
+from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
 
@@ -157,6 +158,7 @@ def capture(
                 detection_code_capturable(),
                 _fake_quantize_meta_kernels(),
                 quantized_modules_as_float(module),
+                attributes_added_removed(module),
             ):
                 program = strategy(module, args, kwargs, dynamic_shapes)
         except Exception as error:  # every strategy's failure is reported together

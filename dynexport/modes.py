@@ -10,24 +10,20 @@ function object itself before the export does not).
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import torch
 from torch.onnx import TrainingMode
 
 __all__ = [
     "TrainingMode",
+    "attributes_added_removed",
     "exporting",
     "is_in_onnx_export",
-    "leaving_attributes_unchanged",
     "select_model_mode_for_export",
     "shape_as_tensor",
 ]
-
-_Result = TypeVar("_Result")
 
 _state = threading.local()
 
@@ -73,27 +69,23 @@ def select_model_mode_for_export(model: torch.nn.Module, mode: TrainingMode) -> 
             module.training = training
 
 
-def leaving_attributes_unchanged(capture: Callable[..., _Result]) -> Callable[..., _Result]:
-    """``capture(module, ...)`` that leaves every submodule of ``module`` with the attributes it
-    had. torch.export puts back the attributes forward replaced or mutated (a snapshot of each),
-    not those forward added: a module that caches what it computed from its first input
-    (ultralytics' Detect head: ``self.shape``, ``self.anchors``) would keep the capture's fake
-    tensors, and the next capture (after a dim refinement) or eager call would read them as its
-    cache. The added ones are removed here; the others are torch.export's to restore (putting
-    back the original objects would bring back what forward wrote into them, e.g. timm LeViT's
-    ``attention_bias_cache`` dict)."""
-
-    @functools.wraps(capture)
-    def capture_leaving_attributes(module: torch.nn.Module, *args, **kwargs) -> _Result:
-        saved = [(submodule, set(submodule.__dict__)) for submodule in module.modules()]
-        try:
-            return capture(module, *args, **kwargs)
-        finally:
-            for submodule, names in saved:
-                for name in submodule.__dict__.keys() - names:
-                    del submodule.__dict__[name]
-
-    return capture_leaving_attributes
+@contextlib.contextmanager
+def attributes_added_removed(module: torch.nn.Module) -> Iterator[None]:
+    """Within the block (one capture attempt), leave every submodule of ``module`` with the
+    attributes it had. torch.export puts back the attributes forward replaced or mutated (a
+    snapshot of each), not those forward added: a module that caches what it computed from its
+    first input (ultralytics' Detect head: ``self.shape``, ``self.anchors``) would keep the
+    capture's fake tensors, and the next attempt (another strategy, or a capture after a dim
+    refinement) or eager call would read them as its cache. The added ones are removed here; the
+    others are torch.export's to restore (putting back the original objects would bring back
+    what forward wrote into them, e.g. timm LeViT's ``attention_bias_cache`` dict)."""
+    saved = [(submodule, set(submodule.__dict__)) for submodule in module.modules()]
+    try:
+        yield
+    finally:
+        for submodule, names in saved:
+            for name in submodule.__dict__.keys() - names:
+                del submodule.__dict__[name]
 
 
 def shape_as_tensor(x: torch.Tensor) -> torch.Tensor:
