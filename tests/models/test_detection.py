@@ -123,16 +123,32 @@ DETECTORS = [
 ]
 
 
-@pytest.mark.parametrize("name, options", DETECTORS)
-def test_detector_with_dynamic_image_size(torchvision, name, options):
-    model = detector(torchvision, name, **options)
+def assert_exports_with_dynamic_image_size(model: torch.nn.Module, **options) -> None:
     torch.manual_seed(1)
     noise, blank = torch.rand(3, 128, 96), torch.zeros(3, 128, 96)
     threshold_between(model, noise, blank)
-    program = dynexport.export(model, ([noise],), dynamic_shapes=([{1: HEIGHT, 2: WIDTH}],))
+    program = dynexport.export(model, ([noise],), dynamic_shapes=([{1: HEIGHT, 2: WIDTH}],), **options)
     onnx.checker.check_model(program.model_proto, full_check=True)
     calls = [[noise], [blank], [torch.rand(3, 96, 160)], [torch.zeros(3, 64, 80)], [torch.rand(3, 200, 120)]]
     assert_detects_as_eager(program, model, calls)
+
+
+@pytest.mark.parametrize("name, options", DETECTORS)
+def test_detector_with_dynamic_image_size(torchvision, name, options):
+    assert_exports_with_dynamic_image_size(detector(torchvision, name, **options))
+
+
+@pytest.mark.parametrize("opset", [17, 13])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        pytest.param("ssdlite320_mobilenet_v3_large", {}, id="ssdlite320_mobilenet_v3_large"),  # NonMaxSuppression
+        # RoiAlign in its opset-10 form below 16 (torchvision's aligned=False).
+        pytest.param("fasterrcnn_mobilenet_v3_large_320_fpn", SMALL, id="fasterrcnn_mobilenet", marks=pytest.mark.slow),
+    ],
+)
+def test_detector_at_low_opset(torchvision, name, options, opset):
+    assert_exports_with_dynamic_image_size(detector(torchvision, name, **options), opset_version=opset)
 
 
 def test_faster_rcnn_on_a_batch_of_images_of_dynamic_sizes(torchvision):
