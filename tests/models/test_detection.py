@@ -17,6 +17,8 @@ way by both (onnxruntime's convolutions round differently, which reorders near-t
 
 from __future__ import annotations
 
+import functools
+
 import onnx
 import pytest
 import torch
@@ -24,6 +26,7 @@ import torch
 import dynexport
 from dynexport.errors import CaptureError
 from tests.models.test_torchvision import calibrated
+from tests.openvino_runner import compile_in_openvino, run_in_openvino
 
 # Images resized to 128 pixels (min_size and max_size are constructor arguments users set).
 SMALL = {"min_size": 128, "max_size": 128}
@@ -95,9 +98,12 @@ def assert_same_image_detections(got: dict, want: dict, *, box_atol: float, at: 
             torch.testing.assert_close(got["masks"][match], want["masks"][i], atol=1e-2, rtol=0, msg=in_image)
 
 
-def assert_detects_as_eager(program: dynexport.ONNXProgram, model: torch.nn.Module, calls: list[list[torch.Tensor]]):
-    """Each call's detections the same in onnxruntime as in eager; the calls must include one
-    image with boxes and one without."""
+def assert_detects_as_eager(
+    program: dynexport.ONNXProgram, model: torch.nn.Module, calls: list[list[torch.Tensor]], run=None
+):
+    """Each call's detections the same in onnxruntime (or ``run(images)``) as in eager; the calls
+    must include one image with boxes and one without."""
+    run = run or program
     counts = []
     for images in calls:
         with torch.no_grad():
@@ -106,7 +112,7 @@ def assert_detects_as_eager(program: dynexport.ONNXProgram, model: torch.nn.Modu
         # onnxruntime's float32 convolutions differ from PyTorch's in the last bits, which random
         # networks amplify into the box deltas: boxes agree within 1e-3 of the image side.
         box_atol = 1e-3 * max(max(image.shape[1:]) for image in images)
-        assert_same_detections(program(images), expected, box_atol=box_atol, where=where)
+        assert_same_detections(run(images), expected, box_atol=box_atol, where=where)
         counts += [len(detections["boxes"]) for detections in expected]
     assert min(counts) == 0 < max(counts), f"detections per image: {counts}"
 
@@ -123,14 +129,20 @@ DETECTORS = [
 ]
 
 
-def assert_exports_with_dynamic_image_size(model: torch.nn.Module, **options) -> None:
+def assert_exports_with_dynamic_image_size(model: torch.nn.Module, *, openvino: bool = False, **options) -> None:
+    """``model`` exported with a dynamic image size detects as eager at other sizes, in
+    onnxruntime or (``openvino``) in OpenVINO's CPU runtime."""
     torch.manual_seed(1)
     noise, blank = torch.rand(3, 128, 96), torch.zeros(3, 128, 96)
     threshold_between(model, noise, blank)
     program = dynexport.export(model, ([noise],), dynamic_shapes=([{1: HEIGHT, 2: WIDTH}],), **options)
     onnx.checker.check_model(program.model_proto, full_check=True)
     calls = [[noise], [blank], [torch.rand(3, 96, 160)], [torch.zeros(3, 64, 80)], [torch.rand(3, 200, 120)]]
-    assert_detects_as_eager(program, model, calls)
+    run = None
+    if openvino:
+        compiled = compile_in_openvino(program)
+        run = functools.partial(run_in_openvino, program, compiled)
+    assert_detects_as_eager(program, model, calls, run)
 
 
 @pytest.mark.parametrize("name, options", DETECTORS)
@@ -149,6 +161,13 @@ def test_detector_with_dynamic_image_size(torchvision, name, options):
 )
 def test_detector_at_low_opset(torchvision, name, options, opset):
     assert_exports_with_dynamic_image_size(detector(torchvision, name, **options), opset_version=opset)
+
+
+def test_detector_in_openvino(torchvision):
+    pytest.importorskip("openvino")
+    assert_exports_with_dynamic_image_size(
+        detector(torchvision, "ssdlite320_mobilenet_v3_large"), openvino=True, opset_version=17
+    )
 
 
 def test_faster_rcnn_on_a_batch_of_images_of_dynamic_sizes(torchvision):
