@@ -10,7 +10,13 @@ FX graph, where the ATen ops still say what they compute (opset 23 and later):
 - ``attention``: ``scaled_dot_product_attention`` whose keys and values are the cache update
   ``cat([past, new], -2)`` and/or repeated to the query's head count (transformers' ``repeat_kv``:
   unsqueeze, expand, reshape) -> ONNX Attention with past_key/past_value inputs and
-  present_key/present_value outputs, grouped-query from the head counts.
+  present_key/present_value outputs, grouped-query from the head counts;
+- ``attention_3d``, ``rotary_embedding_3d``: such an attention whose queries, keys and values
+  are each a projection's heads split off its last axis (``x.view(b, s, heads, d).transpose(1,
+  2)``, through a rotary embedding or not) and whose output is merged back the same way
+  (``y.transpose(1, 2).reshape(b, s, heads * d)``) -> the same ops on the 3-D (batch, sequence,
+  heads * head size) tensors, with their head counts as attributes (no Reshape or Transpose
+  around them); the caches stay 4-D.
 
 Every match checks all of its pattern (operators, arguments, shapes, and that no intermediate
 result is read elsewhere) and is left alone otherwise: a fused op never stands for half a
@@ -48,7 +54,8 @@ def fuse_llm_patterns(program: torch.export.ExportedProgram, *, opset: int) -> t
         return program
     graph = _copied_graph(program.graph)
     renamed: dict[str, str] = {}
-    fused = sum(fuse(graph, renamed) for fuse in (_fuse_rms_norms, _fuse_rotary_embeddings, _fuse_attentions))
+    fusions = (_fuse_rms_norms, _fuse_rotary_embeddings, _fuse_attentions, _fuse_head_layouts)
+    fused = sum(fuse(graph, renamed) for fuse in fusions)
     if not fused:
         return program
     # Loop bodies and branches stay where they are: the new module reads its attributes from the old.
@@ -56,7 +63,10 @@ def fuse_llm_patterns(program: torch.export.ExportedProgram, *, opset: int) -> t
     signature = copy.deepcopy(program.graph_signature)
     for spec in signature.output_specs:
         if isinstance(spec.arg, torch.export.graph_signature.TensorArgument) and spec.arg.name in renamed:
-            spec.arg = torch.export.graph_signature.TensorArgument(renamed[spec.arg.name])
+            name = spec.arg.name
+            while name in renamed:  # replaced by one fusion, then by a later one
+                name = renamed[name]
+            spec.arg = torch.export.graph_signature.TensorArgument(name)
     return program._update(module, signature)
 
 
@@ -484,3 +494,126 @@ def _in_repeat_of(node: Node, sdpa: Node) -> bool:
             return False
         node = users[0]
     return True
+
+
+# -- heads along the hidden axis ---------------------------------------------------------------
+
+
+def _fuse_head_layouts(graph: torch.fx.Graph, renamed: dict[str, str]) -> int:
+    fused = 0
+    for attention in [n for n in graph.nodes if _is_call(n, fused_ops.attention.default)]:
+        matched = _attention_over_hidden(attention)
+        if matched is None:
+            continue
+        sides, merged, interior = matched
+        inputs = []
+        for x, heads, rotary in sides:
+            if rotary is not None:
+                x = _fused_call(graph, attention, fused_ops.rotary_embedding_3d.default, (x, *rotary.args[1:], heads),
+                                _val(x))
+            inputs.append(x)
+        items = _items(attention)
+        query, key, value = attention.args[:3]
+        # Without a past the op's keys and values are the new ones (unread: see _attention_over_hidden).
+        presents = [_val(items[i]) if i in items else _val(side) for i, side in ((1, key), (2, value))]
+        heads = (sides[0][1], sides[1][1])
+        node = _fused_call(graph, attention, fused_ops.attention_3d.default, (*inputs, *attention.args[3:], *heads),
+                           (_val(merged), *presents))
+        node.meta = {**attention.meta, **node.meta}
+        for index, replaced in ((0, merged), (1, items.get(1)), (2, items.get(2))):
+            if replaced is not None:
+                with graph.inserting_before(attention):
+                    item = graph.call_function(operator.getitem, (node, index))
+                item.meta["val"] = _val(replaced)
+                _replace(graph, replaced, item, renamed)
+        _erase_unused(graph, [merged, *items.values(), attention, *interior])
+        fused += 1
+    return fused
+
+
+def _items(node: Node) -> dict[int, Node]:
+    return {user.args[1]: user for user in node.users if user.target is operator.getitem}
+
+
+def _attention_over_hidden(attention: Node):
+    """(((x, heads, rotary node or None) for the query, key and value), the merged output,
+    interior nodes) when each of ``attention``'s query, key and value is ``split(x)`` or
+    ``rotary_embedding(split(x))`` of a 3-D x, read by nothing else, and its output is read
+    only through the merge back to 3-D (see :func:`_split_heads_of`, :func:`_merged_heads`)."""
+    items = _items(attention)
+    if set(items) - {0, 1, 2} or len(items) != len(attention.users):
+        return None
+    if attention.args[4] is None and any(_users(items[i]) for i in (1, 2) if i in items):
+        return None  # the 4-D new keys and values read without a cache: not worth a Reshape
+    sides, interior = [], []
+    for x in attention.args[:3]:
+        rotary = x if _is_call(x, fused_ops.rotary_embedding.default) else None
+        if rotary is not None:
+            if _only_user(rotary) is not attention:
+                return None
+            interior.append(rotary)
+            x = rotary.args[0]
+        split = _split_heads_of(x, attention if rotary is None else rotary)
+        if split is None:
+            return None
+        sides.append((split[0], _val(x).shape[1], rotary))
+        interior += split[1]
+    if 0 not in items:
+        return None
+    merged = _merged_heads(items[0])
+    if merged is None:
+        return None
+    return sides, merged[0], interior + merged[1]
+
+
+def _split_heads_of(node: Node, reader: Node) -> tuple[Node, list[Node]] | None:
+    """(x, the split's nodes) when ``node`` is ``x.view(b, s, heads, d).transpose(1, 2)`` of x
+    (b, s, heads * d), read by ``reader`` alone: the heads are x's last axis' consecutive
+    slices, as the 3-D forms of RotaryEmbedding and Attention read them."""
+    if not _is_call(node, aten.transpose.int) or _only_user(node) is not reader:
+        return None
+    if sorted(d % 4 for d in node.args[1:3]) != [1, 2]:
+        return None
+    view = node.args[0]
+    if not _is_call(view, *_REPEAT_RESHAPES) or _only_user(view) is not node:
+        return None
+    x = view.args[0]
+    x_val, split_val = _val(x), _val(view)
+    if x_val is None or split_val is None or x_val.dim() != 3 or split_val.dim() != 4:
+        return None
+    b, s, heads, size = split_val.shape
+    if not (isinstance(heads, int) and isinstance(size, int) and _same(x_val.shape[2], heads * size)):
+        return None
+    if not (_same(x_val.shape[0], b) and _same(x_val.shape[1], s)):
+        return None
+    return x, [node, view]
+
+
+def _merged_heads(output: Node) -> tuple[Node, list[Node]] | None:
+    """(the merged node, the nodes before it) when ``output`` (b, heads, s, d) is read only by
+    ``output.transpose(1, 2).reshape(b, s, heads * d)``, with reshapes to its own shape and
+    identities on the way."""
+    interior, node = [], output
+    while (user := _only_user(node)) is not None and _is_call(user, *_REPEAT_RESHAPES, *_IDENTITIES):
+        if not _same_shape(_val(user), _val(output)):
+            break
+        interior.append(user)
+        node = user
+    transpose = _only_user(node)
+    if not _is_call(transpose, aten.transpose.int) or sorted(d % 4 for d in transpose.args[1:3]) != [1, 2]:
+        return None
+    interior.append(transpose)
+    node = transpose
+    while (user := _only_user(node)) is not None and _is_call(user, *_IDENTITIES):
+        interior.append(user)
+        node = user
+    merge = _only_user(node)
+    if not _is_call(merge, *_REPEAT_RESHAPES):
+        return None
+    b, heads, s, size = _val(output).shape
+    merged_val = _val(merge)
+    if merged_val is None or merged_val.dim() != 3 or not isinstance(heads, int) or not isinstance(size, int):
+        return None
+    if not (_same(merged_val.shape[0], b) and _same(merged_val.shape[1], s) and _same(merged_val.shape[2], heads * size)):
+        return None
+    return merge, interior

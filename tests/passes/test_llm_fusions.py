@@ -34,8 +34,26 @@ def _export_decoder(model, **options) -> dynexport.ONNXProgram:
     return dynexport.export(model, (), kwargs=_empty_cache_call(model, 2, 4), dynamic_shapes=dynamic_shapes, **options)
 
 
+def _nodes(program, op_type: str) -> list[onnx.NodeProto]:
+    return [node for node in program.model_proto.graph.node if node.op_type == op_type]
+
+
 def _attention_nodes(program) -> list[onnx.NodeProto]:
-    return [node for node in program.model_proto.graph.node if node.op_type == "Attention"]
+    return _nodes(program, "Attention")
+
+
+def _layout_changes_around(program, op_types: set[str]) -> list[onnx.NodeProto]:
+    """The Reshape and Transpose nodes that feed a node of ``op_types`` or read its first output."""
+    nodes = program.model_proto.graph.node
+    fused = [n for n in nodes if n.op_type in op_types]
+    read = {name for n in fused for name in n.input[:3]}
+    written = {n.output[0] for n in fused}
+    layouts = [n for n in nodes if n.op_type in ("Reshape", "Transpose")]
+    return [n for n in layouts if set(n.output) & read or set(n.input) & written]
+
+
+def _attributes(node: onnx.NodeProto, *names: str) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name in names}
 
 
 @pytest.mark.parametrize(
@@ -53,10 +71,16 @@ def test_decoder_layers_become_whole_ops_at_opset_23(family):
     assert len(attentions) == layers
     graph_inputs = {value.name for value in program.model_proto.graph.input}
     graph_outputs = {value.name for value in program.model_proto.graph.output}
+    heads = {"q_num_heads": model.config.num_attention_heads, "kv_num_heads": model.config.num_key_value_heads}
     for layer, node in enumerate(attentions):
         # Q, K, V, mask, past_key, past_value -> Y, present_key, present_value: no Concat, no repeat.
         assert list(node.input[4:]) == [f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"]
         assert list(node.output[1:]) == [f"present.{layer}.key", f"present.{layer}.value"]
+        # (batch, sequence, heads * head size) queries, keys, values and output: no head split around.
+        assert _attributes(node, *heads) == heads
+    rotary_heads = sorted(_attributes(n, "num_heads")["num_heads"] for n in _nodes(program, "RotaryEmbedding"))
+    assert rotary_heads == sorted([heads["q_num_heads"], heads["kv_num_heads"]] * layers)
+    assert not _layout_changes_around(program, {"Attention", "RotaryEmbedding"})
     caches = graph_inputs - {"input_ids", "attention_mask", "position_ids"}
     assert not [n for n in program.model_proto.graph.node if n.op_type not in ("Attention", "Shape") and set(n.input) & caches]
     assert graph_outputs >= {f"present.{i}.{t}" for i in range(layers) for t in ("key", "value")}
@@ -258,3 +282,54 @@ def test_attention_near_miss_keeps_its_concat(module):
     program = _exported(module, *inputs, dynamic=module.cache_dim != 1)
     assert all(len(node.input) <= 4 for node in _attention_nodes(program))
     assert op_histogram(program)["Concat"] >= 1
+
+
+class ProjectedAttention(torch.nn.Module):
+    """Attention of projections split into heads (4 query, 2 key/value heads of 8) over a cache,
+    merged back after it, as transformers' attention layers do; ``variant`` makes a near miss."""
+
+    def __init__(self, variant: str = "standard"):
+        super().__init__()
+        self.variant = variant
+
+    def forward(self, xq, xk, xv, past_k, past_v):
+        b, s = xq.shape[:2]
+        # Interleaved: head h is every 4th feature from h, not the h-th slice of 8.
+        q = xq.view(b, s, 8, 4).permute(0, 3, 1, 2) if self.variant == "heads interleaved" else xq.view(b, s, 4, 8).transpose(1, 2)
+        k, v = (x.view(b, s, 2, 8).transpose(1, 2) for x in (xk, xv))
+        keys, values = torch.cat([past_k, k], -2), torch.cat([past_v, v], -2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+        merged = out.transpose(1, 2).reshape(b, s, 32)
+        read_elsewhere = {"split read elsewhere": (q,), "output read elsewhere": (out,)}.get(self.variant, ())
+        return (merged, keys, values, *read_elsewhere)
+
+
+def _projected_inputs(batch: int = 2, seq: int = 3, past: int = 4):
+    return (torch.randn(batch, seq, 32), torch.randn(batch, seq, 16), torch.randn(batch, seq, 16),
+            torch.randn(batch, 2, past, 8), torch.randn(batch, 2, past, 8))
+
+
+def _exported_projected_attention(variant: str) -> dynexport.ONNXProgram:
+    batch, seq, past = Dim("batch"), Dim("seq"), Dim("past", min=0)
+    new, cached = {0: batch, 1: seq}, {0: batch, 2: past}
+    return assert_exports_equivalent(
+        ProjectedAttention(variant), _projected_inputs(), opset_version=23,
+        dynamic_shapes=(new, new, new, cached, cached),
+        resized=[_projected_inputs(3, 1, 6), _projected_inputs(1, 5, 0), _projected_inputs(2, 1, 1)],
+    )
+
+
+def test_attention_of_split_heads_takes_3d_inputs():
+    program = _exported_projected_attention("standard")
+    (node,) = _attention_nodes(program)
+    assert _attributes(node, "q_num_heads", "kv_num_heads") == {"q_num_heads": 4, "kv_num_heads": 2}
+    assert len(node.input) == 6
+    assert not _layout_changes_around(program, {"Attention"})
+
+
+@pytest.mark.parametrize("variant", ["heads interleaved", "split read elsewhere", "output read elsewhere"])
+def test_attention_near_miss_keeps_its_4d_heads(variant):
+    program = _exported_projected_attention(variant)
+    (node,) = _attention_nodes(program)
+    assert len(node.input) == 6 and not _attributes(node, "q_num_heads", "kv_num_heads")
+    assert _layout_changes_around(program, {"Attention"})
