@@ -155,8 +155,9 @@ def test_torchao_llama_exports_with_dynamic_shapes():
     dims = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
     program = _export(model, (), kwargs=text_inputs(2, 8), dynamic_shapes=dims, opset_version=21,
                       target="onnxruntime")
-    # Seven products a layer, and the LM head (its own torchao weight: quantize_ unties it).
-    assert op_histogram(program)["MatMulNBits"] == 7 * 2 + 1
+    # Four products a layer (q|k|v and gate|up packed, passes/onnx/pack_matmuls.py: torchao's
+    # integers stacked), and the LM head (its own torchao weight: quantize_ unties it).
+    assert op_histogram(program)["MatMulNBits"] == 4 * 2 + 1
     for batch, seq in ((2, 8), (3, 13)):
         call = text_inputs(batch, seq)
         with torch.no_grad():

@@ -81,12 +81,41 @@ class KnownWeights:
         self._weights[_fingerprint(values)] = (quantized, name)
 
     def find(self, matrix: torch.Tensor) -> QuantizedWeight | None:
-        """The quantized weight whose stand-in is ``matrix`` (``[N, K]``, any float type), or None."""
+        """The quantized weight whose stand-in is ``matrix`` (``[N, K]``, any float type), or
+        None; a ``matrix`` whose rows are several stand-ins one after the other (products
+        packed by the optimizer, passes/onnx/pack_matmuls.py) gives their weights stacked, when
+        they are quantized alike."""
         entry = self._weights.get(_fingerprint(matrix))
-        if entry is None:
+        entries = [entry] if entry is not None else self._stacked(matrix)
+        if not entries:
             return None
-        self._found.add(entry[1])
-        return entry[0]()
+        parts = [quantized() for quantized, _ in entries]
+        first = parts[0]
+        if any((q.bits, q.block_size, q.symmetric) != (first.bits, first.block_size, first.symmetric) for q in parts):
+            return None
+        self._found.update(name for _, name in entries)
+        if len(parts) == 1:
+            return first
+        zero_points = None if first.symmetric else torch.cat([q.zero_points for q in parts])
+        return QuantizedWeight(torch.cat([q.values for q in parts]), torch.cat([q.scales for q in parts]), zero_points,
+                               first.bits, first.block_size)
+
+    def _stacked(self, matrix: torch.Tensor) -> list[tuple[Callable[[], QuantizedWeight], str]]:
+        """The stand-ins whose rows, one after the other, are ``matrix``'s (each found by its
+        exact values, so no two readings are possible in practice); [] when there are none."""
+        rows, columns = matrix.shape
+        heights = sorted({shape[0] for shape, _ in self._weights if shape[1] == columns and shape[0] < rows})
+        entries, start = [], 0
+        while start < rows:
+            for height in heights:
+                entry = self._weights.get(_fingerprint(matrix[start : start + height])) if start + height <= rows else None
+                if entry is not None:
+                    break
+            else:
+                return []
+            entries.append(entry)
+            start += height
+        return entries
 
     def missing(self) -> list[str]:
         """The names of the weights :meth:`find` has not found."""
