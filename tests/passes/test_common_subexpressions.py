@@ -66,3 +66,49 @@ def test_deduplicate_initializers_compares_views_and_samples_exactly():
     assert deduplicate_initializers(graph) == 1
     assert sorted(graph.initializers) == ["a", "c"]
     np.testing.assert_array_equal(users[1].inputs[0].const_value.numpy(), base.t().numpy())
+
+
+def _initializer_graph(tensors):
+    """A graph whose outputs read each of ``tensors`` (name: torch tensor) through an Identity."""
+    import onnx_ir as ir
+    from onnx_ir.tensor_adapters import TorchTensor
+
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": 20})
+    for name, data in tensors.items():
+        dtype = ir.DataType.FLOAT if data.dtype.is_floating_point else ir.DataType.INT64
+        value = ir.Value(name=name, shape=ir.Shape(data.shape), type=ir.TensorType(dtype), const_value=TorchTensor(data))
+        graph.register_initializer(value)
+        user = ir.node("Identity", [value])
+        graph.append(user)
+        graph.outputs.append(user.outputs[0])
+    return graph
+
+
+def test_deduplicate_initializers_merges_views_of_one_memory_and_compares_bits():
+    import torch
+
+    tied = torch.randn(64, 16)
+    graph = _initializer_graph({
+        "embedding": tied, "head": tied,  # a tied embedding and LM head: two names, one memory
+        "zero": torch.zeros(8), "negative_zero": -torch.zeros(8),  # equal as numbers, not as bits
+        "nan": torch.full((8,), float("nan")), "same_nan": torch.full((8,), float("nan")),
+    })
+    assert deduplicate_initializers(graph) == 2
+    assert sorted(graph.initializers) == ["embedding", "nan", "negative_zero", "zero"]
+    assert graph.outputs[1].producer().inputs[0].name == "embedding"
+
+
+def test_deduplicate_initializers_compares_large_tensors_block_by_block(monkeypatch):
+    import importlib
+
+    import torch
+
+    module = importlib.import_module("dynexport.passes.onnx.deduplicate_initializers")
+    monkeypatch.setattr(module, "_BLOCK_BYTES", 1024)  # 4 rows of 64 floats per block
+    monkeypatch.setattr(module, "_SAMPLE", 4)  # elements 0, 639, 1279 and 1919
+    base = torch.randn(30, 64)
+    last_row_differs = base.clone()
+    last_row_differs[29, 62] += 1.0  # in the last, partial block; not sampled
+    graph = _initializer_graph({"a": base, "b": base.clone(), "c": last_row_differs, "d": base.t().contiguous().t()})
+    assert deduplicate_initializers(graph) == 2
+    assert sorted(graph.initializers) == ["a", "c"]
