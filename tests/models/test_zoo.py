@@ -6,8 +6,9 @@ family's dims and limits).
 
 Dims are plain ``Dim``s with wide ranges: what a model requires of them (a multiple of its
 stride, a minimum size) torch.export states as suggested fixes, which capture applies
-(dynexport/dim_refinement.py); two models branch on divisibility and are declared multiples of
-32. A handful of families run by default; the rest are slow.
+(dynexport/dim_refinement.py); models that branch on divisibility or on a feature map's size
+are declared multiples of their stride from a minimum. A handful of families run by default;
+the rest are slow.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ class Family:
     """One model: ``build(library)`` makes it (the ``timm`` or ``torchvision`` fixture's module);
     it takes ``inputs`` tensors of shape ``(batch, *example)``, exported at batch 2 and checked
     again at batch 3 with shape ``(3, *other)``; ``dynamic`` names the input dims (0 is the batch)
-    exported dynamic besides the batch, each declared a multiple of ``multiple``."""
+    exported dynamic besides the batch, each declared a multiple of ``multiple`` from ``minimum``
+    (the smallest size the model takes; ``multiple``, or 2 for plain dims, if None), or of the
+    entries of ``multiple`` and ``minimum`` in the order of ``dynamic`` when they are tuples."""
 
     name: str
     build: Callable[[Any], torch.nn.Module]
@@ -38,18 +41,21 @@ class Family:
     other: tuple[int, ...] = (3, 96, 128)
     dynamic: tuple[int, ...] = (2, 3)
     inputs: int = 1
-    multiple: int = 1
+    multiple: int | tuple[int, ...] = 1
+    minimum: int | None | tuple[int, ...] = None
 
     def tensors(self, batch: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
         generator = torch.Generator().manual_seed(batch * 1000 + sum(shape))
         return tuple(torch.rand(batch, *shape, generator=generator) for _ in range(self.inputs))
 
 
-def timm_family(name: str, *, example=(3, 64, 64), other=(3, 96, 128), dynamic=(2, 3), multiple=1, **config) -> Family:
+def timm_family(
+    name: str, *, example=(3, 64, 64), other=(3, 96, 128), dynamic=(2, 3), multiple=1, minimum=None, **config
+) -> Family:
     def build(timm):
         return timm.create_model(name, pretrained=False, num_classes=10, **config)
 
-    return Family(name, build, example, other, dynamic, multiple=multiple)
+    return Family(name, build, example, other, dynamic, multiple=multiple, minimum=minimum)
 
 
 def still(name: str, **config) -> Family:
@@ -63,6 +69,10 @@ TIMM = [
     timm_family("mobilenetv3_small_050"),
     timm_family("convnext_atto"),
     timm_family("deit_tiny_patch16_224", img_size=64, depth=2, dynamic_img_size=True),
+    # Each branch resizes the image to its own size (120 and 112 pixels, multiples of its patch)
+    # with bicubic interpolation, unless it has that size already: torch.export raises the height's
+    # minimum to 121, and the width, which that branch never reads, stays free.
+    timm_family("crossvit_tiny_240", img_size=120, depth=((1, 1, 0),), example=(3, 128, 128), other=(3, 160, 96)),
 ]
 SLOW_TIMM = [
     timm_family("efficientnet_b0"),
@@ -71,7 +81,9 @@ SLOW_TIMM = [
     timm_family("regnetx_002"),
     timm_family("rexnet_100"),
     timm_family("ghostnet_050"),
-    still("ghostnetv2_100"),  # torch.export fixes its image sides (docs/models.md)
+    # At 64 pixels its last attention gate pools a 2x2 map to 1x1, and torch specializes size-1
+    # dims: the example is 128, and the sides' minimum becomes 97.
+    timm_family("ghostnetv2_100", example=(3, 128, 128), other=(3, 160, 192)),
     timm_family("poolformer_s12"),
     timm_family("nf_regnet_b0"),
     timm_family("res2net50_26w_4s", layers=(1, 1, 1, 1)),
@@ -180,8 +192,9 @@ TORCHVISION = [
 SLOW_TORCHVISION = [
     torchvision_family("r3d_18", video("r3d_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
     torchvision_family("vit", tiny_vit, other=(3, 64, 64), dynamic=()),
-    # torch.export fails in its own solver on the window padding's guards (docs/models.md).
-    torchvision_family("swin", tiny_swin, other=(3, 64, 64), dynamic=()),
+    # Sides from 160, multiples of 32: below, the last stage's map pads to one window, where the
+    # model skips the shift and torch specializes the size-1 window count (docs/models.md).
+    torchvision_family("swin", tiny_swin, example=(3, 160, 160), other=(3, 192, 224), multiple=32, minimum=160),
     torchvision_family("maxvit", tiny_maxvit, other=(3, 64, 64), dynamic=()),
     torchvision_family("convnext", tiny_convnext),
     torchvision_family(
@@ -203,16 +216,19 @@ SLOW_TORCHVISION = [
 ]
 
 
-def sides(name: str, multiple: int) -> Any:
+def sides(name: str, multiple: int, minimum: int | None) -> Any:
     if multiple == 1:
-        return Dim(name, min=2, max=1024)
-    return multiple * Dim(f"{name}_{multiple}", min=1, max=1024 // multiple)
+        return Dim(name, min=minimum or 2, max=1024)
+    return multiple * Dim(f"{name}_{multiple}", min=-(-(minimum or multiple) // multiple), max=1024 // multiple)
 
 
 def export_and_compare(model: torch.nn.Module, family: Family) -> None:
     torch.manual_seed(0)
     calibrated(model, *family.tensors(4, family.example))
-    dims = {0: BATCH} | {d: sides(f"size{d}", family.multiple) for d in family.dynamic}
+    multiples, minimums = (
+        value if isinstance(value, tuple) else (value,) * len(family.dynamic) for value in (family.multiple, family.minimum)
+    )
+    dims = {0: BATCH} | {d: sides(f"size{d}", m, low) for d, m, low in zip(family.dynamic, multiples, minimums)}
     example, other = family.tensors(2, family.example), family.tensors(3, family.other)
     with torch.no_grad():
         scale = max(float(leaf.abs().max()) for x in (example, other) for leaf in torch.utils._pytree.tree_leaves(model(*x)))
