@@ -23,6 +23,10 @@ the same result for every input without the question:
   arithmetic: torch.export builds ``int(math.ceil(float(size) / stride) * stride)`` into the
   graph as the example's number, without a guard, so a graph with dynamic image sizes would be
   wrong at every other padded size.
+- ``heatmaps_to_keypoints`` (``torchvision.models.detection.roi_heads``, Keypoint R-CNN) resizes
+  each detection's keypoint heatmaps to its box's size (read from data) in a loop and takes
+  their arg-max: it is computed for every detection at once on the largest box's size, each
+  pixel by torch's bicubic formulas, the pixels outside a detection's own size masked.
 - ``torchvision::nms`` gets a fake kernel whose number of kept boxes may be 0 or 1: torchvision's
   says at least 2 (``create_unbacked_symint()``'s default minimum), and torch.export would build
   that assumption into the graph.
@@ -151,6 +155,78 @@ def _bilinear_taps(
     return torch.stack([low, high], -1), torch.stack([1 - weight, weight], -1), inside
 
 
+def _heatmaps_to_keypoints(maps: torch.Tensor, rois: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``heatmaps_to_keypoints`` (``torchvision.models.detection.roi_heads``) for every detection
+    at once, where torchvision loops over the detections, resizing each one's keypoint heatmaps
+    to its box's size (read from data) with ``F.interpolate``'s bicubic mode and taking the
+    arg-max. Here every map is resized to the largest box's size, each pixel from torch's taps
+    and weights summed in its kernel's order (the width first), the pixels outside the
+    detection's own size masked, and the arg-max taken in the same row-major order (the first of
+    equal maxima). torch's compiled kernel fuses some multiply-adds, so pixels agree within float
+    rounding, not always to the bit: only where two pixels of a map are that close to its maximum
+    may the keypoint differ."""
+    offset_x, offset_y = rois[:, 0], rois[:, 1]
+    widths = (rois[:, 2] - rois[:, 0]).clamp(min=1)
+    heights = (rois[:, 3] - rois[:, 1]).clamp(min=1)
+    widths_ceil, heights_ceil = widths.ceil(), heights.ceil()
+    rows, row_weights, row_inside = _bicubic_taps(heights_ceil, maps.shape[2])
+    cols, col_weights, col_inside = _bicubic_taps(widths_ceil, maps.shape[3])
+    count, keypoints, map_height = maps.shape[:3]
+    out_height, out_width = rows.shape[1], cols.shape[1]
+    # torch resizes along the width first, then sums those rows along the height, term by term.
+    columns = [
+        maps.gather(3, cols[:, None, None, :, j].expand(count, keypoints, map_height, out_width))
+        * col_weights[:, None, None, :, j]
+        for j in range(4)
+    ]
+    resized_rows = columns[0] + columns[1] + columns[2] + columns[3]
+    terms = [
+        resized_rows.gather(2, rows[:, None, :, i, None].expand(count, keypoints, out_height, out_width))
+        * row_weights[:, None, :, i, None]
+        for i in range(4)
+    ]
+    resized = terms[0] + terms[1] + terms[2] + terms[3]
+    inside = row_inside[:, None, :, None] & col_inside[:, None, None, :]
+    resized = torch.where(inside, resized, torch.tensor(float("-inf"), dtype=resized.dtype, device=resized.device))
+    flat = resized.flatten(2)
+    position = flat.argmax(dim=2)
+    x_int, y_int = position % out_width, position // out_width
+    x = (x_int.float() + 0.5) * (widths / widths_ceil)[:, None] + offset_x[:, None]
+    y = (y_int.float() + 0.5) * (heights / heights_ceil)[:, None] + offset_y[:, None]
+    xy_preds = torch.stack([x, y, torch.ones_like(x)], dim=2)
+    return xy_preds, flat.gather(2, position[..., None])[..., 0].float()
+
+
+def _bicubic_taps(lengths: torch.Tensor, source_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each detection (``lengths``: its resized map's side, a whole number from 1) and each
+    pixel up to the longest side: the four source pixels and the weights of torch's CPU bicubic
+    resize (``align_corners=False``, A = -0.75) of ``source_size`` pixels to the detection's
+    side, by the kernel's formulas in float32; and whether the pixel lies within that side."""
+    longest = torch.cat([lengths, lengths.new_ones(1)]).max().to(torch.int64).item()
+    torch._check(longest >= 1)
+    pixel = torch.arange(longest, device=lengths.device)
+    scale = torch.tensor(source_size, dtype=torch.float32, device=lengths.device) / lengths
+    source = scale[:, None] * (pixel.float() + 0.5) - 0.5
+    index = source.floor().to(torch.int64).clamp(max=source_size - 1)
+    t = (source - index.float()).clamp(0, 1)
+    weights = [_cubic_far(t + 1), _cubic_near(t), _cubic_near(1 - t), _cubic_far((1 - t) + 1)]
+    taps = torch.stack([(index + (j - 1)).clamp(0, source_size - 1) for j in range(4)], -1)
+    return taps, torch.stack(weights, -1), pixel[None, :].float() < lengths[:, None]
+
+
+_CUBIC_A = -0.75  # torch's bicubic coefficient
+
+
+def _cubic_near(x: torch.Tensor) -> torch.Tensor:
+    """torch's ``cubic_convolution1``: the weight of a tap within one pixel."""
+    return ((_CUBIC_A + 2) * x - (_CUBIC_A + 3)) * x * x + 1
+
+
+def _cubic_far(x: torch.Tensor) -> torch.Tensor:
+    """torch's ``cubic_convolution2``: the weight of a tap one to two pixels away."""
+    return ((_CUBIC_A * x - 5 * _CUBIC_A) * x + 8 * _CUBIC_A) * x - 4 * _CUBIC_A
+
+
 # (module, attribute path, replacement): torchvision's code that asks about a number of boxes.
 _REPLACEMENTS = (
     ("torchvision.ops.boxes", "batched_nms", _batched_nms),
@@ -160,6 +236,7 @@ _REPLACEMENTS = (
     ("torchvision.models.detection.transform", "GeneralizedRCNNTransform.batch_images", _batch_images),
     ("torchvision.models.detection.transform", "paste_masks_in_image", _paste_masks_in_image),
     ("torchvision.models.detection.roi_heads", "paste_masks_in_image", _paste_masks_in_image),
+    ("torchvision.models.detection.roi_heads", "heatmaps_to_keypoints", _heatmaps_to_keypoints),
 )
 # The replaced originals, while replaced (by replacement).
 _ORIGINALS: dict[Callable, Callable] = {}

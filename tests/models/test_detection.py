@@ -96,6 +96,14 @@ def assert_same_image_detections(got: dict, want: dict, *, box_atol: float, at: 
             # Probabilities from the mask head, which reads the features at the proposals and so
             # carries their error too (3e-3 seen).
             torch.testing.assert_close(got["masks"][match], want["masks"][i], atol=1e-2, rtol=0, msg=in_image)
+        if "keypoints" in want:
+            # Each keypoint's position moves with its box; one heatmap pixel off (the arg-max of
+            # another pixel) is a whole pixel, far beyond the boxes' tolerance.
+            torch.testing.assert_close(got["keypoints"][match], want["keypoints"][i], atol=box_atol, rtol=0, msg=in_image)
+            # Heatmap logits at the keypoints, carrying the features' error as the masks do.
+            torch.testing.assert_close(
+                got["keypoints_scores"][match], want["keypoints_scores"][i], atol=1e-2, rtol=1e-3, msg=in_image
+            )
 
 
 def assert_detects_as_eager(
@@ -122,6 +130,7 @@ DETECTORS = [
     pytest.param("ssd300_vgg16", {"classifier_scale": 0.05}, id="ssd300_vgg16", marks=pytest.mark.slow),
     pytest.param("fasterrcnn_resnet50_fpn", SMALL, id="fasterrcnn_resnet50_fpn", marks=pytest.mark.slow),
     pytest.param("maskrcnn_resnet50_fpn", SMALL, id="maskrcnn_resnet50_fpn", marks=pytest.mark.slow),
+    pytest.param("keypointrcnn_resnet50_fpn", SMALL, id="keypointrcnn_resnet50_fpn", marks=pytest.mark.slow),
     # Their heads start at a prior probability of 0.01: no random score reaches their default
     # thresholds (0.05, 0.2).
     pytest.param("retinanet_resnet50_fpn", {**SMALL, "score_thresh": 0.0}, id="retinanet_resnet50_fpn", marks=pytest.mark.slow),
@@ -209,6 +218,35 @@ def test_batched_nms_keeps_none_one_or_many_boxes(torchvision):
     torch.testing.assert_close(program(*overlapping), torch.tensor([0]))
 
 
+def test_heatmaps_to_keypoints_for_none_one_or_many_detections(torchvision):
+    """Keypoint R-CNN's last step: each detection's keypoint heatmaps resized to its box (bicubic)
+    and their arg-max, for a dynamic number of detections, as torchvision computes it in eager."""
+    roi_heads = torchvision.models.detection.roi_heads
+
+    class Keypoints(torch.nn.Module):
+        def forward(self, heatmaps, boxes):
+            (keypoints,), (scores,) = roi_heads.keypointrcnn_inference(heatmaps, [boxes])
+            return keypoints, scores
+
+    def detections(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        corners = torch.rand(count, 2) * 100
+        # Boxes from under a pixel (resized to one) to wider and narrower than the 28-pixel maps.
+        sides = torch.rand(count, 2) * torch.tensor([90.0, 60.0]) * torch.rand(count, 1) ** 2
+        return torch.randn(count, 5, 28, 28), torch.cat([corners, corners + sides], 1)
+
+    torch.manual_seed(0)
+    count = torch.export.Dim("count", min=0, max=1000)
+    program = dynexport.export(Keypoints(), detections(6), dynamic_shapes=({0: count}, {0: count}))
+    for n in (0, 1, 2, 40):
+        inputs = detections(n)
+        keypoints, scores = program(*inputs)
+        expected_keypoints, expected_scores = Keypoints()(*inputs)
+        # torch's compiled bicubic kernel fuses multiply-adds: the resized maps agree within float
+        # rounding, the arg-max exactly (no two pixels of a random heatmap are that close).
+        torch.testing.assert_close(keypoints, expected_keypoints, rtol=0, atol=0, msg=f"{n} detections")
+        torch.testing.assert_close(scores, expected_scores, rtol=1e-5, atol=1e-5, msg=f"{n} detections")
+
+
 def test_capture_leaves_torchvision_as_it_was(torchvision):
     detection = torchvision.models.detection
     owners = [
@@ -219,6 +257,7 @@ def test_capture_leaves_torchvision_as_it_was(torchvision):
         (detection.transform.GeneralizedRCNNTransform, "batch_images"),
         (detection.transform, "paste_masks_in_image"),
         (detection.roi_heads, "paste_masks_in_image"),
+        (detection.roi_heads, "heatmaps_to_keypoints"),
     ]
 
     def state():
