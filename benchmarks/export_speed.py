@@ -9,8 +9,12 @@ one warm-up export each; the median of ``--repeats`` runs is reported. For dynex
 per-phase breakdown (capture, decompose, translate, optimize, serialize) is printed, with any
 phase that cost more than capture flagged. Then a stack of N identical residual blocks is
 exported for each N of ``--depths`` and the time per block printed: cost must grow linearly
-with depth. Ratios are informational: the machine is shared and noisy, so no threshold is
-enforced anywhere.
+with depth. Last, issue 18's LLaMA-shaped decoder (benchmarks/llm.py's config, ``--llm-layers``
+layers, its past keys and values as inputs) is exported with its stages timed: plain
+``torch.export.export`` of the same call, dynexport's phases (capture, of which torch.export;
+decompose; translate; optimize; save with external data) and torch.onnx's export and save at
+opset 23, the three alternating, medians of ``--llm-repeats``. Ratios are informational: the
+machine is shared and noisy, so no threshold is enforced anywhere.
 """
 
 from __future__ import annotations
@@ -183,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         help="block counts of the depth-scaling stack ('' to skip it); torch.onnx runs up to --compare-depth",
     )
     parser.add_argument("--compare-depth", type=int, default=256)
+    parser.add_argument("--llm-layers", type=int, default=30, help="layers of the LLaMA-shaped decoder (0 skips it)")
+    parser.add_argument("--llm-repeats", type=int, default=1)
     options = parser.parse_args(argv)
     torch.set_num_threads(options.threads)
     models = selected_models(parser, options.models)
@@ -213,7 +219,69 @@ def main(argv: list[str] | None = None) -> int:
             r = measure(f"stack_{depth}", _stack(depth), 1, workdir, compare=depth <= options.compare_depth)
             theirs = f"{r['theirs']:>12.3f} {1000 * r['theirs'] / depth:>9.2f}" if "theirs" in r else f"{'-':>12} {'-':>9}"
             print(f"{depth:>7} {r['ours']:>8.3f} {1000 * r['ours'] / depth:>9.2f} {theirs}", flush=True)
+        if options.llm_layers:
+            print_llm_stages(measure_llm(options.llm_layers, options.llm_repeats, workdir), options.llm_layers)
     return 0
+
+
+LLM_STAGES = ("torch.export", "capture", *PHASES[1:])
+
+
+def measure_llm(layers: int, repeats: int, workdir: str) -> dict[str, float]:
+    """Median seconds of each stage of exporting benchmarks/llm.py's decoder with ``layers``
+    layers: plain torch.export, dynexport's phases (``serialize``: saved with external data) and
+    torch.onnx's total (export and save), the three alternating; one warm-up export of
+    dynexport first."""
+    from benchmarks import llm  # the decoder of issue 18 and its call
+
+    model = llm.llama_135m(layers)
+    wrapped = llm.WithPlainCache(model)
+
+    def call() -> dict[str, Any]:
+        return {"kwargs": llm.cached_call(model.config, 2, 8, 4), "dynamic_shapes": llm.dynamic_shapes(layers)}
+
+    def plain_export() -> float:
+        start = time.perf_counter()
+        torch.export.export(wrapped, (), **call(), strict=False)
+        return time.perf_counter() - start
+
+    def ours(path: str) -> dict[str, float]:
+        program = dynexport.export(wrapped, (), **call(), opset_version=23)
+        start = time.perf_counter()
+        program.save(path, external_data=True)
+        return {**program.timings, "serialize": time.perf_counter() - start}
+
+    def theirs(path: str) -> float:
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            torch.onnx.export(wrapped, (), **call(), dynamo=True, opset_version=23, verbose=False).save(
+                path, external_data=True
+            )
+        return time.perf_counter() - start
+
+    stages: dict[str, list[float]] = {stage: [] for stage in (*LLM_STAGES, "torch.onnx")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours(os.path.join(workdir, "llm_warmup.onnx"))
+        for repeat in range(repeats):
+            stages["torch.export"].append(plain_export())
+            for phase, seconds in ours(os.path.join(workdir, f"llm_{repeat}.dynexport.onnx")).items():
+                if phase in stages:
+                    stages[phase].append(seconds)
+            stages["torch.onnx"].append(theirs(os.path.join(workdir, f"llm_{repeat}.torch_onnx.onnx")))
+    return {stage: statistics.median(seconds) for stage, seconds in stages.items() if seconds}
+
+
+def print_llm_stages(stages: dict[str, float], layers: int) -> None:
+    ours = sum(stages[phase] for phase in PHASES)
+    print(f"\nLLaMA-shaped decoder, {layers} layers (benchmarks/llm.py): stages in seconds")
+    print(f"  torch.export alone {stages['torch.export']:.2f}")
+    print(
+        f"  dynexport {ours:.2f}: capture {stages['capture']:.2f} "
+        f"(beyond torch.export alone {stages['capture'] - stages['torch.export']:+.2f}), "
+        + ", ".join(f"{phase} {stages[phase]:.2f}" for phase in PHASES[1:])
+    )
+    print(f"  torch.onnx.export(dynamo=True, opset 23) + save {stages['torch.onnx']:.2f}: {stages['torch.onnx'] / ours:.2f}x dynexport's")
 
 
 if __name__ == "__main__":
