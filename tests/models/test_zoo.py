@@ -211,8 +211,17 @@ SLOW_TORCHVISION = [
     torchvision_family("fcn_resnet50", segmentation("fcn_resnet50")),
     torchvision_family("deeplabv3_mobilenet_v3_large", segmentation("deeplabv3_mobilenet_v3_large")),
     torchvision_family("r2plus1d_18", video("r2plus1d_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
+    # Its blocks reshape to the configured size (mvit.py: ``thw = (self.pos_encoding.temporal_size,)
+    # + self.pos_encoding.spatial_size``): eager takes that size only.
     torchvision_family("mvit", tiny_mvit, example=(3, 4, 32, 32), other=(3, 4, 32, 32), dynamic=()),
-    torchvision_family("swin3d", tiny_swin3d, example=(3, 4, 32, 32), other=(3, 4, 32, 32), dynamic=()),
+    # Where a stage's map is no larger than the window, the model shrinks the window to the map
+    # (then a size-dependent window and bias): every stage keeps more than one window, frames
+    # from 8 and sides from 64, multiples of the patch times the window (sides: times the merge's
+    # 2) so that no stage pads.
+    torchvision_family(
+        "swin3d", tiny_swin3d, example=(3, 8, 64, 64), other=(3, 12, 96, 64), dynamic=(2, 3, 4),
+        multiple=(4, 32, 32), minimum=(8, 64, 64),
+    ),
 ]
 
 
