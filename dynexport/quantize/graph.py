@@ -30,6 +30,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.passes.onnx import remove_dead_code
+from dynexport.passes.onnx.pack_matmuls import pack_matmuls
 from dynexport.passes.onnx.values import (
     add_initializer,
     constant_array,
@@ -89,6 +90,11 @@ def quantize_model(model: ir.Model, config: WeightQuantization, known: KnownWeig
         _check_portable_opset(config, opset, blocked)
     graph = model.graph
     rewrite = _Rewriter(graph, config, blocked, opset, known)
+    # Products of one activation (q, k, v; gate, up) as one: one MatMulNBits per group.
+    if known is None:
+        pack_matmuls(graph, opset=opset, accept=lambda matmul: config.lm_head or not _reaches_an_output(matmul))
+    else:
+        pack_matmuls(graph, opset=opset, accept=lambda matmul: rewrite.layout(matmul.inputs[1], False) is not None)
     if known is None:
         products = [p for p in _weight_products(graph) if config.lm_head or not _is_output_projection(p)]
         tables = [t for t in _embedding_tables(graph) if _table_fits(t, config)] if config.embedding else []
@@ -191,8 +197,12 @@ def _constant_matrix(value: ir.Value) -> bool:
 
 
 def _is_output_projection(product: _WeightProduct) -> bool:
-    """The product reaches a graph output through nodes that only move its values."""
-    value = product.node.outputs[0]
+    return _reaches_an_output(product.node)
+
+
+def _reaches_an_output(node: ir.Node) -> bool:
+    """The node's result reaches a graph output through nodes that only move its values."""
+    value = node.outputs[0]
     while not value.is_graph_output():
         uses = list(value.uses())
         if len(uses) != 1 or uses[0].node.op_type not in _PASS_THROUGH:

@@ -11,7 +11,6 @@
    ``fuse_pad``, ``full_rank_resize``, ``fuse_gelu`` (opset 20), ``fuse_division``, ``fuse_rms_norm``
    and ``fuse_attention`` (opset 23): each emits only ops of the model's opset, in that opset's
    form. With ``target="onnxruntime"``, then ``fuse_multi_head_attention`` (com.microsoft).
-   Last, ``pack_matmuls`` (MatMuls of one input by constant weights as one MatMul and a Split).
 4. ``remove_dead_code``, then ``fold_constants`` once more (what the fusions left computable
    from constants), ``remove_dead_code``, ``make_names_unique``.
 
@@ -49,7 +48,6 @@ from dynexport.passes.onnx.fuse_pad import fuse_pad
 from dynexport.passes.onnx.fuse_rms_norm import fuse_rms_norm
 from dynexport.passes.onnx.lift_constants import lift_constants
 from dynexport.passes.onnx.naming import make_names_unique
-from dynexport.passes.onnx.pack_matmuls import pack_matmuls
 from dynexport.passes.onnx.remove_no_ops import remove_no_ops
 from dynexport.passes.onnx.values import MICROSOFT_DOMAIN
 
@@ -58,7 +56,7 @@ __all__ = ["make_names_unique", "optimize_model", "remove_dead_code"]
 _MAX_ROUNDS = 4
 # Fusions whose result depends on the opset: each emits only ops that exist at it, in its form.
 _OPSET_DEPENDENT_FUSIONS = frozenset(
-    {fuse_layer_norm, fuse_gelu, fuse_rms_norm, fuse_attention, fuse_multi_head_attention, pack_matmuls}
+    {fuse_layer_norm, fuse_gelu, fuse_rms_norm, fuse_attention, fuse_multi_head_attention}
 )
 # target="onnxruntime": fusions into com.microsoft operators, each kept because
 # benchmarks/graph_quality.py measures it faster in onnxruntime (docs/optimizer.md). They run
@@ -107,7 +105,6 @@ def optimize_model(
         fuse_rms_norm,
         fuse_attention,
         *contrib,
-        pack_matmuls,  # last: the fusions above match the products one by one
     ]
     fusions = [functools.partial(f, opset=opset) if f in _OPSET_DEPENDENT_FUSIONS else f for f in fusions]
     if sum(fuse(each) for each in graphs for fuse in fusions):

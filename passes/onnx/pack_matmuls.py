@@ -5,9 +5,16 @@ product is read only by the Add of a constant bias ``[N_i]``, ``Split(MatMul(x, 
 bv])``. One product reads x once and the weights in one stream (one MatMulNBits once quantized).
 
 Each weight must be a 2-D initializer ``[K, N_i]`` of x's dtype read by its product alone, so that
-the packed weight replaces them without storing any twice."""
+the packed weight replaces them without storing any twice.
+
+Weight quantization (dynexport/quantize/graph.py) runs it before it stores the weights, so that a
+group becomes one MatMulNBits: measured faster there (one quantization of the activations per
+group at accuracy level 4). The optimizer does not run it on float graphs: one fp32 MatMul and a
+Split measured no faster at decode and slower at a 128-token prefill (docs/optimizer.md)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -19,14 +26,14 @@ __all__ = ["pack_matmuls"]
 _MODULE = "pkg.dynexport.module"  # the module a node was translated from (dynexport/translate.py)
 
 
-def pack_matmuls(graph: ir.Graph, *, opset: int) -> int:
-    """Pack each group of MatMuls that read one input by their own constant weights; return
-    how many products were packed."""
+def pack_matmuls(graph: ir.Graph, *, opset: int, accept: Callable[[ir.Node], bool] = lambda matmul: True) -> int:
+    """Pack each group of MatMuls that read one input by their own constant weights (those
+    ``accept`` takes); return how many products were packed."""
     if opset < 13:  # Split takes its sizes as an input from opset 13
         return 0
     groups: dict[int, list[ir.Node]] = {}
     for matmul in nodes_of(graph, "MatMul"):
-        if _packable(matmul):
+        if _packable(matmul) and accept(matmul):
             groups.setdefault(id(matmul.inputs[0]), []).append(matmul)
     packed = 0
     for products in groups.values():
@@ -78,12 +85,12 @@ def _pack(graph: ir.Graph, group: list[ir.Node]) -> None:
     if None not in biases:
         nodes.append(ir.Node("", "Add", [nodes[0].outputs[0], _concatenated(graph, [b for _, b in biases], 0, names[1])]))
         replaced = [add for add, _ in biases]
-    product = nodes[-1].outputs[0]
-    product.type = x.type
-    if x.shape is not None:
-        product.shape = ir.Shape([*x.shape[:-1], sum(sizes)])
+    for product in (node.outputs[0] for node in nodes):
+        product.type = x.type
+        if x.shape is not None:
+            product.shape = ir.Shape([*x.shape[:-1], sum(sizes)])
     split_sizes = add_initializer(graph, np.array(sizes, np.int64), "split_sizes")
-    split = ir.Node("", "Split", [product, split_sizes], [ir.AttrInt64("axis", -1)], num_outputs=len(group))
+    split = ir.Node("", "Split", [nodes[-1].outputs[0], split_sizes], [ir.AttrInt64("axis", -1)], num_outputs=len(group))
     nodes.append(split)
     for node in nodes:
         node.metadata_props.update(group[0].metadata_props)

@@ -1,11 +1,11 @@
-"""passes/onnx/pack_matmuls.py: products of one input by constant weights of their own become
-one MatMul by the weights side by side and a Split (their bias Adds one Add), checked in
-onnxruntime against eager at other batch sizes; weights read elsewhere, other inputs and other
-row counts stay apart; packed weights quantize to one MatMulNBits."""
+"""passes/onnx/pack_matmuls.py, run by weight quantization: products of one input by constant
+weights of their own become one quantized product of the weights side by side and a Split (their
+bias Adds one bias), checked in onnxruntime against the float graph and eager at other batch
+sizes; weights read elsewhere, other inputs and output projections left float stay apart; float
+graphs are not packed."""
 
 from __future__ import annotations
 
-import onnx
 import pytest
 import torch
 from torch import nn
@@ -32,66 +32,76 @@ class Projections(nn.Module):
         return self.q(x), self.k(x).relu(), self.v(x) * 2, self.other(y)
 
 
+def _calls(*batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.randn(b, 3, 16), torch.randn(b, 3, 16)) for b in batches]
+
+
 def _export(module: nn.Module, **options):
     torch.manual_seed(0)
-    inputs = (torch.randn(2, 3, 16), torch.randn(2, 3, 16))
     batch = {0: Dim("batch")}
-    resized = [(torch.randn(b, 3, 16), torch.randn(b, 3, 16)) for b in (1, 5)]
-    return assert_exports_equivalent(module, inputs, dynamic_shapes=(batch, batch), resized=resized, **options)
+    (call, *resized) = _calls(2, 1, 5)
+    return assert_exports_equivalent(module.eval(), call, dynamic_shapes=(batch, batch), resized=resized, **options)
 
 
-def _nodes(program, op_type: str) -> list[onnx.NodeProto]:
-    return [node for node in program.model_proto.graph.node if node.op_type == op_type]
+def _quantized(program, **options):
+    quantized = program.quantize_weights(4, block_size=16, **options)
+    report = quantized.verify(*_calls(2)[0], resized=_calls(1, 5))
+    assert report.passed, report
+    return quantized
 
 
-def _initializer_shape(program, name: str) -> list[int]:
-    (initializer,) = [i for i in program.model_proto.graph.initializer if i.name == name]
-    return list(initializer.dims)
+def _initializer_names(program) -> set[str]:
+    return {initializer.name for initializer in program.model_proto.graph.initializer}
 
 
-def test_products_of_one_input_become_one_matmul_and_a_split():
-    program = _export(Projections().eval())
-    histogram = op_histogram(program)
-    assert histogram["MatMul"] == 2 and histogram["Split"] == 1  # q|k|v, and the other input's
-    packed = [n for n in _nodes(program, "MatMul") if n.input[0] == "x"]
-    assert len(packed) == 1 and _initializer_shape(program, packed[0].input[1]) == [16, 32]
-    assert packed[0].input[1] == "q_k_v.weight"  # named after the modules it reads for
+def test_float_graphs_are_not_packed():
+    assert "Split" not in op_histogram(_export(Projections()))
+
+
+def test_products_of_one_input_quantize_as_one_matmul_nbits_and_a_split():
+    quantized = _quantized(_export(Projections()))
+    assert op_histogram(quantized) == {"MatMulNBits": 2, "Split": 1, "Relu": 1, "Mul": 1}  # q|k|v, other
+    # Named after the modules they were packed from.
+    assert {"q_k_v.weight.nbits.quantized", "other.weight.nbits.quantized"} <= _initializer_names(quantized)
+
+
+def test_the_portable_form_dequantizes_the_packed_weight_once():
+    quantized = _quantized(_export(Projections(), opset_version=21), target="portable")
+    histogram = op_histogram(quantized)
+    assert histogram["DequantizeLinear"] == 2 and histogram["MatMul"] == 2 and histogram["Split"] == 1
 
 
 def test_bias_adds_are_packed_with_their_products():
-    program = _export(Projections(bias=True).eval())
-    histogram = op_histogram(program)
-    assert histogram["MatMul"] == 2 and histogram["Add"] == 1 and histogram["Split"] == 1
+    quantized = _quantized(_export(Projections(bias=True)))
+    # The packed bias is MatMulNBits' bias input; the other product has none.
+    assert op_histogram(quantized) == {"MatMulNBits": 2, "Split": 1, "Relu": 1, "Mul": 1}
 
 
 def test_products_whose_biases_differ_in_kind_keep_their_adds():
-    program = _export(Projections(mixed_bias=True).eval())
-    histogram = op_histogram(program)
-    assert histogram["MatMul"] == 2 and histogram["Split"] == 1 and histogram["Add"] == 1  # k's alone
+    histogram = op_histogram(_quantized(_export(Projections(mixed_bias=True))))
+    assert histogram["MatMulNBits"] == 2 and histogram["Split"] == 1 and histogram["Add"] == 1  # k's alone
 
 
 def test_a_weight_read_by_another_product_stays_apart():
-    program = _export(Projections(shared_weight=True).eval())
+    histogram = op_histogram(_quantized(_export(Projections(shared_weight=True))))
     # q and k packed; v's weight is also the other product's, which would store it twice.
-    assert op_histogram(program)["MatMul"] == 3 and len(_nodes(program, "Split")) == 1
+    assert histogram["MatMulNBits"] == 3 and histogram["Split"] == 1
 
 
-@pytest.mark.parametrize("opset", [13, 23])
-def test_packing_at_the_lowest_and_highest_opsets(opset):
-    program = _export(Projections(bias=True).eval(), opset_version=opset)
-    assert op_histogram(program)["Split"] == 1
+class TwoHeads(nn.Module):
+    """Two output projections of one hidden state."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 8, bias=False), nn.Linear(16, 8, bias=False)
+
+    def forward(self, x, y):
+        hidden = self.hidden(x + y).relu()
+        return self.a(hidden), self.b(hidden)
 
 
-def test_without_optimization_nothing_is_packed():
-    program = _export(Projections().eval(), optimize=False)
-    assert "Split" not in op_histogram(program)
-
-
-def test_packed_weights_quantize_to_one_matmul_nbits():
-    program = _export(Projections().eval())
-    quantized = program.quantize_weights(4, block_size=16)
-    histogram = op_histogram(quantized)
-    assert histogram["MatMulNBits"] == 2 and histogram["Split"] == 1 and "MatMul" not in histogram
-    names = {i.name for i in quantized.model_proto.graph.initializer}
-    assert {"q_k_v.weight.nbits.quantized", "other.weight.nbits.quantized"} <= names
-    assert quantized.verify(torch.randn(2, 3, 16), torch.randn(2, 3, 16)).passed
+def test_output_projections_left_float_are_not_packed():
+    program = _export(TwoHeads())
+    kept = _quantized(program, lm_head=False)
+    assert op_histogram(kept) == {"Add": 1, "MatMulNBits": 1, "Relu": 1, "MatMul": 2}
+    assert op_histogram(_quantized(program))["Split"] == 1
