@@ -511,6 +511,7 @@ def _fuse_head_layouts(graph: torch.fx.Graph, renamed: dict[str, str]) -> int:
             if rotary is not None:
                 x = _fused_call(graph, attention, fused_ops.rotary_embedding_3d.default, (x, *rotary.args[1:], heads),
                                 _val(x))
+                x.meta = {**rotary.meta, **x.meta}
             inputs.append(x)
         items = _items(attention)
         query, key, value = attention.args[:3]
