@@ -173,19 +173,24 @@ def _heatmaps_to_keypoints(maps: torch.Tensor, rois: torch.Tensor) -> tuple[torc
     cols, col_weights, col_inside = _bicubic_taps(widths_ceil, maps.shape[3])
     count, keypoints, map_height = maps.shape[:3]
     out_height, out_width = rows.shape[1], cols.shape[1]
-    # torch resizes along the width first, then sums those rows along the height, term by term.
-    columns = [
-        maps.gather(3, cols[:, None, None, :, j].expand(count, keypoints, map_height, out_width))
-        * col_weights[:, None, None, :, j]
-        for j in range(4)
-    ]
-    resized_rows = columns[0] + columns[1] + columns[2] + columns[3]
-    terms = [
-        resized_rows.gather(2, rows[:, None, :, i, None].expand(count, keypoints, out_height, out_width))
-        * row_weights[:, None, :, i, None]
-        for i in range(4)
-    ]
-    resized = terms[0] + terms[1] + terms[2] + terms[3]
+    # torch resizes along the width first, then sums those rows along the height, term by term
+    # (each added as it is made: the full-size maps are the memory this takes).
+    resized_rows = functools.reduce(
+        torch.add,
+        (
+            maps.gather(3, cols[:, None, None, :, j].expand(count, keypoints, map_height, out_width))
+            * col_weights[:, None, None, :, j]
+            for j in range(4)
+        ),
+    )
+    resized = functools.reduce(
+        torch.add,
+        (
+            resized_rows.gather(2, rows[:, None, :, i, None].expand(count, keypoints, out_height, out_width))
+            * row_weights[:, None, :, i, None]
+            for i in range(4)
+        ),
+    )
     inside = row_inside[:, None, :, None] & col_inside[:, None, None, :]
     resized = torch.where(inside, resized, torch.tensor(float("-inf"), dtype=resized.dtype, device=resized.device))
     flat = resized.flatten(2)
