@@ -9,8 +9,9 @@ nothing downloaded); its past keys and values come in, and go out, as plain tens
 
 - ``dynexport``: ``dynexport.export`` (fp32, at ``--opset``, 23 by default: the fused decoder ops);
 - ``dynexport_int4``: the same program with ``quantize_weights(bits=4, block_size=32,
-  accuracy_level=4, embedding=True)`` (com.microsoft MatMulNBits and GatherBlockQuantized, the
-  form the model builder gives; export time includes the quantization);
+  accuracy_level=4, embedding=True)`` (com.microsoft MatMulNBits, q|k|v and gate|up packed into
+  one each, and GatherBlockQuantized: the form the model builder gives; export time includes the
+  quantization);
 - ``dynexport_int4_portable``: ``target="portable"`` (opset-21 blocked DequantizeLinear + MatMul;
   onnxruntime fuses the pair into MatMulNBits when it loads it);
 - ``dynexport_torchao_int4``: a copy of the model quantized by torchao

@@ -42,6 +42,7 @@ from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
 from dynexport.errors import CaptureError
+from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
@@ -161,6 +162,7 @@ def capture(
                 attributes_added_removed(module),
             ):
                 program = strategy(module, args, kwargs, dynamic_shapes)
+            check_guards_hold(program)
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
             if _is_user_error(error) or isinstance(error, QuantizedCaptureError):
@@ -195,6 +197,15 @@ def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> Captur
             "draft_export captured a graph only by building values of the example inputs into "
             "it (each listed above with the model line and its fix); dynexport refuses that "
             "graph, which would be wrong at other inputs."
+        )
+    if any(isinstance(error, UncheckedGuards) for error in reasons.values()):
+        hints.append(
+            "torch.export built the example's answers to the conditions listed above into the "
+            "graph without checking them over the declared ranges, so the graph would be wrong "
+            "at the sizes named. Declare ranges where they hold (Dim(name, min=..., max=...)) or "
+            "the dims static; or, in the model, compute sizes in integer arithmetic (`-(-h // 32) "
+            "* 32` rather than `int(math.ceil(float(h) / 32) * 32)`, `torch.sym_min(a, b)` rather "
+            "than `min(a, b)` of sizes) and write a branch on sizes with torch.cond."
         )
     if _SCRIPTED in reasons:
         hints.append(

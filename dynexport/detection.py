@@ -19,6 +19,11 @@ the same result for every input without the question:
 - ``BoxCoder.decode`` drops its ``if box_sum > 0`` branches where the codes have a row per box
   (every caller in torchvision), giving [boxes, classes, 4] for no boxes too (torchvision's
   callers reshape or split it, which gives the same results either way).
+- ``_resize_image_and_masks`` (``torchvision.models.detection.transform``) scales by the smaller
+  of ``min_size / min(h, w)`` and ``max_size / max(h, w)`` with Python's ``min``, which
+  torch.export answers for the example without a guard: a graph captured from an image of
+  aspect ratio below ``max_size / min_size`` would resize wider images too little. The
+  replacement computes the same size with ``torch.sym_min``.
 - ``GeneralizedRCNNTransform.batch_images`` pads to a multiple of ``size_divisible`` in integer
   arithmetic: torch.export builds ``int(math.ceil(float(size) / stride) * stride)`` into the
   graph as the example's number, without a guard, so a graph with dynamic image sizes would be
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import sys
 from collections.abc import Callable, Iterator
 
@@ -98,6 +104,26 @@ def _decode(self, rel_codes: torch.Tensor, boxes: list[torch.Tensor]) -> torch.T
         return _ORIGINALS[_decode](self, rel_codes, boxes)
     pred_boxes = self.decode_single(rel_codes, torch.cat(boxes, dim=0))
     return pred_boxes.reshape(box_sum, pred_boxes.size(1) // 4, 4)
+
+
+def _resize_image_and_masks(
+    image: torch.Tensor,
+    self_min_size: int,
+    self_max_size: int,
+    target: dict[str, torch.Tensor] | None = None,
+    fixed_size: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """``_resize_image_and_masks`` (``torchvision.models.detection.transform``) with the resized
+    size computed from ``torch.sym_min``/``torch.sym_max`` of the sides. torchvision takes
+    Python's ``min`` of two ratios of sizes, which torch.export answers for the example (is the
+    image's aspect ratio above max_size / min_size?) without a guard. Given as ``fixed_size``,
+    the size is what ``interpolate`` computes from the scale with ``recompute_scale_factor``
+    (``floor(side * scale)`` in double), so the image is resampled the same way."""
+    if fixed_size is None:
+        height, width = image.shape[-2:]
+        scale = torch.sym_min(self_min_size / torch.sym_min(height, width), self_max_size / torch.sym_max(height, width))
+        fixed_size = (math.floor(width * scale), math.floor(height * scale))
+    return _ORIGINALS[_resize_image_and_masks](image, self_min_size, self_max_size, target, fixed_size)
 
 
 def _batch_images(self, images: list[torch.Tensor], size_divisible: int = 32) -> torch.Tensor:
@@ -238,6 +264,7 @@ _REPLACEMENTS = (
     ("torchvision.ops", "batched_nms", _batched_nms),
     ("torchvision.ops.poolers", "_multiscale_roi_align", _multiscale_roi_align),
     ("torchvision.models.detection._utils", "BoxCoder.decode", _decode),
+    ("torchvision.models.detection.transform", "_resize_image_and_masks", _resize_image_and_masks),
     ("torchvision.models.detection.transform", "GeneralizedRCNNTransform.batch_images", _batch_images),
     ("torchvision.models.detection.transform", "paste_masks_in_image", _paste_masks_in_image),
     ("torchvision.models.detection.roi_heads", "paste_masks_in_image", _paste_masks_in_image),

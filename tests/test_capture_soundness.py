@@ -17,6 +17,7 @@ import torch
 import dynexport
 from dynexport.capture import UnsoundCapture
 from dynexport.errors import CaptureError
+from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from tests.equivalence import BATCH, assert_close, assert_exports_equivalent, op_histogram
 from tests.seed_models import LoopModel2, loop
 
@@ -289,3 +290,49 @@ def test_containers_forward_fills_during_capture_are_left_as_they_were():
     assert model.cache == {}  # not the capture's fake tensor
     x = torch.randn(5, 4)
     torch.testing.assert_close(program(x), model(x))
+
+
+class AspectPreservingResize(torch.nn.Module):
+    # torchvision's detection transform: scale by the smaller of two ratios of sizes. Non-strict
+    # torch.export answers Python's ``min`` for the example (is the image wider than 2:1?) and
+    # records a guard its solver drops.
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        scale = min(64 / min(h, w), 128 / max(h, w))
+        return torch.nn.functional.interpolate(x, scale_factor=scale, mode="bilinear", recompute_scale_factor=True)
+
+
+class AspectBranch(torch.nn.Module):
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        if h / w > 1.5:
+            return x.transpose(-1, -2)
+        return x * 2
+
+
+SIDES = {"x": {2: torch.export.Dim("h", min=16, max=512), 3: torch.export.Dim("w", min=16, max=512)}}
+
+
+def test_unchecked_guard_of_non_strict_capture_is_found_and_strict_capture_taken():
+    model, x = AspectPreservingResize(), torch.rand(1, 3, 100, 70)
+    non_strict = torch.export.export(model, (x,), dynamic_shapes=SIDES, strict=False)
+    with pytest.raises(UncheckedGuards, match=r"max\(x.shape\[2\], x.shape\[3\]\).*is false at"):
+        check_guards_hold(non_strict)
+    # Images on the other side of 2:1 than the example's, and square ones, resize as in eager.
+    assert_exports_equivalent(
+        model, (x,), dynamic_shapes=SIDES,
+        resized=[(torch.rand(1, 3, 300, 70),), (torch.rand(1, 3, 64, 64),), (torch.rand(1, 3, 40, 200),)],
+    )
+
+
+def test_branch_on_sizes_that_no_strategy_checks_is_refused():
+    with pytest.raises(CaptureError, match=r"x.shape\[2\] / x.shape\[3\]\) <= 1.5") as refused:
+        dynexport.export(AspectBranch(), (torch.rand(1, 3, 100, 70),), dynamic_shapes=SIDES)
+    assert "if h / w > 1.5" in str(refused.value) and "torch.cond" in str(refused.value)
+    assert all(isinstance(reason, UncheckedGuards) for reason in refused.value.reasons.values())
+    # Within a range where the branch is the example's everywhere, the graph is right.
+    narrow = {"x": {2: torch.export.Dim("h", min=16, max=96), 3: torch.export.Dim("w", min=70, max=512)}}
+    assert_exports_equivalent(
+        AspectBranch(), (torch.rand(1, 3, 90, 70),), dynamic_shapes=narrow, resized=[(torch.rand(1, 3, 96, 70),), (torch.rand(1, 3, 16, 300),)],
+    )
+

@@ -47,6 +47,7 @@ def attention_3d(ctx, query, key, value, attn_mask, past_key, past_value, scale,
         attributes["scale"] = float(scale)
     if past_key is None:
         # Without a past the fusion leaves the keys and values it returns unread.
-        return ctx.op.Attention(query, key, value, _attention_mask(ctx, attn_mask, query, key), **attributes), None, None
+        mask = _attention_mask(ctx, attn_mask, query, key)
+        return ctx.op.Attention(query, key, value, mask, **attributes), None, None
     mask = _attention_mask(ctx, attn_mask, query, key, _total_keys(ctx, past_key, key))
     return tuple(ctx.op.Attention(query, key, value, mask, past_key, past_value, _outputs=3, **attributes))

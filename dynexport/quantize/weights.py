@@ -108,8 +108,7 @@ class KnownWeights:
         entries, start = [], 0
         while start < rows:
             for height in heights:
-                entry = self._weights.get(_fingerprint(matrix[start : start + height])) if start + height <= rows else None
-                if entry is not None:
+                if start + height <= rows and (entry := self._weights.get(_fingerprint(matrix[start : start + height]))):
                     break
             else:
                 return []

@@ -514,9 +514,8 @@ def _fuse_head_layouts(graph: torch.fx.Graph, renamed: dict[str, str]) -> int:
                 x.meta = {**rotary.meta, **x.meta}
             inputs.append(x)
         items = _items(attention)
-        query, key, value = attention.args[:3]
         # Without a past the op's keys and values are the new ones (unread: see _attention_over_hidden).
-        presents = [_val(items[i]) if i in items else _val(side) for i, side in ((1, key), (2, value))]
+        presents = [_val(items[i]) if i in items else _val(attention.args[i]) for i in (1, 2)]
         heads = (sides[0][1], sides[1][1])
         node = _fused_call(graph, attention, fused_ops.attention_3d.default, (*inputs, *attention.args[3:], *heads),
                            (_val(merged), *presents))
@@ -615,6 +614,7 @@ def _merged_heads(output: Node) -> tuple[Node, list[Node]] | None:
     merged_val = _val(merge)
     if merged_val is None or merged_val.dim() != 3 or not isinstance(heads, int) or not isinstance(size, int):
         return None
-    if not (_same(merged_val.shape[0], b) and _same(merged_val.shape[1], s) and _same(merged_val.shape[2], heads * size)):
+    expected = (b, s, heads * size)
+    if not all(_same(got, want) for got, want in zip(merged_val.shape, expected)):
         return None
     return merge, interior

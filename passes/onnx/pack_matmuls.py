@@ -83,14 +83,16 @@ def _pack(graph: ir.Graph, group: list[ir.Node]) -> None:
     biases = [_bias(matmul) for matmul in group]
     replaced = group
     if None not in biases:
-        nodes.append(ir.Node("", "Add", [nodes[0].outputs[0], _concatenated(graph, [b for _, b in biases], 0, names[1])]))
+        packed_bias = _concatenated(graph, [bias for _, bias in biases], 0, names[1])
+        nodes.append(ir.Node("", "Add", [nodes[0].outputs[0], packed_bias]))
         replaced = [add for add, _ in biases]
     for product in (node.outputs[0] for node in nodes):
         product.type = x.type
         if x.shape is not None:
             product.shape = ir.Shape([*x.shape[:-1], sum(sizes)])
     split_sizes = add_initializer(graph, np.array(sizes, np.int64), "split_sizes")
-    split = ir.Node("", "Split", [nodes[-1].outputs[0], split_sizes], [ir.AttrInt64("axis", -1)], num_outputs=len(group))
+    axis = ir.AttrInt64("axis", -1)
+    split = ir.Node("", "Split", [nodes[-1].outputs[0], split_sizes], [axis], num_outputs=len(group))
     nodes.append(split)
     for node in nodes:
         node.metadata_props.update(group[0].metadata_props)

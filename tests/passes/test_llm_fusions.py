@@ -311,8 +311,10 @@ class ProjectedAttention(torch.nn.Module):
 
     def forward(self, xq, xk, xv, past_k, past_v):
         b, s = xq.shape[:2]
-        # Interleaved: head h is every 4th feature from h, not the h-th slice of 8.
-        q = xq.view(b, s, 8, 4).permute(0, 3, 1, 2) if self.variant == "heads interleaved" else xq.view(b, s, 4, 8).transpose(1, 2)
+        if self.variant == "heads interleaved":  # head h is every 4th feature from h, not the h-th slice of 8
+            q = xq.view(b, s, 8, 4).permute(0, 3, 1, 2)
+        else:
+            q = xq.view(b, s, 4, 8).transpose(1, 2)
         k, v = (x.view(b, s, 2, 8).transpose(1, 2) for x in (xk, xv))
         keys, values = torch.cat([past_k, k], -2), torch.cat([past_v, v], -2)
         out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, enable_gqa=True)

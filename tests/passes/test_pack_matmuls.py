@@ -6,7 +6,6 @@ graphs are not packed."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
