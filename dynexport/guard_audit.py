@@ -37,6 +37,8 @@ __all__ = ["UncheckedGuards", "check_guards_hold"]
 # refinement checks an unbounded dim over).
 UNBOUNDED_LIMIT = 4096
 _RANDOM_POINTS = 48
+# Every combination of range ends is drawn for up to this many dims (2**6 points).
+_MOST_DIMS_AT_ALL_ENDS = 6
 # The functions of sizes torch.export's solver reasons about (DimConstraints); it drops guards
 # on any other (float conversions, TruncToInt, Min, Max, ...).
 _UNSOLVED_FUNCTIONS = tuple(
@@ -216,8 +218,8 @@ def _points(shape_env: Any, ranges: dict[sympy.Symbol, tuple[int, int]]) -> Iter
         for size in near:
             if lower <= size <= upper:
                 yield {**example, root: size}
-    for ends in itertools.product(*(((lower, upper)) for lower, upper in ranges.values())):
-        if len(ranges) <= 6:
+    if len(ranges) <= _MOST_DIMS_AT_ALL_ENDS:
+        for ends in itertools.product(*ranges.values()):
             yield dict(zip(ranges, ends))
     draw = random.Random(0)
     for _ in range(_RANDOM_POINTS):
