@@ -284,21 +284,20 @@ class ONNXProgram:
         with the dequantized weights instead, and ``model`` (the float model) gives the
         report's ``accuracy`` (:func:`dynexport.quantize.verify_quantized`).
         """
-        if quantization_of(self.model) is not None:
-            if compare_intermediates:
-                raise ValueError(
-                    "compare_intermediates compares with PyTorch's float values, which quantized weights change; "
-                    "verify the float program instead"
-                )
-            self.verification = verify_quantized(
-                self, args, kwargs, model=model, resized=resized, rtol=rtol, atol=atol
+        quantized = quantization_of(self.model) is not None
+        if quantized and compare_intermediates:
+            raise ValueError(
+                "compare_intermediates compares with PyTorch's float values, which quantized weights change; "
+                "verify the float program instead"
             )
-            return self.verification
         with caches_flattened():  # each run gets its own copy of a transformers cache, which eager updates
-            self.verification = verify_program(
-                self, args, kwargs, model=model, resized=resized,
-                compare_intermediates=compare_intermediates, rtol=rtol, atol=atol,
-            )
+            if quantized:
+                self.verification = verify_quantized(self, args, kwargs, model=model, resized=resized, rtol=rtol, atol=atol)
+            else:
+                self.verification = verify_program(
+                    self, args, kwargs, model=model, resized=resized,
+                    compare_intermediates=compare_intermediates, rtol=rtol, atol=atol,
+                )
         return self.verification
 
     def input_feeds(self, *args: Any, **kwargs: Any) -> dict[str, Any]:

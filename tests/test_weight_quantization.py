@@ -465,3 +465,17 @@ def test_export_refuses_bad_quantize_weights_before_any_work(spec, error, messag
 
     with pytest.raises(error, match=message):
         dynexport.export(never_called, (torch.randn(2),), quantize_weights=spec)
+
+
+def test_verify_of_a_quantized_decoder_returning_its_cache():
+    # GPT-2 with use_cache=True returns a DynamicCache: the quantized program's verify flattens
+    # it as the float program's does.
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    program = dynexport.export(
+        model, (torch.randint(0, 100, (2, 8)),), input_names=["input_ids"], dynamic_axes={"input_ids": {0: "batch", 1: "seq"}},
+    )
+    quantized = program.quantize_weights(8)
+    report = quantized.verify(model=model, resized=True, atol=0.05)
+    assert [o.inputs for o in report.outputs][:1] == ["example"] and "resized" in {o.inputs for o in report.outputs}
+    assert len(report.outputs) == 2 * (1 + 2 * 2) and report.accuracy.calls > 0
