@@ -33,12 +33,16 @@ SMALL = {"min_size": 128, "max_size": 128}
 HEIGHT, WIDTH = torch.export.Dim("height", min=32, max=512), torch.export.Dim("width", min=32, max=512)
 
 
-def detector(torchvision, name: str, classifier_scale: float = 1.0, **options) -> torch.nn.Module:
+def detector(
+    torchvision, name: str, classifier_scale: float = 1.0, num_classes: int = 3, **options
+) -> torch.nn.Module:
     """``name`` with random weights, its BatchNorms calibrated; ``classifier_scale`` scales the
     weights of an SSD's classification head (VGG has no BatchNorm: its random logits are so
     large that every score is 1.0)."""
     torch.manual_seed(0)
-    model = getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None, num_classes=3, **options)
+    model = getattr(torchvision.models.detection, name)(
+        weights=None, weights_backbone=None, num_classes=num_classes, **options
+    )
     if classifier_scale != 1.0:
         with torch.no_grad():
             for conv in model.head.classification_head.module_list:
@@ -130,7 +134,11 @@ DETECTORS = [
     pytest.param("ssd300_vgg16", {"classifier_scale": 0.05}, id="ssd300_vgg16", marks=pytest.mark.slow),
     pytest.param("fasterrcnn_resnet50_fpn", SMALL, id="fasterrcnn_resnet50_fpn", marks=pytest.mark.slow),
     pytest.param("maskrcnn_resnet50_fpn", SMALL, id="maskrcnn_resnet50_fpn", marks=pytest.mark.slow),
-    pytest.param("keypointrcnn_resnet50_fpn", SMALL, id="keypointrcnn_resnet50_fpn", marks=pytest.mark.slow),
+    # Its default classes (person and background): with 3, the blank image's hundred kept
+    # detections are thin boxes overlapping near the NMS threshold, which rounding reorders.
+    pytest.param(
+        "keypointrcnn_resnet50_fpn", {**SMALL, "num_classes": 2}, id="keypointrcnn_resnet50_fpn", marks=pytest.mark.slow
+    ),
     # Their heads start at a prior probability of 0.01: no random score reaches their default
     # thresholds (0.05, 0.2).
     pytest.param("retinanet_resnet50_fpn", {**SMALL, "score_thresh": 0.0}, id="retinanet_resnet50_fpn", marks=pytest.mark.slow),

@@ -37,7 +37,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import dynexport
-from dynexport.errors import DimSpecializedError
+from dynexport.errors import CaptureError, DimSpecializedError
 from dynexport.verification import tolerance
 from tests.equivalence import assert_same_structure
 from tests.models.test_torchvision import calibrated
@@ -196,3 +196,17 @@ def test_ultralytics_export_with_dynexport_as_torch_onnx_export(ultralytics, mon
             actual, model.model, images, where=f"images {shape}",
             outputs=lambda result: tuple(pytree.tree_leaves(result[0])),
         )
+
+
+def test_ultralytics_export_with_nms_is_refused(ultralytics, monkeypatch, tmp_path):
+    """``nms=True`` wraps the model in ultralytics' NMSModel, which loops over the batch in Python:
+    torch.jit.trace unrolls the loop to the example's batch, so a graph with a dynamic batch
+    would return zeros past it. Until the dynamo=False front end refuses or bounds such a batch
+    (docs/models.md), the capture fails (at ``torch._shape_as_tensor``, which it does not
+    convert) rather than writing that graph."""
+    model = yolo(ultralytics, "yolov8n.yaml")
+    monkeypatch.setattr(torch.onnx, "export", dynexport.export)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CaptureError) as error:
+        model.export(format="onnx", imgsz=64, dynamic=True, simplify=False, nms=True)
+    assert "_shape_as_tensor" in str(error.value.__cause__)
