@@ -100,8 +100,9 @@ def _draft(module, args, kwargs, dynamic_shapes):
     return program
 
 
+_NON_STRICT = "torch.export(strict=False)"
 STRATEGIES: dict[str, Callable[..., torch.export.ExportedProgram]] = {
-    "torch.export(strict=False)": _non_strict,
+    _NON_STRICT: _non_strict,
     "torch.export(strict=True)": _strict,
     "torch.export.draft_export": _draft,
 }
@@ -152,6 +153,8 @@ def capture(
         for size in leaf.shape
     )
     for name, strategy in STRATEGIES.items():
+        if strategy is _draft and isinstance(reasons.get(_NON_STRICT), UncheckedGuards):
+            continue  # draft_export traces as non-strict capture does: the same unchecked guards
         try:
             with (
                 _size_oblivious(oblivious),

@@ -329,6 +329,8 @@ def test_branch_on_sizes_that_no_strategy_checks_is_refused():
     with pytest.raises(CaptureError, match=r"x.shape\[2\] / x.shape\[3\]\) <= 1.5") as refused:
         dynexport.export(AspectBranch(), (torch.rand(1, 3, 100, 70),), dynamic_shapes=SIDES)
     assert "if h / w > 1.5" in str(refused.value) and "torch.cond" in str(refused.value)
+    # draft_export, which traces as non-strict capture does, is not run for the same guards.
+    assert list(refused.value.reasons) == ["torch.export(strict=False)", "torch.export(strict=True)"]
     assert all(isinstance(reason, UncheckedGuards) for reason in refused.value.reasons.values())
     # Within a range where the branch is the example's everywhere, the graph is right.
     narrow = {"x": {2: torch.export.Dim("h", min=16, max=96), 3: torch.export.Dim("w", min=70, max=512)}}
