@@ -839,3 +839,19 @@ def test_traced_forward_with_empty_variadic_arguments_and_a_dynamic_dim_of_examp
     )
     assert [value.name for value in program.model.graph.inputs] == ["images"]
     assert str(program.model.graph.inputs[0].shape[0]) == "batch"
+
+
+class ScalesByPythonNumbers(torch.nn.Module):
+    def forward(self, x):
+        return x.long() * 0.5 + 1, x.half() * 3.0, x.long() + torch.tensor(2.5, dtype=torch.float64)
+
+
+def test_python_numbers_of_a_traced_model_promote_as_numbers():
+    # The trace records `* 0.5` as a 0-dim float64 tensor; as a tensor it would make the product
+    # float64 where eager's is float32 (a Python number does not widen a tensor's dtype); a 0-dim
+    # tensor constant stays one (long + float64 tensor is float64).
+    model, x = ScalesByPythonNumbers(), torch.arange(6.0).reshape(2, 3)
+    program = dynexport.export(model, (x,), dynamo=False)
+    actual, expected = program(x), model(x)
+    assert [a.dtype for a in actual] == [torch.float32, torch.float16, torch.float64] == [e.dtype for e in expected]
+    assert_close(actual, expected)

@@ -314,6 +314,10 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
                     element = self.fx_graph.get_attr(attribute)
                 elements.append(element)
             self.name_to_node[name] = elements
+        elif node.hasAttribute("value") and node.kindOf("value") == "t" and not isinstance(node.output().toIValue(), torch.Tensor):
+            # A Python number the trace recorded as a 0-dim tensor (`x * 0.5`): kept a number, it
+            # takes part in type promotion as one (float32 * 0.5 stays float32, not float64).
+            self.name_to_node[name] = node.output().toIValue()
         else:
             super().convert_prim_Constant(node)
 
