@@ -145,7 +145,7 @@ def _guards_on(shape_env: Any, roots: set[sympy.Symbol]) -> list[_Guard]:
             condition in seen
             or not _fixes_a_size(condition)
             or not condition.free_symbols <= roots
-            or _asked_about_memory_layout(guard)
+            or not _asked_by_the_model(guard)
         ):
             continue
         seen.add(condition)
@@ -164,12 +164,19 @@ def _fixes_a_size(condition: sympy.Basic) -> bool:
     return _size_or_branch(condition) and (isinstance(condition, sympy.And) or condition.has(*_UNSOLVED_FUNCTIONS))
 
 
-def _asked_about_memory_layout(guard: Any) -> bool:
-    """Whether torch's stride and contiguity logic asked the guard (``torch/_prims_common``:
-    ``is_contiguous``, the order of strides): its answer decides memory layout, not values.
-    Only non-strict capture says where inside torch a guard was asked."""
+def _asked_by_the_model(guard: Any) -> bool:
+    """Whether the model's code asked the guard (its own or a model library's, which Dynamo
+    evaluates in strict capture, or Python's ``min``/``max`` that non-strict capture answers for
+    it), rather than torch's kernels: memory layout (contiguity, stride order, memory format), the
+    path of reshape's view algorithm, or the decomposition behind an operator's shape function —
+    questions whose answers do not change the values of the ops recorded in the graph."""
     frame = getattr(guard.sloc, "framework_loc", None)
-    return isinstance(frame, traceback.FrameSummary) and f"{os.sep}torch{os.sep}_prims_common{os.sep}" in frame.filename
+    if not isinstance(frame, traceback.FrameSummary):
+        return True
+    filename = frame.filename.replace(os.sep, "/")
+    if "/torch/" not in filename:
+        return True
+    return "/torch/_dynamo/" in filename or filename.endswith("/torch/_export/non_strict_utils.py")
 
 
 def _size_or_branch(condition: sympy.Basic) -> bool:

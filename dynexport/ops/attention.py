@@ -51,7 +51,7 @@ def _fits_attention_op(node: torch.fx.Node) -> bool:
 def scaled_dot_product_attention_23(
     ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
-    inputs = [query, key, value, _attention_mask(ctx, attn_mask, query, key)]
+    inputs = [query, key, value, attention_mask_input(ctx, attn_mask, query, key)]
     attributes = {} if scale is None else {"scale": float(scale)}
     return ctx.op.Attention(*inputs, is_causal=int(is_causal), **attributes)
 
@@ -60,13 +60,13 @@ def scaled_dot_product_attention_23(
 def attention(ctx, query, key, value, attn_mask, past_key, past_value, scale, is_causal):
     attributes = {} if scale is None else {"scale": float(scale)}
     if past_key is None:
-        output = ctx.op.Attention(query, key, value, _attention_mask(ctx, attn_mask, query, key), is_causal=int(is_causal), **attributes)
+        output = ctx.op.Attention(query, key, value, attention_mask_input(ctx, attn_mask, query, key), is_causal=int(is_causal), **attributes)
         return output, key, value
-    mask = _attention_mask(ctx, attn_mask, query, key, _total_keys(ctx, past_key, key))
+    mask = attention_mask_input(ctx, attn_mask, query, key, total_keys(ctx, past_key, key))
     return tuple(ctx.op.Attention(query, key, value, mask, past_key, past_value, is_causal=int(is_causal), _outputs=3, **attributes))
 
 
-def _total_keys(ctx, past_key, key) -> int | ir.Value:
+def total_keys(ctx, past_key, key) -> int | ir.Value:
     """How many keys the past and the new ones make together."""
     past, new = size_of(ctx, past_key, -2), size_of(ctx, key, -2)
     if isinstance(past, int) and isinstance(new, int):
@@ -75,7 +75,7 @@ def _total_keys(ctx, past_key, key) -> int | ir.Value:
     return ctx.op.Add(past, new)
 
 
-def _attention_mask(ctx, attn_mask, query, key, keys=None) -> ir.Value | None:
+def attention_mask_input(ctx, attn_mask, query, key, keys=None) -> ir.Value | None:
     """``attn_mask`` as Attention takes it: boolean or in the query's dtype, (query sequence,
     ``keys``) in its last two dims (``keys``: the key sequence's length by default)."""
     if attn_mask is None:

@@ -8,7 +8,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.ops._helpers import shape_tensor, size_of
-from dynexport.ops.attention import _attention_mask, _total_keys
+from dynexport.ops.attention import attention_mask_input, total_keys
 from dynexport.passes.fx import llm_ops  # noqa: F401  (defines the dynexport:: ops)
 from dynexport.registry import translates
 
@@ -47,7 +47,7 @@ def attention_3d(ctx, query, key, value, attn_mask, past_key, past_value, scale,
         attributes["scale"] = float(scale)
     if past_key is None:
         # Without a past the fusion leaves the keys and values it returns unread.
-        mask = _attention_mask(ctx, attn_mask, query, key)
+        mask = attention_mask_input(ctx, attn_mask, query, key)
         return ctx.op.Attention(query, key, value, mask, **attributes), None, None
-    mask = _attention_mask(ctx, attn_mask, query, key, _total_keys(ctx, past_key, key))
+    mask = attention_mask_input(ctx, attn_mask, query, key, total_keys(ctx, past_key, key))
     return tuple(ctx.op.Attention(query, key, value, mask, past_key, past_value, _outputs=3, **attributes))
