@@ -28,7 +28,6 @@ from dynexport.dim_refinement import (
     refinements_metadata,
 )
 from dynexport.errors import ExportError
-from dynexport.grouped_attention import grouped_attention_whole
 from dynexport.model_caches import caches_flattened
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
@@ -253,12 +252,7 @@ def _capture_module(
     if options.dynamic_axes is not None or options.auto_dims:
         dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)
     input_names = signature.graph_input_names(options.input_names, slots)
-    with (
-        timer.phase("capture"),
-        exporting(),
-        select_model_mode_for_export(module, options.training),
-        grouped_attention_whole(),
-    ):
+    with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
         program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
             capture, module, args, kwargs, dynamic_shapes
         )

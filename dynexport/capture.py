@@ -42,6 +42,7 @@ from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
 from dynexport.errors import CaptureError
+from dynexport.grouped_attention import grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
@@ -160,6 +161,7 @@ def capture(
                 _size_oblivious(oblivious),
                 recurrent_ops_kept_whole(),
                 detection_code_capturable(),
+                grouped_attention_whole(),
                 _fake_quantize_meta_kernels(),
                 quantized_modules_as_float(module),
                 attributes_added_removed(module),
