@@ -9,10 +9,11 @@ cannot capture a module soundly and the module's code calls TorchScript, the mod
 :class:`~dynexport.errors.CaptureError` carries each strategy's reason, draft_export's problems
 one by one with their model line and fix.
 
-Dims declared dynamic stay dynamic even when the example size is 0 or 1: when an example holds
-such a size, capture runs with size-oblivious reasoning for backed sizes, so torch.export does not
-specialise a batch of 1. (Only then: size-oblivious reasoning turns some models' ``== 1`` checks
-into guards that would otherwise not exist.)
+Dims declared dynamic stay dynamic even when the example size is 0 or 1: when a dim declared
+dynamic has such an example size, capture runs with size-oblivious reasoning for backed sizes, so
+torch.export does not specialise a batch of 1. (Only then: size-oblivious reasoning turns some
+models' ``== 1`` checks into guards that would otherwise not exist; a static dim of size 1 does
+not turn it on.)
 
 Tracing is not thread-safe in torch: torch.export, make_fx and Dynamo share process-wide state
 (the FX tracing flag, Dynamo's config and caches). :func:`exclusive_tracing` serializes every
@@ -41,12 +42,14 @@ from torch.export._draft_export import FailureType
 from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
+from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError
 from dynexport.grouped_attention import grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
+from dynexport.signature import bind_arguments
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
@@ -147,12 +150,7 @@ def capture(
         CaptureError: no strategy captured the model soundly.
     """
     reasons: dict[str, BaseException] = {}
-    oblivious = dynamic_shapes is not None and any(
-        size in (0, 1)
-        for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
-        if isinstance(leaf, torch.Tensor)
-        for size in leaf.shape
-    )
+    oblivious = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
     for name, strategy in STRATEGIES.items():
         if strategy is _draft and isinstance(reasons.get(_NON_STRICT), UncheckedGuards):
             continue  # draft_export traces as non-strict capture does: the same unchecked guards

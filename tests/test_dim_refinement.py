@@ -187,6 +187,14 @@ def test_dim_a_size_test_fixes_at_an_example_of_one_is_refused():
     assert "x.shape[0] == 1" in error.value.source
 
 
+def test_static_dim_of_one_does_not_blame_the_example_size():
+    # A static size-1 dim is no reason for the "example size of 2 or more" hint, nor for
+    # size-oblivious capture.
+    with pytest.raises(DimSpecializedError, match=r"batch = 3") as error:
+        dynexport.export(_FixedRows(), (torch.randn(3, 4, 1),), dynamic_shapes=({0: Dim("batch")},))
+    assert "example size of 2 or more" not in str(error.value)
+
+
 def test_static_dim_opted_in_with_auto():
     program = assert_exports_equivalent(_FixedRows(), (torch.randn(3, 4),), dynamic_shapes=({0: Dim.AUTO},))
     assert _input_dims(program)["x"] == ["3", "4"]
