@@ -30,6 +30,8 @@ from dynexport.quantize import (
     round_to_nearest,
     seeded_calls,
 )
+from dynexport.quantize import graph as quantize_graph_module
+from dynexport.quantize import weights as quantize_weights_module
 from tests.equivalence import assert_close, op_histogram
 from tests.models.families import DECODER_COMMON, text_inputs, tiny
 
@@ -490,10 +492,13 @@ def _products_and_table(weights: dict[str, np.ndarray], table: np.ndarray) -> ir
 
 
 @pytest.mark.parametrize("form", FORMS, ids=_form_id)
-def test_stored_weights_equal_a_blockwise_reference_bit_for_bit(form):
+def test_stored_weights_equal_a_blockwise_reference_bit_for_bit(form, monkeypatch):
     """Codes, scales and zero points of every stored form, byte for byte, against a plain
     block-by-block rounding: K not a multiple of the block (and below it), blocks of zeros,
-    weights from 1e-7 to 1e3, two products packed into one, an embedding table."""
+    weights from 1e-7 to 1e3, two products packed into one, an embedding table; rounded and
+    stored a few rows at a time (a large weight's chunks)."""
+    monkeypatch.setattr(quantize_weights_module, "_ROUNDED_PER_CHUNK", 200)
+    monkeypatch.setattr(quantize_graph_module, "_CONVERTED_PER_CHUNK", 200)
     target, bits, symmetric = form
     generator = np.random.default_rng(bits + 2 * symmetric)
     for k, n, block_size in ((70, 5, 32), (48, 3, 16), (40, 6, 64), (128, 4, 128)):

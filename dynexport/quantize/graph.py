@@ -30,7 +30,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.passes.onnx import remove_dead_code
-from dynexport.passes.onnx.pack_matmuls import pack_matmuls
+from dynexport.passes.onnx.pack_matmuls import ConcatenatedTensor, pack_matmuls
 from dynexport.passes.onnx.values import (
     add_initializer,
     constant_array,
@@ -243,8 +243,17 @@ class _Layout(NamedTuple):
 
 
 def _matrix(value: ir.Value, transposed: bool) -> torch.Tensor:
-    """A constant weight as float32 ``[N, K]``."""
-    matrix = torch.from_numpy(np.asarray(value.const_value.numpy(), dtype=np.float32))
+    """A constant weight as float32 ``[N, K]``; a packed weight from its parts, whose rows are
+    its rows (a part ``[K, N_i]`` is most often the transposed view of a parameter ``[N_i, K]``:
+    read without a copy)."""
+    tensor = value.const_value
+    if isinstance(tensor, ConcatenatedTensor) and tensor.axis == (0 if transposed else 1):
+        return torch.cat([_rows(part, transposed) for part in tensor.parts])
+    return _rows(tensor, transposed)
+
+
+def _rows(tensor: ir.TensorProtocol, transposed: bool) -> torch.Tensor:
+    matrix = torch.from_numpy(np.asarray(tensor.numpy(), dtype=np.float32))
     return (matrix if transposed else matrix.T).contiguous()
 
 
@@ -470,6 +479,15 @@ def _attributes(values: dict) -> list[ir.Attr]:
 # -- storage forms: quantized weight -> arrays, and arrays -> float weight ----------------------
 
 
+# Codes are turned into their stored bytes a chunk of rows (about 1 MB of codes) at a time.
+_CONVERTED_PER_CHUNK = 1 << 20
+
+
+def _row_chunks(n: int, k: int):
+    rows = max(1, _CONVERTED_PER_CHUNK // k)
+    return (slice(start, min(start + rows, n)) for start in range(0, n, rows))
+
+
 def _pack_low_first(codes: np.ndarray, bits: int) -> np.ndarray:
     """Unsigned ``bits``-wide codes along the last axis, packed into bytes low bits first."""
     codes = codes.astype(np.uint8, copy=False)
@@ -477,7 +495,10 @@ def _pack_low_first(codes: np.ndarray, bits: int) -> np.ndarray:
         return codes
     if codes.shape[-1] % 2:
         codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), np.uint8)], axis=-1)
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    # Each pair (low, high) read as the little-endian number low + 256 * high: shifted right by
+    # 4 and or-ed with itself, its low byte is low + 16 * high.
+    pairs = np.ascontiguousarray(codes).view("<u2")
+    return (pairs | pairs >> 4).astype(np.uint8)
 
 
 def _unpack_low_first(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -488,19 +509,19 @@ def _unpack_low_first(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     return codes[..., :count].astype(np.int32)
 
 
-def _unsigned_codes(q: QuantizedWeight, padded_k: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The codes as onnxruntime's uint8 forms store them (symmetric ones shifted up by the
-    default zero point ``2^(bits-1)``), K padded with the zero point, and the zero points."""
-    n, k = q.values.shape
+def _unsigned_codes(q: QuantizedWeight, rows: slice, padded_k: int) -> np.ndarray:
+    """The codes of ``rows`` as onnxruntime's uint8 forms store them (symmetric ones shifted up
+    by the default zero point ``2^(bits-1)``), K padded with the zero point."""
+    values = q.values[rows].numpy()
+    k = values.shape[1]
+    codes = np.empty((len(values), padded_k), np.uint8)
+    codes[:, :k] = values  # modulo 256: a negative code wraps, and the shift brings it back
     if q.zero_points is None:
-        codes = (q.values + 2 ** (q.bits - 1)).to(torch.uint8).numpy()
-        padding = np.full((n, 1), 2 ** (q.bits - 1), np.uint8)
+        codes[:, :k] += np.uint8(2 ** (q.bits - 1))
+        codes[:, k:] = 2 ** (q.bits - 1)
     else:
-        codes = q.values.to(torch.uint8).numpy()
-        padding = q.zero_points[:, -1:].to(torch.uint8).numpy()  # the padding lies in the last block
-    if padded_k > k:
-        codes = np.concatenate([codes, np.broadcast_to(padding, (n, padded_k - k))], axis=1)
-    return codes, None if q.zero_points is None else q.zero_points.numpy()
+        codes[:, k:] = q.zero_points[rows, -1:].numpy()  # the padding lies in the last block
+    return codes
 
 
 def _float_array(tensor: torch.Tensor, dtype: ir.DataType) -> np.ndarray:
@@ -510,18 +531,21 @@ def _float_array(tensor: torch.Tensor, dtype: ir.DataType) -> np.ndarray:
 def _matmul_nbits_arrays(q: QuantizedWeight, dtype: ir.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """MatMulNBits' B ``[N, blocks, blob]``, scales ``[N * blocks]``, packed zero points."""
     n, blocks = q.scales.shape
-    codes, zero_points = _unsigned_codes(q, blocks * q.block_size)
-    weight = _pack_low_first(codes.reshape(n, blocks, q.block_size), q.bits)
-    packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits).reshape(-1)
+    padded_k = blocks * q.block_size
+    weight = np.empty((n, blocks, q.block_size * q.bits // 8), np.uint8)
+    for rows in _row_chunks(n, padded_k):
+        weight[rows] = _pack_low_first(_unsigned_codes(q, rows, padded_k).reshape(-1, blocks, q.block_size), q.bits)
+    packed_zero_points = None if q.zero_points is None else _pack_low_first(q.zero_points.numpy(), q.bits).reshape(-1)
     return weight, _float_array(q.scales, dtype).reshape(-1), packed_zero_points
 
 
 def _gather_block_quantized_arrays(q: QuantizedWeight, dtype: ir.DataType):
     """GatherBlockQuantized's table ``[V, H * bits / 8]``, scales ``[V, blocks]``, packed zero points."""
-    h = q.values.shape[1]
-    codes, zero_points = _unsigned_codes(q, q.scales.shape[1] * q.block_size)
-    table = _pack_low_first(codes[:, :h], q.bits)
-    packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits)
+    v, h = q.values.shape
+    table = np.empty((v, -(-h * q.bits // 8)), np.uint8)
+    for rows in _row_chunks(v, h):
+        table[rows] = _pack_low_first(_unsigned_codes(q, rows, h), q.bits)
+    packed_zero_points = None if q.zero_points is None else _pack_low_first(q.zero_points.numpy(), q.bits)
     return table, _float_array(q.scales, dtype), packed_zero_points
 
 
