@@ -292,6 +292,37 @@ def test_containers_forward_fills_during_capture_are_left_as_they_were():
     torch.testing.assert_close(program(x), model(x))
 
 
+_RECORDED: list[list[torch.Tensor]] = []
+
+
+class RecordsEveryLayer(torch.nn.Module):
+    # transformers' output recording (Segformer's decode head reads every stage's output): forward
+    # hooks registered on the first call, which then marks the model as hooked.
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+
+    def forward(self, x):
+        if not getattr(self, "hooked", False):
+            for layer in self.layers:
+                layer.register_forward_hook(lambda module, args, output: _RECORDED[-1].append(output))
+            self.hooked = True
+        _RECORDED.append([])
+        for layer in self.layers:
+            x = layer(x)
+        return torch.cat(_RECORDED.pop(), dim=-1)
+
+
+def test_hooks_forward_registers_during_capture_are_removed_with_the_mark():
+    model = RecordsEveryLayer().eval()
+    program = dynexport.export(model, (torch.randn(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    assert not any(layer._forward_hooks for layer in model.layers)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        expected = model(x)  # each layer recorded once: the hooks and the mark come back together
+    torch.testing.assert_close(program(x), expected)
+
+
 class AspectPreservingResize(torch.nn.Module):
     # torchvision's detection transform: scale by the smaller of two ratios of sizes. Non-strict
     # torch.export answers Python's ``min`` for the example (is the image wider than 2:1?) and
