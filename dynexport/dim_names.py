@@ -31,11 +31,13 @@ from dynexport.signature import (
 )
 
 __all__ = [
+    "declared_dims",
     "declared_minimums",
     "dynamic_dims_sized_0_or_1",
     "dynamic_shapes_from_axes",
     "dynamic_shapes_from_examples",
     "graph_dims",
+    "is_dynamic",
     "named_dims",
 ]
 
@@ -142,8 +144,8 @@ def _axis_names(key: str, axes: Any) -> dict[int, str | None]:
     raise TypeError(f"dynamic_axes[{key!r}] must be a dict {{axis: name}} or a list of axes, got {axes!r}")
 
 
-def _declared_dims(spec: Any, value: Any, path: str) -> Iterator[tuple[str, int, Any, int]]:
-    """``(flat input path, axis, dim, example size)`` for every axis a dynamic_shapes spec, walked
+def _declared_dims(spec: Any, value: Any, path: str) -> Iterator[tuple[str, int, Any, torch.Tensor]]:
+    """``(flat input path, axis, dim, input tensor)`` for every axis a dynamic_shapes spec, walked
     alongside the inputs, declares (as a ``Dim``, a hint such as ``Dim.AUTO``, or an int)."""
     if isinstance(value, torch.Tensor):
         items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
@@ -155,7 +157,7 @@ def _declared_dims(spec: Any, value: Any, path: str) -> Iterator[tuple[str, int,
                     f"dynamic_shapes names axis {axis!r} of input {path!r}, which has rank {value.dim()} "
                     f"(axes 0..{value.dim() - 1})"
                 )
-            yield path, int(axis), dim, value.shape[axis]
+            yield path, int(axis), dim, value
         return
     if spec is None:
         return
@@ -171,9 +173,13 @@ def _declared_dims(spec: Any, value: Any, path: str) -> Iterator[tuple[str, int,
             yield from _declared_dims(s, v, f"{path}_{getattr(key, 'key', getattr(key, 'idx', key))}")
 
 
-def _all_declared_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> Iterator[tuple[str, int, Any, int]]:
-    """:func:`_declared_dims` over every argument; ``dynamic_shapes`` is keyed by parameter (a
-    ``*t`` parameter's entries as one tuple, as torch.export reads it) or positional."""
+def declared_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> Iterator[tuple[str, int, Any, torch.Tensor]]:
+    """``(flat input path, axis, dim, input tensor)`` for every axis ``dynamic_shapes`` declares
+    (a ``Dim``, a hint such as ``Dim.AUTO``, or an int), over the arguments ``bound``;
+    ``dynamic_shapes`` is keyed by parameter (a ``*t`` parameter's entries as one tuple, as
+    torch.export reads it) or positional."""
+    if dynamic_shapes is None:
+        return
     if isinstance(dynamic_shapes, Mapping):
         per_param = dict(dynamic_shapes)
         for name, specs in dynamic_shapes.items():
@@ -187,23 +193,23 @@ def _all_declared_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> Iterator[t
 
 def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, int], str]:
     """(flat input path, axis) -> dim name, for every ``Dim("name")`` in ``dynamic_shapes``."""
-    if dynamic_shapes is None:
-        return {}
     return {
         (path, axis): dim.__name__
-        for path, axis, dim, _ in _all_declared_dims(dynamic_shapes, bound)
+        for path, axis, dim, _ in declared_dims(dynamic_shapes, bound)
         if isinstance(dim, Dim) and getattr(dim, "__name__", None)
     }
 
 
 def dynamic_dims_sized_0_or_1(dynamic_shapes: Any, bound: dict[str, Any]) -> bool:
     """Whether an axis declared dynamic (not an int, not ``Dim.STATIC``) has example size 0 or 1."""
-    if dynamic_shapes is None:
-        return False
     return any(
-        size in (0, 1) and not isinstance(dim, int) and dim is not Dim.STATIC
-        for _, _, dim, size in _all_declared_dims(dynamic_shapes, bound)
+        tensor.shape[axis] in (0, 1) and is_dynamic(dim) for _, axis, dim, tensor in declared_dims(dynamic_shapes, bound)
     )
+
+
+def is_dynamic(dim: Any) -> bool:
+    """Whether a dynamic_shapes entry declares its axis dynamic (not an int, not ``Dim.STATIC``)."""
+    return not isinstance(dim, int) and dim is not Dim.STATIC
 
 
 def declared_minimums(dynamic_shapes: Any) -> dict[str, int]:
