@@ -557,16 +557,15 @@ def _dequantize_linear_arrays(q: QuantizedWeight, dtype: ir.DataType, blocked: b
     ]
     # Below opset 19 DequantizeLinear's scales are float32 only.
     scale_dtype = dtype if blocked else ir.DataType.FLOAT
-    arrays = [
-        q.values.numpy().astype(integer),
-        _float_array(q.scales, scale_dtype),
-        None if q.zero_points is None else q.zero_points.numpy().astype(integer),
-    ]
+    scales, zero_points = q.scales.numpy(), None if q.zero_points is None else q.zero_points.numpy()
     if not blocked:
-        arrays[1:] = [None if a is None else a[:, 0] for a in arrays[1:]]
-    if transposed:
-        arrays = [None if a is None else np.ascontiguousarray(a.T) for a in arrays]
-    return tuple(arrays)
+        scales, zero_points = scales[:, 0], None if zero_points is None else zero_points[:, 0]
+    arrays = ((q.values.numpy(), integer), (scales, scale_dtype.numpy()), (zero_points, integer))
+    # Transposed before the cast: numpy transposes int8 faster than ml_dtypes' int4.
+    return tuple(
+        None if array is None else np.ascontiguousarray(array.T if transposed else array).astype(array_dtype)
+        for array, array_dtype in arrays
+    )
 
 
 def _matmul_nbits_weight(node: ir.Node) -> np.ndarray:
