@@ -432,7 +432,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
-        measured = child_builder(*rest) if kind == "builder" else child_export_memory(int(rest[0]), int(rest[1]), *rest[2:])
+        if kind == "builder":
+            measured = child_builder(*rest)
+        else:
+            measured = child_export_memory(int(rest[0]), int(rest[1]), *rest[2:])
         print(json.dumps(measured))
         return
     if args.quick:

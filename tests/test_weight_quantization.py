@@ -587,7 +587,8 @@ def test_verify_of_a_quantized_decoder_returning_its_cache():
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
     model = transformers.GPT2LMHeadModel(config).eval()
     program = dynexport.export(
-        model, (torch.randint(0, 100, (2, 8)),), input_names=["input_ids"], dynamic_axes={"input_ids": {0: "batch", 1: "seq"}},
+        model, (torch.randint(0, 100, (2, 8)),), input_names=["input_ids"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}},
     )
     quantized = program.quantize_weights(8)
     report = quantized.verify(model=model, resized=True, atol=0.05)
