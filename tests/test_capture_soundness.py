@@ -323,6 +323,28 @@ def test_hooks_forward_registers_during_capture_are_removed_with_the_mark():
     torch.testing.assert_close(program(x), expected)
 
 
+class PadsToEven(torch.nn.Module):
+    # FocalNet's downsampling patch embedding: every fourth column, padded to an even count in
+    # Python, then pairs of columns merged.
+    def forward(self, x):
+        x = x[..., ::4]
+        if x.shape[-1] % 2 != 0:
+            x = torch.nn.functional.pad(x, (0, 1))
+        return x.reshape(x.shape[0], -1, 2).sum(-1)
+
+
+def test_divisibility_guard_on_the_root_of_a_derived_dim_is_checked():
+    # torch.export takes width = 4*_w without checking the model's _w % 2 == 0 (only its
+    # ExportedProgram's module checks it at run time): the graph would be wrong at width 36.
+    x = torch.randn(2, 32)
+    with pytest.raises(CaptureError, match=r"% 2\) == 0` \(File .*if x.shape\[-1\] % 2 != 0"):
+        dynexport.export(PadsToEven(), (x,), dynamic_shapes=({1: 4 * torch.export.Dim("_w", min=4)},))
+    with pytest.warns(UserWarning, match=r"width = 8\*_w"):  # torch's own fix for a plain Dim
+        assert_exports_equivalent(
+            PadsToEven(), (x,), dynamic_shapes=({1: torch.export.Dim("width")},), resized=[(torch.randn(2, 48),)]
+        )
+
+
 class AspectPreservingResize(torch.nn.Module):
     # torchvision's detection transform: scale by the smaller of two ratios of sizes. Non-strict
     # torch.export answers Python's ``min`` for the example (is the image wider than 2:1?) and
