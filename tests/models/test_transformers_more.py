@@ -106,16 +106,58 @@ DECODERS: dict[str, Callable[[bool], Any]] = {
         transformers.OlmoeConfig, **_TEXT, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
         pad_token_id=0, use_cache=cache,
     )),
+    "phimoe": lambda cache: transformers.PhimoeForCausalLM(tiny(
+        transformers.PhimoeConfig, **_TEXT, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        use_cache=cache,
+    )),
+    "granitemoe": lambda cache: transformers.GraniteMoeForCausalLM(tiny(
+        transformers.GraniteMoeConfig, **_TEXT, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        use_cache=cache,
+    )),
+    # Multi-head latent attention, experts in groups with a shared one, a dense first layer.
+    "deepseek_v3": lambda cache: transformers.DeepseekV3ForCausalLM(tiny(
+        transformers.DeepseekV3Config, **_TEXT, num_key_value_heads=4, moe_intermediate_size=16, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=16,
+        kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, use_cache=cache,
+    )),
+    "glm4": lambda cache: transformers.Glm4ForCausalLM(tiny(
+        transformers.Glm4Config, **_TEXT, num_key_value_heads=2, head_dim=8, pad_token_id=0, use_cache=cache,
+    )),
+    "ernie4_5": lambda cache: transformers.Ernie4_5ForCausalLM(tiny(
+        transformers.Ernie4_5Config, **_TEXT, num_key_value_heads=2, head_dim=8, use_cache=cache,
+    )),
+    "nemotron": lambda cache: transformers.NemotronForCausalLM(tiny(
+        transformers.NemotronConfig, **_TEXT, num_key_value_heads=2, head_dim=8, use_cache=cache,
+    )),
 }
-# Sliding-window attention on some layers (Gemma 2: every other one; Gemma 3 text: five in six):
-# a window of 4 tokens, shorter than the longer test sequences. Their DynamicCache holds
-# sliding-window layers, which are refused as export inputs (test below).
-SLIDING_WINDOW_DECODERS: dict[str, Callable[[bool], Any]] = {
+# Decoders whose DynamicCache holds layers other than full attention, which are refused as
+# export inputs (test below): sliding windows of 4 tokens, shorter than the longer test
+# sequences (Gemma 2, GPT-OSS: every other layer; Gemma 3 text: five in six; Exaone 4, OLMo 3:
+# three in four), Llama 4's chunked attention (chunks of 4), LFM2's convolution layers.
+WINDOWED_DECODERS: dict[str, Callable[[bool], Any]] = {
     "gemma2": lambda cache: transformers.Gemma2ForCausalLM(tiny(
         transformers.Gemma2Config, **_TEXT, num_key_value_heads=2, head_dim=8, sliding_window=4, use_cache=cache,
     )),
     "gemma3": lambda cache: transformers.Gemma3ForCausalLM(tiny(
         transformers.Gemma3TextConfig, **_TEXT, num_key_value_heads=2, head_dim=8, sliding_window=4,
+        use_cache=cache,
+    )),
+    "gpt_oss": lambda cache: transformers.GptOssForCausalLM(tiny(  # and 4 experts, 2 per token
+        transformers.GptOssConfig, **_TEXT, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=4, use_cache=cache,
+    )),
+    "exaone4": lambda cache: transformers.Exaone4ForCausalLM(tiny(
+        transformers.Exaone4Config, **_TEXT, num_key_value_heads=2, head_dim=8, sliding_window=4, use_cache=cache,
+    )),
+    "olmo3": lambda cache: transformers.Olmo3ForCausalLM(tiny(
+        transformers.Olmo3Config, **_TEXT, num_key_value_heads=2, sliding_window=4, pad_token_id=0, use_cache=cache,
+    )),
+    "llama4": lambda cache: transformers.Llama4ForCausalLM(tiny(  # and 4 experts, 1 per token
+        transformers.Llama4TextConfig, **_TEXT, intermediate_size_mlp=64, num_key_value_heads=2, head_dim=8,
+        num_local_experts=4, num_experts_per_tok=1, attention_chunk_size=4, use_cache=cache,
+    )),
+    "lfm2": lambda cache: transformers.Lfm2ForCausalLM(tiny(
+        transformers.Lfm2Config, **_TEXT, num_key_value_heads=2, layer_types=["conv", "full_attention"],
         use_cache=cache,
     )),
 }
@@ -128,10 +170,10 @@ def _params(families, in_default_run: set[str]) -> list:
 # In the default run: one family per mechanism not tested elsewhere (ALiBi, sliding windows,
 # experts; query/key norms with a cache below); the others are slow.
 @pytest.mark.parametrize(
-    "family", _params([*DECODERS, *SLIDING_WINDOW_DECODERS], {"bloom", "gemma2", "mixtral"})
+    "family", _params([*DECODERS, *WINDOWED_DECODERS], {"bloom", "gemma2", "mixtral"})
 )
 def test_decoder_lm(family):
-    model = {**DECODERS, **SLIDING_WINDOW_DECODERS}[family](False).eval()
+    model = {**DECODERS, **WINDOWED_DECODERS}[family](False).eval()
     calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
     _check(model, calls, dynamic_shapes=_text_dims("input_ids", "attention_mask"))
 
@@ -171,17 +213,17 @@ def test_decoder_lm_with_dynamic_cache(family):
             assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache at {sizes}")
 
 
-@pytest.mark.parametrize("family", list(SLIDING_WINDOW_DECODERS))
-def test_a_dynamic_cache_with_sliding_window_layers_is_refused(family):
+@pytest.mark.parametrize("family", _params(WINDOWED_DECODERS, {"gemma2", "gemma3", "lfm2"}))
+def test_a_dynamic_cache_with_other_than_full_attention_layers_is_refused(family):
     # A sliding-window layer keeps its token count in a Python int (which would be baked in)
-    # and drops old tokens by it.
-    model = SLIDING_WINDOW_DECODERS[family](True).eval()
+    # and drops old tokens by it; a convolution layer holds its state, not keys and values.
+    model = WINDOWED_DECODERS[family](True).eval()
     call = _cache_call(model, 2, 5, 3)
     dynamic_shapes = {
         "input_ids": {0: Dim("batch"), 1: Dim("seq")}, "attention_mask": {0: Dim("batch"), 1: Dim("total")},
         "cache": [[{0: Dim("batch"), 2: Dim("past")}] * 2] * 2,
     }
-    with pytest.raises(TypeError, match="full-attention layers only.*DynamicSlidingWindowLayer"):
+    with pytest.raises(TypeError, match="full-attention layers only.*(DynamicSlidingWindowLayer|LinearAttentionLayer)"):
         dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
 
 
@@ -223,6 +265,17 @@ ENCODERS: dict[str, Callable[[], Any]] = {
     "modernbert": lambda: transformers.ModernBertModel(tiny(
         transformers.ModernBertConfig, **_TEXT, max_position_embeddings=64, local_attention=4,
         global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+    )),
+    # Block-sparse attention by default: at these lengths it falls back to full attention.
+    "big_bird": lambda: transformers.BigBirdModel(tiny(transformers.BigBirdConfig, **_TEXT, max_position_embeddings=64)),
+    "roformer": lambda: transformers.RoFormerModel(tiny(  # rotary position embeddings
+        transformers.RoFormerConfig, **_TEXT, max_position_embeddings=64,
+    )),
+    "esm": lambda: transformers.EsmModel(tiny(
+        transformers.EsmConfig, **_TEXT, max_position_embeddings=64, pad_token_id=0, position_embedding_type="rotary",
+    )),
+    "nomic_bert": lambda: transformers.NomicBertModel(tiny(
+        transformers.NomicBertConfig, **_TEXT, max_position_embeddings=64,
     )),
 }
 
@@ -304,6 +357,15 @@ IMAGE_MODELS: dict[str, tuple[Callable[[], Any], int]] = {
         transformers.LevitConfig, image_size=32, hidden_sizes=[16, 24, 32], num_attention_heads=[1, 2, 2],
         depths=[1, 1, 1], key_dim=[8, 8, 8], patch_size=16,
     )), 32),
+    "swinv2": (lambda: transformers.Swinv2Model(tiny(
+        transformers.Swinv2Config, image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+        window_size=2,
+    )), 32),
+    "dpt": (lambda: transformers.DPTForDepthEstimation(tiny(
+        transformers.DPTConfig, **{**_VIT, "num_hidden_layers": 4, "image_size": 32, "patch_size": 8},
+        backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 16, 32], fusion_hidden_size=16,
+        head_hidden_size=8,
+    )), 32),
 }
 
 
@@ -314,6 +376,34 @@ def test_image_model_with_dynamic_batch(family):
     generator = torch.Generator().manual_seed(0)
     calls = [{"pixel_values": torch.randn(b, 3, side, side, generator=generator)} for b in (2, 3, 1, 4)]
     _check(model, calls, dynamic_shapes={"pixel_values": {0: Dim("batch")}})
+
+
+# Backbones whose image sides are dynamic too: (factory, sides at the export size and three
+# others). Each model's refinements (a minimum side) are warned about.
+SIDES_MODELS: dict[str, tuple[Callable[[], Any], list[tuple[int, int]]]] = {
+    "convnextv2": (lambda: transformers.ConvNextV2Model(tiny(
+        transformers.ConvNextV2Config, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2,
+    )), [(32, 32), (40, 48), (24, 64), (64, 32)]),
+    "pvt_v2": (lambda: transformers.PvtV2Model(tiny(
+        transformers.PvtV2Config, hidden_sizes=[8, 16], depths=[1, 1], num_encoder_blocks=2, sr_ratios=[2, 1],
+        num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2],
+    )), [(32, 32), (40, 48), (24, 64), (64, 33)]),
+    "poolformer": (lambda: transformers.PoolFormerModel(tiny(
+        transformers.PoolFormerConfig, hidden_sizes=[8, 16], depths=[1, 1], num_encoder_blocks=2, patch_sizes=[7, 3],
+        strides=[4, 2], padding=[2, 1],
+    )), [(32, 32), (40, 48), (24, 64), (63, 31)]),
+}
+
+
+@slow
+@pytest.mark.parametrize("family", list(SIDES_MODELS))
+def test_image_model_with_dynamic_sides(family):
+    factory, sides = SIDES_MODELS[family]
+    model = factory().eval()
+    generator = torch.Generator().manual_seed(0)
+    calls = [{"pixel_values": torch.randn(b, 3, h, w, generator=generator)} for b, (h, w) in zip((2, 3, 1, 4), sides)]
+    with pytest.warns(UserWarning, match="dynamic_shapes refined"):
+        _check(model, calls, dynamic_shapes={"pixel_values": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
 
 
 @slow
@@ -335,15 +425,28 @@ def test_siglip():
 # -- audio ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("padding_mask", [False, pytest.param(True, marks=slow)])
-def test_hubert(padding_mask):
+_FEATURE_EXTRACTOR = {
+    "conv_dim": (16, 16, 16), "conv_stride": (5, 2, 2), "conv_kernel": (10, 3, 3), "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 4,
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "padding_mask"), [("hubert", False), pytest.param("hubert", True, marks=slow),
+                                 pytest.param("data2vec_audio", False, marks=slow)],
+)
+def test_speech_encoder(family, padding_mask):
     """Samples from 60 on: the model's guards on its frame count exclude fewer (refined with a
     warning); torch's solver alone would take multiples of 20 only."""
-    model = transformers.HubertModel(tiny(
-        transformers.HubertConfig, **_TEXT, conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
-        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
-        **({"feat_extract_norm": "layer", "do_stable_layer_norm": True} if padding_mask else {}),
-    )).eval()
+    if family == "hubert":
+        model = transformers.HubertModel(tiny(
+            transformers.HubertConfig, **_TEXT, **_FEATURE_EXTRACTOR,
+            **({"feat_extract_norm": "layer", "do_stable_layer_norm": True} if padding_mask else {}),
+        )).eval()
+    else:  # a stack of small positional convolutions
+        model = transformers.Data2VecAudioModel(tiny(
+            transformers.Data2VecAudioConfig, **_TEXT, **{**_FEATURE_EXTRACTOR, "num_conv_pos_embeddings": 4},
+        )).eval()
     generator = torch.Generator().manual_seed(0)
     calls = []
     for batch, samples in [(2, 400), (3, 333), (1, 61), (4, 800)]:
