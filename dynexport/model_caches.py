@@ -165,7 +165,9 @@ def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[
     if any(type(layer) is not layer_type for layer in layers):
         raise TypeError(
             f"dynexport flattens a {name} of full-attention layers only ({layer_type.__name__}); this one "
-            f"holds {sorted({type(layer).__name__ for layer in layers})}"
+            f"holds {sorted({type(layer).__name__ for layer in layers})} (sliding-window, chunked or convolution "
+            "layers, whose state is not a tensor of past keys). Export the model without a cache: "
+            "use_cache=False, and no cache argument"
         )
     if any(not layer.is_initialized for layer in layers):
         raise ValueError(
