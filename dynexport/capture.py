@@ -47,6 +47,7 @@ from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
+from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
@@ -140,8 +141,14 @@ def capture(
     args: tuple,
     kwargs: dict,
     dynamic_shapes: Any,
+    *,
+    trace_layers_once: bool = False,
 ) -> tuple[torch.export.ExportedProgram, str]:
     """Capture ``module`` and return the program with the name of the strategy that worked.
+
+    ``trace_layers_once``: first try capturing a ``ModuleList`` of like layers by tracing two
+    of them and copying the last one for the others (dynexport/repeated_layers.py); whenever one
+    of its checks fails, the strategies below capture the model in full.
 
     Raises:
         CaptureError: no strategy captured the model soundly.
@@ -153,19 +160,15 @@ def capture(
         if isinstance(leaf, torch.Tensor)
         for size in leaf.shape
     )
+    if trace_layers_once:
+        captured = _captured_tracing_layers_once(module, args, kwargs, dynamic_shapes, oblivious)
+        if captured is not None:
+            return captured
     for name, strategy in STRATEGIES.items():
         if strategy is _draft and isinstance(reasons.get(_NON_STRICT), UncheckedGuards):
             continue  # draft_export traces as non-strict capture does: the same unchecked guards
         try:
-            with (
-                _size_oblivious(oblivious),
-                recurrent_ops_kept_whole(),
-                detection_code_capturable(),
-                grouped_attention_whole(),
-                _fake_quantize_meta_kernels(),
-                quantized_modules_as_float(module),
-                attributes_added_removed(module),
-            ):
+            with _capture_patches(module, oblivious):
                 program = strategy(module, args, kwargs, dynamic_shapes)
             check_guards_hold(program)
         except Exception as error:  # every strategy's failure is reported together
@@ -193,6 +196,42 @@ def capture(
             )
             return program, strategy
     raise _capture_error(reasons, oblivious) from next(iter(reasons.values()))
+
+
+@contextlib.contextmanager
+def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]:
+    """What every capture attempt runs under (each patch for the capture only)."""
+    with (
+        _size_oblivious(oblivious),
+        recurrent_ops_kept_whole(),
+        detection_code_capturable(),
+        grouped_attention_whole(),
+        _fake_quantize_meta_kernels(),
+        quantized_modules_as_float(module),
+        attributes_added_removed(module),
+    ):
+        yield
+
+
+def _captured_tracing_layers_once(
+    module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any, oblivious: bool
+) -> tuple[torch.export.ExportedProgram, str] | None:
+    """Non-strict capture with the later layers of ``module``'s lists of like layers stubbed and
+    then copied from a traced one; None when there are no such lists or any check (or the
+    capture itself) fails: the caller then captures the model in full."""
+    lists = repeated_layers(module)
+    if not lists:
+        return None
+    try:
+        with _capture_patches(module, oblivious), layers_traced_once(lists) as calls:
+            program = _non_strict(module, args, kwargs, dynamic_shapes)
+        program = replicated(program, calls)
+        check_guards_hold(program)
+    except Exception as error:  # every reason, the model's own included, is found again by the full capture
+        logging.getLogger(__name__).debug("layers captured in full: %s", error)
+        return None
+    warn_if_dims_pinned(program, module, args, kwargs)
+    return program, "; ".join([_NON_STRICT, *(repeated.describe() for repeated in lists)])
 
 
 def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> CaptureError:
