@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -60,8 +61,8 @@ class RepeatedLayers:
     ``first + 1`` are traced, the later ones copied from the last traced one."""
 
     path: str
-    layers: tuple[torch.nn.Module, ...]
-    first: int
+    layers: tuple[torch.nn.Module, ...] = dataclasses.field(repr=False)
+    first: int = 0
 
     @property
     def reference(self) -> int:
@@ -135,6 +136,8 @@ def _same_value(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, functools.partial):  # one per layer (Gemma's activation): equal when made alike
+        return _same_value((a.func, a.args, a.keywords), (b.func, b.args, b.keywords))
     try:
         return (a == b) is True
     except Exception:  # an __eq__ that does not answer with a bool: not provably the same
