@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dynexport
-from tests.equivalence import assert_exports_equivalent, op_histogram
+from tests.equivalence import assert_close, assert_exports_equivalent, op_histogram
 
 Dim = torch.export.Dim
 LAYERS = 8
@@ -202,3 +202,32 @@ def test_encoder():
     assert _traced_once(program) == "encoder.layer: 2 of 8 layers traced, 6 copied"
     full = dynexport.export(model, (), kwargs=text_inputs(2, 7), dynamic_shapes=dynamic_shapes, trace_layers_once=False)
     assert _graph_facts(program) == _graph_facts(full)
+
+
+def test_decoder_taking_and_returning_its_cache_object():
+    # The cache's tensors are the graph's inputs themselves (no per-layer code builds them).
+    torch.manual_seed(0)
+    model = _DECODERS["llama"]().eval()
+
+    def call(batch, past, seq):
+        generator = torch.Generator().manual_seed(batch * 100 + past * 10 + seq)
+        pairs = [tuple(torch.randn(batch, 2, past, 8, generator=generator) for _ in "kv") for _ in range(LAYERS)]
+        return {
+            "input_ids": torch.randint(1, VOCAB, (batch, seq), generator=generator),
+            "attention_mask": torch.ones(batch, past + seq, dtype=torch.int64),
+            "cache": transformers.DynamicCache(pairs),
+        }
+
+    batch, past = Dim("batch"), Dim("past", min=1, max=32)
+    slots = [{0: batch, 2: past}] * LAYERS
+    dynamic_shapes = {"input_ids": {0: batch, 1: Dim("seq", max=16)}, "attention_mask": {0: batch, 1: Dim.DYNAMIC},
+                      "cache": [slots, slots]}
+    program = dynexport.export(model, (), kwargs=call(2, 5, 3), dynamic_shapes=dynamic_shapes)
+    assert _traced_once(program) == "model.layers: 2 of 8 layers traced, 6 copied"
+    for sizes in [(2, 5, 3), (3, 9, 1)]:
+        with torch.no_grad():
+            expected = model(**call(*sizes))
+        actual = program(**call(*sizes))
+        assert_close(actual.logits, expected.logits, atol=1e-4, where=f"logits at {sizes}")
+        for index, (got, want) in enumerate(zip(actual.past_key_values.layers, expected.past_key_values.layers)):
+            assert_close((got.keys, got.values), (want.keys, want.values), atol=1e-4, where=f"layer {index} at {sizes}")
