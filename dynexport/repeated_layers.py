@@ -183,7 +183,10 @@ class LayerCalls:
     def traced_forward(self, position: int, forward: Any) -> Any:
         def traced(*args: Any, **kwargs: Any) -> Any:
             self._call(position)
+            containers = _containers(args, kwargs)
             output = forward(*args, **kwargs)
+            if position == self.repeated.reference and containers != _containers(args, kwargs):
+                raise NotReplicable(f"layer {position} changes a list or dict it is given (the stubs would not)")
             if position >= self.repeated.reference - 1:
                 self.hidden_outputs[position] = _hidden_state(output)
             if position == self.repeated.reference:
@@ -217,6 +220,17 @@ class LayerCalls:
         if not all(_same_argument(reference, value) for reference, value in pairs if reference is not reference_hidden):
             raise NotReplicable(f"layer {position} is called with other arguments than layer {self.repeated.reference}")
         return hidden[0]
+
+
+def _containers(args: tuple, kwargs: dict) -> list[tuple[int, list[int]]]:
+    """The lists and dicts among a call's arguments, by identity, with the identities of what
+    they hold: a layer that appends to one changes this."""
+    found = []
+    for value in [*args, *kwargs.values()]:
+        if isinstance(value, (list, dict)):
+            held = value.values() if isinstance(value, dict) else value
+            found.append((id(value), [id(item) for item in held]))
+    return found
 
 
 def _hidden_state(output: Any) -> torch.Tensor:
@@ -275,7 +289,7 @@ class _LayerIndex:
     """An int that records where it is used, unless by transformers' cache code (which selects
     the layer's slot with it). ``isinstance(index, int)`` holds, as for the int it stands for."""
 
-    __slots__ = ("_value", "_uses")
+    __slots__ = ("_uses", "_value")
 
     def __init__(self, value: int, uses: list[str]):
         self._value = value
@@ -389,7 +403,7 @@ class _Copier:
                 env.setdefault(node, node)
             with self.graph.inserting_before(stub):
                 for node in second:
-                    env[node] = self.graph.node_copy(node, lambda arg: env[arg])
+                    env[node] = self.graph.node_copy(node, env.__getitem__)
                     env[node].meta["nn_module_stack"] = self._relabelled(node.meta["nn_module_stack"], position)
             stub.replace_all_uses_with(env[hidden])
             self.graph.erase_node(stub)

@@ -40,7 +40,9 @@ def _layers_in_graph(program: dynexport.ONNXProgram, path: str) -> set[int]:
 
 
 class Block(torch.nn.Module):
-    def __init__(self, layer_idx: int, scale: float = 1.0, branch_at: int | None = None, pair: bool = False):
+    def __init__(
+        self, layer_idx: int, scale: float = 1.0, branch_at: int | None = None, pair: bool = False, log: bool = False
+    ):
         super().__init__()
         self.layer_idx = layer_idx
         self.norm = torch.nn.LayerNorm(16)
@@ -48,11 +50,14 @@ class Block(torch.nn.Module):
         self.scale = scale
         self.branch_at = branch_at
         self.pair = pair
+        self.log = log
 
-    def forward(self, hidden, gate, step=0):
+    def forward(self, hidden, gate, step=0, seen=None):
         out = hidden + self.scale * torch.tanh(self.linear(self.norm(hidden))) * gate + step
         if self.branch_at is not None and self.layer_idx == self.branch_at:
             out = out * 2
+        if self.log:
+            seen.append(out.mean())
         return (out, out.mean()) if self.pair else out
 
 
@@ -69,21 +74,21 @@ class Stack(torch.nn.Module):
     def forward(self, x):
         hidden = self.embed(x)
         gate = torch.sigmoid(x[..., :1])
-        outputs = []
+        outputs, seen = [], []
         for index, block in enumerate(self.blocks):
             if index == self.halve_at:
                 hidden = hidden * 0.5
-            hidden = block(hidden, gate, index) if self.steps else block(hidden, gate)
+            hidden = block(hidden, gate, index, seen) if self.steps else block(hidden, gate, seen=seen)
             if isinstance(hidden, tuple):
                 hidden = hidden[0] + hidden[1]
             outputs.append(hidden)
-        logits = self.head(hidden)
+        logits = self.head(hidden) + sum(seen, torch.zeros(()))
         return (logits, torch.stack(outputs)) if self.collect else logits
 
 
 def _stack(**options) -> Stack:
     torch.manual_seed(0)
-    block_options = {k: options.pop(k) for k in ("branch_at", "pair") if k in options}
+    block_options = {k: options.pop(k) for k in ("branch_at", "pair", "log") if k in options}
     scales = options.pop("scales", {})
     blocks = [Block(i, scale=scales.get(i, 1.0), **block_options) for i in range(LAYERS)]
     return Stack(blocks, **options).eval()
@@ -128,6 +133,7 @@ def test_a_first_layer_unlike_the_others_is_traced_with_the_next_two():
         pytest.param({"steps": True}, id="an-argument-that-differs-per-layer"),
         pytest.param({"halve_at": 5}, id="the-model-changes-the-hidden-state-between-layers"),
         pytest.param({"pair": True}, id="layers-returning-more-than-the-hidden-state"),
+        pytest.param({"log": True}, id="layers-appending-to-a-list-they-are-given"),
     ],
 )
 def test_layers_that_may_differ_are_captured_in_full(options):
@@ -148,8 +154,8 @@ def test_the_option_is_checked():
 
 transformers = pytest.importorskip("transformers")
 
-from tests.models.families import VOCAB, text_dims, text_inputs, tiny  # noqa: E402  (after the importorskip)
-from tests.models.test_transformers import _cached_inputs, _WithPlainCache  # noqa: E402
+from tests.models.families import VOCAB, text_dims, text_inputs, tiny  # after the importorskip
+from tests.models.test_transformers import _cached_inputs, _WithPlainCache
 
 _DECODERS = {
     "llama": lambda: transformers.LlamaForCausalLM(tiny(
