@@ -357,8 +357,9 @@ class _Copier:
         self.order = {node: index for index, node in enumerate(self.graph.nodes)}
         self.output = self.graph.output_node()
         self.signature = program.graph_signature
+        user_inputs = set(self.signature.user_inputs)
         self.user_inputs = {
-            node: index for index, node in enumerate(n for n in self.graph.nodes if n.name in self.signature.user_inputs)
+            node: index for index, node in enumerate(n for n in self.graph.nodes if n.name in user_inputs)
         }
         self.states = {**self.signature.inputs_to_parameters, **self.signature.inputs_to_buffers}
         self.placeholders = {node.name: node for node in self.graph.nodes if node.op == "placeholder"}
