@@ -9,6 +9,11 @@ cannot capture a module soundly and the module's code calls TorchScript, the mod
 :class:`~dynexport.errors.CaptureError` carries each strategy's reason, draft_export's problems
 one by one with their model line and fix.
 
+With ``trace_layers_once``, a module holding a ``ModuleList`` of like layers (a transformer's) is
+first captured non-strict with only two of them traced and the others copied in the graph
+(:mod:`dynexport.repeated_layers`); when any of that module's checks fails, the strategies above
+capture it in full.
+
 Dims declared dynamic stay dynamic even when the example size is 0 or 1: when an example holds
 such a size, capture runs with size-oblivious reasoning for backed sizes, so torch.export does not
 specialise a batch of 1. (Only then: size-oblivious reasoning turns some models' ``== 1`` checks
