@@ -224,10 +224,10 @@ def _captured_tracing_layers_once(
     """Non-strict capture with the later layers of ``module``'s lists of like layers stubbed and
     then copied from a traced one; None when there are no such lists or any check (or the
     capture itself) fails: the caller then captures the model in full."""
-    lists = repeated_layers(module)
-    if not lists:
-        return None
     try:
+        lists = repeated_layers(module)
+        if not lists:
+            return None
         with _capture_patches(module, oblivious), layers_traced_once(lists) as calls:
             program = _non_strict(module, args, kwargs, dynamic_shapes)
         program = replicated(program, calls)

@@ -18,8 +18,9 @@ Soundness: nothing is copied unless each of these holds, otherwise capture is re
   layer gets the arguments the last traced layer got (tensors and objects such as the cache by
   identity, other values by equality) except the hidden state, which must be what the layer
   before returned; it returns a copy of the hidden state shaped like the traced layer's output (a
-  tensor, or a tuple of it and Nones) and touches nothing else. ``layer_idx`` is read only by
-  transformers' cache code (any other use, say a branch on it, is recorded and stops the copying).
+  tensor, or a tuple of it and Nones) and touches nothing else, so the traced layer must change
+  no list or dict it is given either. ``layer_idx`` is read only by transformers' cache code (any
+  other use, say a branch on it, is recorded and stops the copying).
 - After capture (:func:`replicated`): the two traced layers' subgraphs are the same computation
   (op for op, attributes and shapes equal) up to their own parameters, the hidden state that
   links them and per-layer cache values, which are the same expression of cache inputs a constant
@@ -108,8 +109,8 @@ def _same_module(a: torch.nn.Module, b: torch.nn.Module) -> bool:
             same = value.keys() == other.keys() and all(_same_kind_of_tensor(value[k], other[k]) for k in value)
         elif name == "_modules":
             same = value.keys() == other.keys()  # the children themselves are compared by _same_layer
-        elif name == "layer_idx":
-            same = type(value) is int and type(other) is int
+        elif name == "layer_idx" and type(value) is int:
+            same = type(other) is int
         elif "hook" in name and isinstance(value, dict):  # keyed by handle ids, which differ
             same = _same_value(list(value.values()), list(other.values()))
         else:
@@ -145,12 +146,14 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def _indexed_by_position(layers: tuple[torch.nn.Module, ...]) -> bool:
-    """Every ``layer_idx`` in layer i is i plus one constant for all layers (none at all: no cache)."""
+    """Every int ``layer_idx`` in layer i is i plus one constant for all layers (none at all: no
+    cache; another value is an attribute like the others)."""
     offsets = set()
     for position, layer in enumerate(layers):
         for submodule in layer.modules():
-            if "layer_idx" in vars(submodule):
-                offsets.add(vars(submodule)["layer_idx"] - position)
+            index = vars(submodule).get("layer_idx")
+            if type(index) is int:
+                offsets.add(index - position)
     return len(offsets) <= 1
 
 
