@@ -85,7 +85,11 @@ def repeated_layers(module: torch.nn.Module) -> list[RepeatedLayers]:
         layers = tuple(child)
         if len({id(layer) for layer in layers}) != len(layers) or len(layers) < TRACED + MIN_COPIES:
             continue
-        if not all(_same_layer(layers[1], layer) for layer in layers[2:]) or not _indexed_by_position(layers):
+        if (
+            not all(_same_layer(layers[1], layer) for layer in layers[2:])
+            or not _indexed_by_position(layers)
+            or not _tensors_own_or_shared_by_all(layers)
+        ):
             continue
         first = 0 if _same_layer(layers[0], layers[1]) else 1
         if len(layers) - first - TRACED >= MIN_COPIES and "forward" not in vars(layers[0]) | vars(layers[1]):
@@ -155,6 +159,17 @@ def _indexed_by_position(layers: tuple[torch.nn.Module, ...]) -> bool:
             if type(index) is int:
                 offsets.add(index - position)
     return len(offsets) <= 1
+
+
+def _tensors_own_or_shared_by_all(layers: tuple[torch.nn.Module, ...]) -> bool:
+    """Each parameter and buffer belongs to one layer or to all (a copy reads a shared one as
+    the traced layer does, and its own layer's otherwise): none tied between some layers only."""
+    holders: dict[int, set[int]] = {}
+    for position, layer in enumerate(layers):
+        named = [*layer.named_parameters(remove_duplicate=False), *layer.named_buffers(remove_duplicate=False)]
+        for _, tensor in named:
+            holders.setdefault(id(tensor), set()).add(position)
+    return all(len(held) in (1, len(layers)) for held in holders.values())
 
 
 # -- capture ------------------------------------------------------------------------------

@@ -141,6 +141,22 @@ def test_layers_that_may_differ_are_captured_in_full(options):
     assert _traced_once(program) is None
 
 
+def test_weights_tied_between_some_layers_are_captured_in_full():
+    # torch.export lifts each name of a tied weight apart today, so a copy would read layer 5's
+    # name; the copies do not depend on that (were two traced layers' ties one input, every
+    # copy would read it).
+    model = _stack()
+    model.blocks[5].linear.weight = model.blocks[4].linear.weight
+    assert _traced_once(_export_stack(model)) is None
+
+
+def test_a_weight_shared_by_all_layers_is_read_by_every_copy():
+    model = _stack()
+    for block in model.blocks[1:]:
+        block.linear.weight = model.blocks[0].linear.weight
+    assert _traced_once(_export_stack(model)) == "blocks: 2 of 8 layers traced, 6 copied"
+
+
 def test_the_option_off_captures_every_layer():
     assert _traced_once(_export_stack(_stack(), trace_layers_once=False)) is None
 
