@@ -78,14 +78,26 @@ def attributes_added_removed(module: torch.nn.Module) -> Iterator[None]:
     capture's fake tensors, and the next attempt (another strategy, or a capture after a dim
     refinement) or eager call would read them as its cache. The added ones are removed here; the
     others are torch.export's to restore (putting back the original objects would bring back
-    what forward wrote into them, e.g. timm LeViT's ``attention_bias_cache`` dict)."""
-    saved = [(submodule, set(submodule.__dict__)) for submodule in module.modules()]
+    what forward wrote into them, e.g. timm LeViT's ``attention_bias_cache`` dict). Hooks that
+    forward registered are removed too: transformers installs its output-capturing hooks on first
+    use and marks the model with an attribute, which goes; hooks left behind would be installed
+    again by the next call, each layer's hidden state then returned twice."""
+    saved = [(submodule, set(submodule.__dict__), _hook_keys(submodule)) for submodule in module.modules()]
     try:
         yield
     finally:
-        for submodule, names in saved:
+        for submodule, names, hook_keys in saved:
             for name in submodule.__dict__.keys() - names:
                 del submodule.__dict__[name]
+            for name, keys in hook_keys.items():
+                hooks = submodule.__dict__[name]
+                for key in hooks.keys() - keys:
+                    del hooks[key]
+
+
+def _hook_keys(module: torch.nn.Module) -> dict[str, set]:
+    """The handles of each of ``module``'s hook registries (``_forward_hooks``, ...)."""
+    return {name: set(value) for name, value in vars(module).items() if "hooks" in name and isinstance(value, dict)}
 
 
 def shape_as_tensor(x: torch.Tensor) -> torch.Tensor:

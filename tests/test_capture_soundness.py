@@ -292,6 +292,36 @@ def test_containers_forward_fills_during_capture_are_left_as_they_were():
     torch.testing.assert_close(program(x), model(x))
 
 
+class RecordsOnFirstCall(torch.nn.Module):
+    # transformers' output capturing: hooks installed on the first call, once, marked by an
+    # attribute; each hook appends its layer's output to what the call returns.
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x):
+        if not getattr(self, "hooks_installed", False):
+            for layer in self.layers:
+                layer.register_forward_hook(lambda module, args, output: self.recorded.append(output))
+            self.hooks_installed = True
+        self.recorded = []
+        for layer in self.layers:
+            x = layer(x)
+        return x, *self.recorded
+
+
+def test_hooks_forward_registers_during_capture_are_removed():
+    # The marking attribute goes with the capture: the hooks must go too, or the next capture
+    # attempt and every eager call would install them again and return each output twice.
+    model = RecordsOnFirstCall()
+    program = dynexport.export(model, (torch.randn(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    assert len(program.model.graph.outputs) == 3
+    assert all(not layer._forward_hooks for layer in model.layers)
+    x = torch.randn(5, 4)
+    assert len(model(x)) == 3
+    torch.testing.assert_close(program(x), model(x))
+
+
 class AspectPreservingResize(torch.nn.Module):
     # torchvision's detection transform: scale by the smaller of two ratios of sizes. Non-strict
     # torch.export answers Python's ``min`` for the example (is the image wider than 2:1?) and
