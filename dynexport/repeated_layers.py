@@ -368,6 +368,8 @@ def _module_path(node: torch.fx.Node) -> str | None:
 
 
 class _Copier:
+    """Replaces the stubs of one list in a captured program by copies of its reference layer."""
+
     def __init__(self, program: torch.export.ExportedProgram, repeated: RepeatedLayers):
         self.program = program
         self.graph = program.graph
@@ -429,7 +431,9 @@ class _Copier:
             self.output.args = (self._with_outputs(outputs, env, steps * output_stride),)
             current = env[hidden]
 
-    def _classify(self, externals, previous_hidden):
+    def _classify(
+        self, externals: dict[torch.fx.Node, torch.fx.Node], previous_hidden: torch.fx.Node
+    ) -> tuple[dict[torch.fx.Node, str], list[torch.fx.Node], int]:
         """The reference layer's inputs from outside: its parameters and buffers (by the name
         under the layer), the per-layer cache values, and the shift between two layers' cache
         inputs; all others are read as they are by every copy."""
@@ -485,7 +489,10 @@ class _Copier:
             return False
         return self._same_expression((a.args, a.kwargs), (b.args, b.kwargs), offsets)
 
-    def _outputs(self, second, in_second, image, hidden) -> tuple[dict[int, torch.fx.Node], int]:
+    def _outputs(
+        self, second: list[torch.fx.Node], in_second: set[torch.fx.Node], image: dict[torch.fx.Node, torch.fx.Node],
+        hidden: torch.fx.Node,
+    ) -> tuple[dict[int, torch.fx.Node], int]:
         """The reference layer's values among the graph's user outputs, by position, and the
         distance between two layers' outputs."""
         positions = self._output_positions()
@@ -507,7 +514,10 @@ class _Copier:
             raise NotReplicable(f"the outputs of two layers lie {strides} apart")
         return outputs, next(iter(strides), 0)
 
-    def _slot_outputs(self, second, in_second, slots, outputs) -> dict[torch.fx.Node, int]:
+    def _slot_outputs(
+        self, second: list[torch.fx.Node], in_second: set[torch.fx.Node], slots: list[torch.fx.Node],
+        outputs: dict[int, torch.fx.Node],
+    ) -> dict[torch.fx.Node, int]:
         """Each cache value the reference layer reads, with the position of the one output that
         depends on it (its slot's update)."""
         depends: dict[torch.fx.Node, set[torch.fx.Node]] = {}
@@ -551,7 +561,9 @@ class _Copier:
             raise NotReplicable(f"layer {position}'s stub did not copy the hidden state of layer {position - 1}")
         return region[0]
 
-    def _with_outputs(self, outputs: dict[int, torch.fx.Node], env: dict, distance: int) -> tuple:
+    def _with_outputs(
+        self, outputs: dict[int, torch.fx.Node], env: dict[torch.fx.Node, torch.fx.Node], distance: int
+    ) -> tuple:
         values = list(self.output.args[0])
         for at, node in outputs.items():
             values[at + distance] = env[node]
@@ -577,7 +589,9 @@ class _Copier:
         }
 
 
-def _correspondence(first: list[torch.fx.Node], second: list[torch.fx.Node]):
+def _correspondence(
+    first: list[torch.fx.Node], second: list[torch.fx.Node]
+) -> tuple[dict[torch.fx.Node, torch.fx.Node], dict[torch.fx.Node, torch.fx.Node]]:
     """The node-for-node map from ``first`` to ``second``, two subgraphs that compute the same
     (same targets, literal arguments and value metadata, in the same order), and the map of
     the values they read from outside."""
