@@ -33,7 +33,7 @@ graph is fed by the names of its declared inputs (the builder's ``past_key_value
 ``.value``; the exporters' ``past_key_values_<i>_<0|1>``), and its logits at the prefill point
 are compared with dynexport's fp32 graph (the fp32 graphs agree up to float rounding). Then
 dynexport's export time by phase, the ratios to ``dynexport``, issue 18's targets against the builder, the peak resident
-memory of dynexport's export (in a child process, against the weights' bytes), and the int4
+memory of dynexport's export, fp32 and int4 (in child processes, against the weights' bytes), and the int4
 graphs' accuracy cost against the fp32 one (:func:`dynexport.quantize.accuracy_cost`: next-token
 top-1 agreement at every position of seeded prompts, max logit error); ``--accuracy-variants``
 adds the cost of other quantizations (asymmetric, block 128, int8) of the same program.
@@ -273,9 +273,10 @@ def _rss(field: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def child_export_memory(layers: int, opset: int) -> dict:
+def child_export_memory(layers: int, opset: int, graph: str = "dynexport") -> dict:
     """Resident bytes after the imports, after building the model, and at the peak of
-    ``dynexport.export`` (the peak reset once the model is built)."""
+    ``dynexport.export`` (the peak reset once the model is built); ``dynexport_int4``: the export
+    quantizes the weights as that graph's are (``quantize_weights=``, ``target="onnxruntime"``)."""
     gc.collect()
     imports = _rss("VmRSS")
     model = llama_135m(layers)
@@ -287,6 +288,7 @@ def child_export_memory(layers: int, opset: int) -> dict:
         dynexport.export(
             WithPlainCache(model), (), kwargs=cached_call(model.config, 2, 8, 4),
             dynamic_shapes=dynamic_shapes(layers), opset_version=opset,
+            **({"quantize_weights": QUANTIZED[graph], "target": "onnxruntime"} if graph in QUANTIZED else {}),
         )
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"imports": imports, "with_model": with_model, "peak": _rss("VmHWM") if reset else None,
@@ -397,10 +399,10 @@ def print_ratios(results: dict[str, dict], points: list[str]) -> None:
             print(f"  export: {a['export_s']:.1f} / {b['export_s']:.1f} s = {a['export_s'] / b['export_s']:.2f}x")
 
 
-def print_export_memory(memory: dict, builder_peaks: dict[str, int]) -> None:
+def print_export_memory(memory: dict, builder_peaks: dict[str, int], graph: str = "dynexport") -> None:
     mb = lambda n: f"{n / 1e6:.0f} MB"
     weights = memory["weights"]
-    print(f"\npeak resident memory of dynexport.export (child process), weights {mb(weights)}:")
+    print(f"\npeak resident memory of dynexport.export, {graph} (child process), weights {mb(weights)}:")
     print(f"  after the imports {mb(memory['imports'])}, with the model {mb(memory['with_model'])}")
     if memory["peak"] is None:
         print(f"  the peak cannot be reset here; the process's lifetime peak: {mb(memory['lifetime_peak'])}")
@@ -430,7 +432,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
-        measured = child_builder(*rest) if kind == "builder" else child_export_memory(int(rest[0]), int(rest[1]))
+        if kind == "builder":
+            measured = child_builder(*rest)
+        else:
+            measured = child_export_memory(int(rest[0]), int(rest[1]), *rest[2:])
         print(json.dumps(measured))
         return
     if args.quick:
@@ -482,6 +487,9 @@ def main() -> None:
         print_ratios(results, list(points))
         if float_program is not None:
             print_export_memory(_child("export_memory", str(args.layers), str(args.opset)), builder_peaks)
+        if "dynexport_int4" in results:
+            memory = _child("export_memory", str(args.layers), str(args.opset), "dynexport_int4")
+            print_export_memory(memory, {}, "dynexport_int4")
         prompt = cached_call(model.config, 2, 8, 32, seed=1)
         for name in QUANTIZED:
             if name in results:

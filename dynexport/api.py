@@ -262,6 +262,11 @@ def _capture_module(
     if options.dynamic_axes is not None or options.auto_dims:
         dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)
     input_names = signature.graph_input_names(options.input_names, slots)
+    if options.from_torchscript(model) and not torchscript.is_torchscript(model):
+        with timer.phase("torchscript"), exporting(), select_model_mode_for_export(model, options.training):
+            torchscript.check_trace_holds_at_other_sizes(
+                model, options.args, options.kwargs, dynamic_shapes, bound, requested_dims
+            )
     with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
         program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
             capture, module, args, kwargs, dynamic_shapes

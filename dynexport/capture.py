@@ -14,10 +14,11 @@ first captured non-strict with only two of them traced and the others copied in 
 (:mod:`dynexport.repeated_layers`); when any of that module's checks fails, the strategies above
 capture it in full.
 
-Dims declared dynamic stay dynamic even when the example size is 0 or 1: when an example holds
-such a size, capture runs with size-oblivious reasoning for backed sizes, so torch.export does not
-specialise a batch of 1. (Only then: size-oblivious reasoning turns some models' ``== 1`` checks
-into guards that would otherwise not exist.)
+Dims declared dynamic stay dynamic even when the example size is 0 or 1: when a dim declared
+dynamic has such an example size, capture runs with size-oblivious reasoning for backed sizes, so
+torch.export does not specialise a batch of 1. (Only then: size-oblivious reasoning turns some
+models' ``== 1`` checks into guards that would otherwise not exist; a static dim of size 1 does
+not turn it on.)
 
 Tracing is not thread-safe in torch: torch.export, make_fx and Dynamo share process-wide state
 (the FX tracing flag, Dynamo's config and caches). :func:`exclusive_tracing` serializes every
@@ -46,6 +47,7 @@ from torch.export._draft_export import FailureType
 from dynexport import torchscript
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
+from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError
 from dynexport.grouped_attention import grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
@@ -54,6 +56,7 @@ from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
 from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
+from dynexport.signature import bind_arguments
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
 
@@ -160,12 +163,7 @@ def capture(
         CaptureError: no strategy captured the model soundly.
     """
     reasons: dict[str, BaseException] = {}
-    oblivious = dynamic_shapes is not None and any(
-        size in (0, 1)
-        for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
-        if isinstance(leaf, torch.Tensor)
-        for size in leaf.shape
-    )
+    oblivious = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
     if trace_layers_once:
         captured = _captured_tracing_layers_once(module, args, kwargs, dynamic_shapes, oblivious)
         if captured is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,7 +30,16 @@ from dynexport.signature import (
     output_values,
 )
 
-__all__ = ["declared_minimums", "dynamic_shapes_from_axes", "dynamic_shapes_from_examples", "graph_dims", "named_dims"]
+__all__ = [
+    "declared_dims",
+    "declared_minimums",
+    "dynamic_dims_sized_0_or_1",
+    "dynamic_shapes_from_axes",
+    "dynamic_shapes_from_examples",
+    "graph_dims",
+    "is_dynamic",
+    "named_dims",
+]
 
 
 def graph_dims(
@@ -135,46 +144,72 @@ def _axis_names(key: str, axes: Any) -> dict[int, str | None]:
     raise TypeError(f"dynamic_axes[{key!r}] must be a dict {{axis: name}} or a list of axes, got {axes!r}")
 
 
-def _dim_spec_names(spec: Any, value: Any, path: str, out: dict[tuple[str, int], str]) -> None:
-    """Collect named Dims from a dynamic_shapes spec walked alongside the inputs."""
+def _declared_dims(spec: Any, value: Any, path: str) -> Iterator[tuple[str, int, Any, torch.Tensor]]:
+    """``(flat input path, axis, dim, input tensor)`` for every axis a dynamic_shapes spec, walked
+    alongside the inputs, declares (as a ``Dim``, a hint such as ``Dim.AUTO``, or an int)."""
     if isinstance(value, torch.Tensor):
         items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
         for axis, dim in items:
-            if dim is not None and not (isinstance(axis, int) and -value.dim() <= axis < value.dim()):
+            if dim is None:
+                continue
+            if not (isinstance(axis, int) and -value.dim() <= axis < value.dim()):
                 raise ValueError(
                     f"dynamic_shapes names axis {axis!r} of input {path!r}, which has rank {value.dim()} "
                     f"(axes 0..{value.dim() - 1})"
                 )
-            name = getattr(dim, "__name__", None)
-            if name and isinstance(dim, Dim):
-                out[(path, int(axis))] = name
+            yield path, int(axis), dim, value
         return
     if spec is None:
         return
     if isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)):
         for i, (v, s) in enumerate(zip(value, spec)):
-            _dim_spec_names(s, v, f"{path}_{i}", out)
+            yield from _declared_dims(s, v, f"{path}_{i}")
     elif isinstance(value, Mapping) and isinstance(spec, Mapping):
         for k, v in value.items():
-            _dim_spec_names(spec.get(k), v, f"{path}_{k}", out)
+            yield from _declared_dims(spec.get(k), v, f"{path}_{k}")
     elif type(value) in pytree.SUPPORTED_NODES and isinstance(spec, (list, tuple)):  # a cache object
         children, _ = pytree.SUPPORTED_NODES[type(value)].flatten_with_keys_fn(value)
         for (key, v), s in zip(children, spec):
-            _dim_spec_names(s, v, f"{path}_{getattr(key, 'key', getattr(key, 'idx', key))}", out)
+            yield from _declared_dims(s, v, f"{path}_{getattr(key, 'key', getattr(key, 'idx', key))}")
+
+
+def declared_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> Iterator[tuple[str, int, Any, torch.Tensor]]:
+    """``(flat input path, axis, dim, input tensor)`` for every axis ``dynamic_shapes`` declares
+    (a ``Dim``, a hint such as ``Dim.AUTO``, or an int), over the arguments ``bound``;
+    ``dynamic_shapes`` is keyed by parameter (a ``*t`` parameter's entries as one tuple, as
+    torch.export reads it) or positional."""
+    if dynamic_shapes is None:
+        return
+    if isinstance(dynamic_shapes, Mapping):
+        per_param = dict(dynamic_shapes)
+        for name, specs in dynamic_shapes.items():
+            if isinstance(specs, tuple) and f"{name}_0" in bound and name not in bound:
+                per_param.update({f"{name}_{i}": spec for i, spec in enumerate(specs)})
+    else:
+        per_param = dict(zip(bound, dynamic_shapes))
+    for name, value in bound.items():
+        yield from _declared_dims(per_param.get(name), value, name)
 
 
 def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, int], str]:
     """(flat input path, axis) -> dim name, for every ``Dim("name")`` in ``dynamic_shapes``."""
-    if dynamic_shapes is None:
-        return {}
-    if isinstance(dynamic_shapes, Mapping):
-        per_param = dynamic_shapes
-    else:
-        per_param = dict(zip(bound, dynamic_shapes))
-    out: dict[tuple[str, int], str] = {}
-    for name, value in bound.items():
-        _dim_spec_names(per_param.get(name), value, name, out)
-    return out
+    return {
+        (path, axis): dim.__name__
+        for path, axis, dim, _ in declared_dims(dynamic_shapes, bound)
+        if isinstance(dim, Dim) and getattr(dim, "__name__", None)
+    }
+
+
+def dynamic_dims_sized_0_or_1(dynamic_shapes: Any, bound: dict[str, Any]) -> bool:
+    """Whether an axis declared dynamic (not an int, not ``Dim.STATIC``) has example size 0 or 1."""
+    return any(
+        tensor.shape[axis] in (0, 1) and is_dynamic(dim) for _, axis, dim, tensor in declared_dims(dynamic_shapes, bound)
+    )
+
+
+def is_dynamic(dim: Any) -> bool:
+    """Whether a dynamic_shapes entry declares its axis dynamic (not an int, not ``Dim.STATIC``)."""
+    return not isinstance(dim, int) and dim is not Dim.STATIC
 
 
 def declared_minimums(dynamic_shapes: Any) -> dict[str, int]:

@@ -7,6 +7,8 @@ spec with a constraint violation that lists suggested fixes. Capture applies tho
 derived dims, equalities) with ``torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes``
 and tries again, a bounded number of times since one fix can reveal the next, and says what
 changed: one warning per dim, the export report, and the ONNX metadata (``DIM_REFINEMENTS_KEY``).
+Where torch's solver asks for a multiple (``samples = 20*_samples``) only because it cannot bound a
+guard that excludes small sizes, the minimum that guard is proven to need is applied instead.
 
 A fix that makes a declared-dynamic dim static is never applied: the ONNX model would silently
 accept one size only. :class:`~dynexport.errors.DimSpecializedError` names the dim and the model
@@ -23,6 +25,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import sysconfig
@@ -129,6 +132,14 @@ def capture_refining_dims(
             if static:
                 line = _specializing_line(set(static.values()), capture, module, args, kwargs, dynamic_shapes)
                 raise DimSpecializedError(static, line, error.reasons) from error
+            minimums = _proven_minimums(error, dynamic_shapes, fixes)
+            if minimums:
+                # torch's solver asks for a multiple (``samples = 20*_samples``) where a guard
+                # only excludes small sizes it cannot bound (HuBERT's ``(samples // 20 - 1)**2 >
+                # 1``): every size from the proven minimum on is kept.
+                dynamic_shapes = _hinted(dynamic_shapes, minimums, hinted)
+                refinements += _warned([DimRefinement(name, f"min={low}") for name, (low, _) in minimums.items()])
+                continue
             try:
                 dynamic_shapes = _refined(message, dynamic_shapes)
             except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
@@ -299,6 +310,107 @@ def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[
         if minimum is not None:
             checked[name] = (minimum, upper)
     return checked
+
+
+# A fix that makes a dim a multiple of a root: ``samples = 20*_samples``.
+_MULTIPLE = re.compile(r"\d+\*_\w+")
+
+
+def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, str]) -> dict[str, tuple[int, Any]]:
+    """``{dim name: (min, max)}`` when every fix asks for a multiple and every guard torch names
+    for those dims is proven (:func:`_proven_minimum`) to hold at every size from ``min`` to the
+    dim's declared ``max``; else empty."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    if not fixes or not all(_MULTIPLE.fullmatch(fix) for fix in fixes.values()):
+        return {}
+    violations = [
+        reason.msg
+        for reason in error.reasons.values()
+        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
+    ]
+    declared = _get_dim_name_mapping(dynamic_shapes)
+    guards = _unsatisfied_guards(violations[0], declared) if violations else {}
+    minimums = {}
+    for name in fixes:
+        minimum = _proven_minimum(guards.get(name, []), int(declared[name].min))
+        if minimum is None:
+            return {}
+        minimums[name] = (minimum, declared[name].max)
+    return minimums
+
+
+def _proven_minimum(conditions: list[tuple[str, str]], lower: int) -> int | None:
+    """The smallest size ``m >= lower`` from which every ``(source, guard)`` holds at every larger
+    size, proven rather than tried: a guard of one size ``n`` through ``n // d`` and ``n % d`` is,
+    for each residue ``r`` of ``n`` modulo the divisors' lcm ``k``, a guard of ``q`` in
+    ``n = k*q + r`` without them, whose set of solutions sympy finds. None when a guard reads
+    another size or is not proven to hold from some size on."""
+    minimum = lower
+    for source, guard in conditions:
+        for clause in guard.replace("IntInfinity()", "oo").split(" and "):
+            if "L[" in clause.replace(source, ""):
+                return None
+            clause_minimum = _proven_clause_minimum(clause.replace(source, "n"))
+            if clause_minimum is None:
+                return None
+            minimum = max(minimum, clause_minimum)
+    return minimum if conditions else None
+
+
+def _proven_clause_minimum(clause: str) -> int | None:
+    from sympy.parsing.sympy_parser import parse_expr
+
+    n = sympy.Symbol("n", integer=True, nonnegative=True)
+    q = sympy.Symbol("q", integer=True, nonnegative=True)
+    try:
+        relation = parse_expr(clause, local_dict={"n": n}, evaluate=False).doit()
+        if relation in (sympy.true, sympy.false):
+            return 0 if relation == sympy.true else None
+        divisors = [
+            sympy.fraction(sympy.together(term.args[0] if isinstance(term, sympy.floor) else term.args[0] / term.args[1]))[1]
+            for term in relation.atoms(sympy.floor, sympy.Mod)
+        ]
+        if not all(d.is_Integer and d > 0 for d in divisors):
+            return None
+        period = math.lcm(*(int(d) for d in divisors))
+        if period > _GUARD_SEARCH_LIMIT:
+            return None
+        largest_failing = -1
+        for residue in range(period):
+            failing = _failing_quotients(relation.subs(n, period * q + residue), q)
+            if failing is None:
+                return None
+            if failing >= 0:
+                largest_failing = max(largest_failing, period * failing + residue)
+        return largest_failing + 1
+    except Exception:  # a guard sympy cannot read or solve is not proven
+        return None
+
+
+def _failing_quotients(relation: Any, q: sympy.Symbol) -> int | None:
+    """The largest ``q >= 0`` at which ``relation`` fails (-1: none), or None when it fails at
+    arbitrarily large ``q`` or cannot be solved."""
+    relation = sympy.simplify(relation)
+    if relation == sympy.true:
+        return -1
+    if relation == sympy.false or q not in relation.free_symbols or any(
+        isinstance(atom, (sympy.floor, sympy.Mod)) for atom in relation.atoms(sympy.floor, sympy.Mod)
+    ):
+        return None
+    if isinstance(relation, sympy.Ne):
+        holding = sympy.S.Reals - sympy.solveset(relation.lhs - relation.rhs, q, sympy.S.Reals)
+    elif isinstance(relation, sympy.Eq):
+        return None
+    else:
+        holding = sympy.solve_univariate_inequality(relation, q, relational=False)
+    failing = sympy.Interval(0, sympy.oo) - holding
+    if failing.is_empty:
+        return -1
+    top = failing.sup
+    if not top.is_finite:
+        return None
+    return int(sympy.floor(top)) if top in failing else int(sympy.ceiling(top)) - 1
 
 
 def _hinted(dynamic_shapes: Any, bounds: dict[str, tuple[int, int]], hinted: dict[int, Any]) -> Any:

@@ -80,6 +80,29 @@ class DimSpecializedError(CaptureError):
         )
 
 
+class TracedSizesError(CaptureError):
+    """``dynamo=False``: torch.jit.trace records another graph when the dims ``dims``, declared
+    dynamic, have other sizes (``sizes``): the traced graph holds the example's; ``source`` is the
+    model line where the two traces part (None when the trace does not say)."""
+
+    def __init__(self, dims: list[str], sizes: str, difference: str, source: str | None):
+        self.reasons = {}
+        self.dims = dims
+        self.source = source
+        hint = (
+            "dynamo=False traces the model, and a trace holds the example's sizes: a Python loop over "
+            "a size unrolls, a branch on a size keeps the example's side, a size read as a number "
+            "becomes a constant, so the graph would be wrong at other sizes. Export with dynamo=True "
+            "(the default), which keeps sizes symbolic or names the line that fixes them; or script "
+            "that code with torch.jit.script; or declare these dims static."
+        )
+        headline = (
+            f"dynamo=False: torch.jit.trace records another graph when {', '.join(dims)} "
+            f"{'is' if len(dims) == 1 else 'are'} {sizes}: {difference}"
+        )
+        ExportError.__init__(self, _located(headline, source, hint))
+
+
 def _model_call(message: list[str]) -> str | None:
     """The model's line that torch says raised a capture error (``File "m.py", line 4, in
     forward: code``), from the lines torch puts under "The following call raised this error"."""

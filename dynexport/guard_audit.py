@@ -161,7 +161,17 @@ def _fixes_a_size(condition: sympy.Basic) -> bool:
     out: torch asks those about strides and contiguity (``Eq(Max(1, h), h)``, ``Ne(h*w, 6144)``),
     which decide memory layout, not values; and torch's solver checks the rest over the declared
     ranges itself (integer guards such as ``h % 2 == 0`` it refuses or refines)."""
-    return _size_or_branch(condition) and (isinstance(condition, sympy.And) or condition.has(*_UNSOLVED_FUNCTIONS))
+    return _size_or_branch(condition) and (
+        isinstance(condition, sympy.And) or condition.has(*_UNSOLVED_FUNCTIONS) or _divisibility(condition)
+    )
+
+
+def _divisibility(condition: sympy.Basic) -> bool:
+    """Whether ``condition`` says a size divides another (``Eq(Mod(w // 4, 2), 0)``). torch's
+    solver leaves such a guard on the root of a derived dim unchecked (``w = 4*_w`` where the
+    model pads ``w // 4`` to even in Python: FocalNet's downsampling) and only the
+    ExportedProgram's module checks it at run time, which an ONNX graph cannot."""
+    return isinstance(condition, sympy.Eq) and condition.has(_functions.Mod, _functions.PythonMod, sympy.Mod)
 
 
 def _asked_by_the_model(guard: Any) -> bool:

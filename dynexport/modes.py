@@ -69,6 +69,13 @@ def select_model_mode_for_export(model: torch.nn.Module, mode: TrainingMode) -> 
             module.training = training
 
 
+# nn.Module's dicts of forward hooks, keyed by the id of each registration.
+_FORWARD_HOOKS = (
+    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+
+
 @contextlib.contextmanager
 def attributes_added_removed(module: torch.nn.Module) -> Iterator[None]:
     """Within the block (one capture attempt), leave every submodule of ``module`` with the
@@ -78,26 +85,24 @@ def attributes_added_removed(module: torch.nn.Module) -> Iterator[None]:
     capture's fake tensors, and the next attempt (another strategy, or a capture after a dim
     refinement) or eager call would read them as its cache. The added ones are removed here; the
     others are torch.export's to restore (putting back the original objects would bring back
-    what forward wrote into them, e.g. timm LeViT's ``attention_bias_cache`` dict). Hooks that
-    forward registered are removed too: transformers installs its output-capturing hooks on first
-    use and marks the model with an attribute, which goes; hooks left behind would be installed
-    again by the next call, each layer's hidden state then returned twice."""
-    saved = [(submodule, set(submodule.__dict__), _hook_keys(submodule)) for submodule in module.modules()]
+    what forward wrote into them, e.g. timm LeViT's ``attention_bias_cache`` dict). Forward hooks
+    forward registered are removed too, which torch.export leaves: transformers installs its
+    output-recording hooks on the first call and marks the model with an attribute; without
+    the mark, the next call would install them again and record every hidden state twice."""
+    saved = [
+        (submodule, set(submodule.__dict__), {hooks: set(getattr(submodule, hooks)) for hooks in _FORWARD_HOOKS})
+        for submodule in module.modules()
+    ]
     try:
         yield
     finally:
-        for submodule, names, hook_keys in saved:
+        for submodule, names, hook_ids in saved:
             for name in submodule.__dict__.keys() - names:
                 del submodule.__dict__[name]
-            for name, keys in hook_keys.items():
-                hooks = submodule.__dict__[name]
-                for key in hooks.keys() - keys:
-                    del hooks[key]
-
-
-def _hook_keys(module: torch.nn.Module) -> dict[str, set]:
-    """The handles of each of ``module``'s hook registries (``_forward_hooks``, ...)."""
-    return {name: set(value) for name, value in vars(module).items() if "hooks" in name and isinstance(value, dict)}
+            for hooks, ids in hook_ids.items():
+                registered = getattr(submodule, hooks)
+                for hook_id in registered.keys() - ids:
+                    del registered[hook_id]
 
 
 def shape_as_tensor(x: torch.Tensor) -> torch.Tensor:

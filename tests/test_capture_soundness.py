@@ -292,34 +292,57 @@ def test_containers_forward_fills_during_capture_are_left_as_they_were():
     torch.testing.assert_close(program(x), model(x))
 
 
-class RecordsOnFirstCall(torch.nn.Module):
-    # transformers' output capturing: hooks installed on the first call, once, marked by an
-    # attribute; each hook appends its layer's output to what the call returns.
+_RECORDED: list[list[torch.Tensor]] = []
+
+
+class RecordsEveryLayer(torch.nn.Module):
+    # transformers' output recording (Segformer's decode head reads every stage's output): forward
+    # hooks registered on the first call, which then marks the model as hooked.
     def __init__(self):
         super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
 
     def forward(self, x):
-        if not getattr(self, "hooks_installed", False):
+        if not getattr(self, "hooked", False):
             for layer in self.layers:
-                layer.register_forward_hook(lambda module, args, output: self.recorded.append(output))
-            self.hooks_installed = True
-        self.recorded = []
+                layer.register_forward_hook(lambda module, args, output: _RECORDED[-1].append(output))
+            self.hooked = True
+        _RECORDED.append([])
         for layer in self.layers:
             x = layer(x)
-        return x, *self.recorded
+        return torch.cat(_RECORDED.pop(), dim=-1)
 
 
-def test_hooks_forward_registers_during_capture_are_removed():
-    # The marking attribute goes with the capture: the hooks must go too, or the next capture
-    # attempt and every eager call would install them again and return each output twice.
-    model = RecordsOnFirstCall()
+def test_hooks_forward_registers_during_capture_are_removed_with_the_mark():
+    model = RecordsEveryLayer().eval()
     program = dynexport.export(model, (torch.randn(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch")},))
-    assert len(program.model.graph.outputs) == 3
-    assert all(not layer._forward_hooks for layer in model.layers)
+    assert not any(layer._forward_hooks for layer in model.layers)
     x = torch.randn(5, 4)
-    assert len(model(x)) == 3
-    torch.testing.assert_close(program(x), model(x))
+    with torch.no_grad():
+        expected = model(x)  # each layer recorded once: the hooks and the mark come back together
+    torch.testing.assert_close(program(x), expected)
+
+
+class PadsToEven(torch.nn.Module):
+    # FocalNet's downsampling patch embedding: every fourth column, padded to an even count in
+    # Python, then pairs of columns merged.
+    def forward(self, x):
+        x = x[..., ::4]
+        if x.shape[-1] % 2 != 0:
+            x = torch.nn.functional.pad(x, (0, 1))
+        return x.reshape(x.shape[0], -1, 2).sum(-1)
+
+
+def test_divisibility_guard_on_the_root_of_a_derived_dim_is_checked():
+    # torch.export takes width = 4*_w without checking the model's _w % 2 == 0 (only its
+    # ExportedProgram's module checks it at run time): the graph would be wrong at width 36.
+    x = torch.randn(2, 32)
+    with pytest.raises(CaptureError, match=r"% 2\) == 0` \(File .*if x.shape\[-1\] % 2 != 0"):
+        dynexport.export(PadsToEven(), (x,), dynamic_shapes=({1: 4 * torch.export.Dim("_w", min=4)},))
+    with pytest.warns(UserWarning, match=r"width = 8\*_w"):  # torch's own fix for a plain Dim
+        assert_exports_equivalent(
+            PadsToEven(), (x,), dynamic_shapes=({1: torch.export.Dim("width")},), resized=[(torch.randn(2, 48),)]
+        )
 
 
 class AspectPreservingResize(torch.nn.Module):

@@ -103,6 +103,27 @@ def test_skip_connection_makes_sizes_multiples_of_two():
     assert _input_dims(program)["x"] == ["batch", "3", "2*_h", "2*_w"]
 
 
+class _FrameCount(torch.nn.Module):
+    # HuBERT's feature extractor (strides 5, 2, 2) leaves samples // 20 - 1 frames, and a guard
+    # on their square: torch's solver suggests samples = 20*_samples.
+    def forward(self, x):
+        frames = x.shape[1] // 20 - 1
+        return x * 2 if frames * frames > 1 else x
+
+
+def test_a_guard_torch_bounds_by_a_multiple_gives_the_proven_minimum_instead():
+    x = torch.randn(2, 400)
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: samples: min=60 \(from the model\)"):
+        program = assert_exports_equivalent(
+            _FrameCount(), (x,), dynamic_shapes=({1: Dim("samples")},),
+            resized=[(torch.randn(2, 333),), (torch.randn(2, 60),), (torch.randn(2, 4321),)],
+        )
+    assert _refinements(program) == {"samples": "min=60"}
+    assert _input_dims(program)["x"] == ["2", "samples"]
+    with pytest.raises(ValueError, match="59"):
+        program(torch.randn(2, 59))
+
+
 def _shifted_sum(x, y):
     return x + y[1:]
 
@@ -185,6 +206,14 @@ def test_dim_a_size_test_fixes_at_an_example_of_one_is_refused():
     with pytest.raises(DimSpecializedError, match=r"batch = 1[\s\S]*example size of 2 or more") as error:
         dynexport.export(_SingleRowBranch(), (torch.randn(1, 4),), dynamic_shapes=({0: Dim("batch")},))
     assert "x.shape[0] == 1" in error.value.source
+
+
+def test_static_dim_of_one_does_not_blame_the_example_size():
+    # A static size-1 dim is no reason for the "example size of 2 or more" hint, nor for
+    # size-oblivious capture.
+    with pytest.raises(DimSpecializedError, match=r"batch = 3") as error:
+        dynexport.export(_FixedRows(), (torch.randn(3, 4, 1),), dynamic_shapes=({0: Dim("batch")},))
+    assert "example size of 2 or more" not in str(error.value)
 
 
 def test_static_dim_opted_in_with_auto():

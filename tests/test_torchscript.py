@@ -12,7 +12,7 @@ from torch.export import Dim
 
 import dynexport
 from dynexport import torchscript
-from dynexport.errors import TorchScriptConversionError
+from dynexport.errors import TorchScriptConversionError, TracedSizesError
 from tests.equivalence import assert_close, assert_exports_equivalent, op_histogram
 from tests.seed_models import LoopModel2, loop
 
@@ -855,3 +855,60 @@ def test_python_numbers_of_a_traced_model_promote_as_numbers():
     actual, expected = program(x), model(x)
     assert [a.dtype for a in actual] == [torch.float32, torch.float16, torch.float64] == [e.dtype for e in expected]
     assert_close(actual, expected)
+
+
+class PerImage(torch.nn.Module):
+    """A Python loop over the batch, as ultralytics' NMSModel writes it: traced, it unrolls."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        rows = []
+        for i in range(x.shape[0]):
+            rows.append(self.linear(x[i]) * 2)
+        return torch.stack(rows)
+
+
+class SizeAsNumber(torch.nn.Module):
+    def forward(self, x):
+        n = int(x.shape[1])
+        return x / n
+
+
+def test_a_trace_unrolled_over_a_dynamic_dim_is_refused():
+    with pytest.raises(TracedSizesError, match="when batch is 4 instead of 2") as error:
+        dynexport.export(PerImage(), (torch.randn(2, 4),), dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    assert error.value.dims == ["batch"]
+    assert "rows.append(self.linear(x[i]) * 2)" in error.value.source
+    assert "36 operations, 20 in the example's trace" in str(error.value)
+    # Static, the unrolled trace is right.
+    assert_exports_equivalent(PerImage(), (torch.randn(2, 4),), dynamo=False)
+
+
+def test_a_size_read_as_a_number_by_a_trace_is_refused_when_declared_dynamic():
+    with pytest.raises(TracedSizesError, match=r"when n is 10 instead of 5: the constant 10 where the example's trace has 5"):
+        dynexport.export(SizeAsNumber(), (torch.randn(2, 5),), dynamo=False, dynamic_shapes=({1: Dim("n")},))
+    # Only the dim it reads matters: the batch may be dynamic.
+    assert_exports_equivalent(
+        SizeAsNumber(), (torch.randn(2, 5),), dynamo=False, dynamic_shapes=({0: Dim("batch")},),
+        resized=[(torch.randn(7, 5),)],
+    )
+
+
+class TiedLengths(torch.nn.Module):
+    """Two inputs whose lengths the model ties (``x`` twice ``y``'s): neither grows alone."""
+
+    def forward(self, x, y):
+        return x + y.repeat(1, 2)
+
+
+def test_dims_that_do_not_grow_alone_are_left_unchecked():
+    # Their retraces fail (eager raises on the mismatched lengths); the batch, shared by both
+    # inputs, is still retraced, and the export goes on.
+    assert_exports_equivalent(
+        TiedLengths(), (torch.randn(2, 6), torch.randn(2, 3)), dynamo=False,
+        input_names=["x", "y"], dynamic_axes={"x": {0: "batch", 1: "long"}, "y": {0: "batch", 1: "short"}},
+        resized=[(torch.randn(3, 10), torch.randn(3, 5))],
+    )

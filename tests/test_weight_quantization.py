@@ -30,6 +30,8 @@ from dynexport.quantize import (
     round_to_nearest,
     seeded_calls,
 )
+from dynexport.quantize import graph as quantize_graph_module
+from dynexport.quantize import weights as quantize_weights_module
 from tests.equivalence import assert_close, op_histogram
 from tests.models.families import DECODER_COMMON, text_inputs, tiny
 
@@ -413,6 +415,118 @@ def test_round_to_nearest_is_within_a_step(bits, symmetric):
     assert (quantized.dequantize()[3, :16] == 0).all()
 
 
+def _reference_round_to_nearest(weight: np.ndarray, bits: int, block_size: int, symmetric: bool):
+    """docs/llm.md's round to nearest, one block at a time in float32: codes ``[N, K]`` (signed
+    when symmetric), scales and zero points ``[N, blocks]``."""
+    n, k = weight.shape
+    blocks = -(-k // block_size)
+    codes = np.zeros((n, k), np.int64)
+    scales = np.zeros((n, blocks), np.float32)
+    zero_points = np.zeros((n, blocks), np.int64)
+    for row in range(n):
+        for block in range(blocks):
+            columns = slice(block * block_size, (block + 1) * block_size)
+            values = weight[row, columns]
+            if symmetric:
+                largest = 2 ** (bits - 1) - 1
+                smallest, scale, zero_point = -largest - 1, np.abs(values).max() / np.float32(largest), 0
+            else:
+                largest, smallest = 2**bits - 1, 0
+                low, high = min(values.min(), np.float32(0)), max(values.max(), np.float32(0))
+                scale = (high - low) / np.float32(largest)
+            divisor = scale if scale != 0 else np.float32(1)
+            if not symmetric:
+                zero_point = int(np.clip(np.rint(-low / divisor), 0, largest))
+            codes[row, columns] = np.clip(np.rint(values / divisor) + zero_point, smallest, largest)
+            scales[row, block], zero_points[row, block] = scale, zero_point
+    return codes, scales, None if symmetric else zero_points
+
+
+def _reference_packed(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned codes as bytes along the last axis: two 4-bit codes a byte, low bits first (an
+    odd last one with 0 above it)."""
+    if bits == 8:
+        return codes.astype(np.uint8)
+    packed = np.zeros((*codes.shape[:-1], -(-codes.shape[-1] // 2)), np.uint8)
+    for index in np.ndindex(codes.shape):
+        packed[(*index[:-1], index[-1] // 2)] |= int(codes[index]) << (4 * (index[-1] % 2))
+    return packed
+
+
+def _reference_stored(weight: np.ndarray, bits: int, block_size: int, symmetric: bool, form: str) -> list:
+    """The initializers a form stores for ``weight`` ``[N, K]``, from the reference codes."""
+    codes, scales, zero_points = _reference_round_to_nearest(weight, bits, block_size, symmetric)
+    if form == "dq":  # DequantizeLinear of [K, N] (a MatMul's weight), blocked along K
+        return [codes.T, scales.T] + ([] if symmetric else [zero_points.T])
+    if form == "table_dq":  # of [N, K] (a Gather's table)
+        return [codes, scales] + ([] if symmetric else [zero_points])
+    offset = 2 ** (bits - 1) if symmetric else 0  # onnxruntime's forms store unsigned codes
+    n, k = codes.shape
+    blocks = scales.shape[1]
+    if form == "gbq":  # GatherBlockQuantized's table [N, K * bits / 8], scales [N, blocks]
+        stored = [_reference_packed(codes + offset, bits), scales]
+    else:  # MatMulNBits' [N, blocks, block_size * bits / 8], K padded with the zero point
+        padding = np.full((n, blocks * block_size - k), offset) if symmetric else np.repeat(
+            zero_points[:, -1:], blocks * block_size - k, axis=1)
+        padded = np.concatenate([codes + offset, padding], axis=1).reshape(n, blocks, block_size)
+        stored = [_reference_packed(padded, bits), scales.reshape(-1)]
+    if not symmetric:
+        packed_zero_points = _reference_packed(zero_points, bits)
+        stored.append(packed_zero_points if form == "gbq" else packed_zero_points.reshape(-1))
+    return stored
+
+
+def _products_and_table(weights: dict[str, np.ndarray], table: np.ndarray) -> ir.Model:
+    """x @ w for each ``[K, N]`` weight (all outputs, so that they are packed into one) and a
+    Gather of ``table``, at opset 21."""
+    k = next(iter(weights.values())).shape[0]
+    helper = onnx.helper
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", k]),
+              helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["batch"])]
+    nodes = [helper.make_node("MatMul", ["x", name], [f"{name}.out"]) for name in weights]
+    nodes.append(helper.make_node("Gather", ["table", "ids"], ["rows"]))
+    outputs = [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None) for node in nodes]
+    initializers = [onnx.numpy_helper.from_array(array, name) for name, array in {**weights, "table": table}.items()]
+    graph = helper.make_graph(nodes, "products", inputs, outputs, initializer=initializers)
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+
+@pytest.mark.parametrize("form", FORMS, ids=_form_id)
+def test_stored_weights_equal_a_blockwise_reference_bit_for_bit(form, monkeypatch):
+    """Codes, scales and zero points of every stored form, byte for byte, against a plain
+    block-by-block rounding: K not a multiple of the block (and below it), blocks of zeros,
+    weights from 1e-7 to 1e3, two products packed into one, an embedding table; rounded and
+    stored a few rows at a time (a large weight's chunks)."""
+    monkeypatch.setattr(quantize_weights_module, "_ROUNDED_PER_CHUNK", 200)
+    monkeypatch.setattr(quantize_graph_module, "_CONVERTED_PER_CHUNK", 200)
+    target, bits, symmetric = form
+    generator = np.random.default_rng(bits + 2 * symmetric)
+    for k, n, block_size in ((70, 5, 32), (48, 3, 16), (40, 6, 64), (128, 4, 128)):
+        magnitudes = 10.0 ** generator.uniform(-7, 3, (k, 1))
+        weights = {name: (generator.standard_normal((k, columns)) * magnitudes).astype(np.float32)
+                   for name, columns in (("first", n), ("second", n + 3))}
+        weights["first"][:, 1] = 0.0  # every block of an output feature zero
+        weights["second"][: min(k, block_size), 0] = 0.0  # the first block
+        table = (generator.standard_normal((7, 2 * k)) * 0.02).astype(np.float32)
+        table[2, :block_size] = 0.0
+        model = _products_and_table(weights, table)
+        config = WeightQuantization(bits, block_size, target, symmetric=symmetric, embedding=True)
+        quantize_model(model, config)
+        packed = np.concatenate([weights["first"].T, weights["second"].T])  # [N, K]: both products' rows
+        forms = ("dq", "table_dq") if target == "portable" else ("nbits", "gbq")
+        parts = ("quantized", "scales") + (() if symmetric else ("zero_points",))
+        for name, matrix, stored_form in (("first_second", packed, forms[0]), ("table", table, forms[1])):
+            expected = _reference_stored(matrix, bits, block_size, symmetric, stored_form)
+            for part, reference in zip(parts, expected):
+                stored = model.graph.initializers[f"{name}.{stored_form}.{part}"].const_value.numpy()
+                where = f"K={k} block {block_size}: {name} {part}"
+                assert stored.shape == reference.shape, where
+                if stored.dtype == np.float32:  # byte for byte: a block of zeros has the scale +0.0
+                    np.testing.assert_array_equal(stored.view(np.uint32), reference.view(np.uint32), err_msg=where)
+                else:
+                    np.testing.assert_array_equal(stored.astype(np.int64), reference, err_msg=where)
+
+
 def test_a_registered_algorithm_is_used(mlp_programs):
     _, _, programs = mlp_programs
     seen = []
@@ -473,7 +587,8 @@ def test_verify_of_a_quantized_decoder_returning_its_cache():
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
     model = transformers.GPT2LMHeadModel(config).eval()
     program = dynexport.export(
-        model, (torch.randint(0, 100, (2, 8)),), input_names=["input_ids"], dynamic_axes={"input_ids": {0: "batch", 1: "seq"}},
+        model, (torch.randint(0, 100, (2, 8)),), input_names=["input_ids"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}},
     )
     quantized = program.quantize_weights(8)
     report = quantized.verify(model=model, resized=True, atol=0.05)

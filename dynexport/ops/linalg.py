@@ -1,5 +1,5 @@
-"""Matrix products: matmul and its BLAS-style variants (mm, bmm, addmm, ...), linear, einsum and
-bilinear's _trilinear."""
+"""Matrix products: matmul and its BLAS-style variants (mm, bmm, addmm, ...), linear, einsum,
+bilinear's _trilinear, and transformers' grouped product of mixture-of-experts layers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.dtypes import FLOATING
+from dynexport.errors import TranslationError, source_line
 from dynexport.ops._helpers import (
     argument,
     arithmetic,
@@ -159,6 +160,31 @@ def linear(ctx, input, weight, bias=None):
     else:
         product = _matmul(ctx, input, weight)
     return ctx.op.Add(product, bias) if biases else product
+
+
+@translates("transformers::grouped_mm_fallback")
+def grouped_mm_fallback(ctx, input, weight, offs):
+    # transformers' mixture-of-experts layers (the experts' default "grouped_mm" implementation,
+    # in float32 or while traced): the rows of ``input`` sorted by expert, expert i's rows
+    # offs[i - 1]:offs[i] times weight[i]; the rows from offs[-1] on (expert-parallel
+    # sentinels) are zeros. One product per expert on its slice of rows.
+    experts = weight.shape[0]
+    if not isinstance(experts, int):
+        raise TranslationError(
+            "transformers::grouped_mm_fallback", source_line(ctx.node), "the number of experts is dynamic",
+            "keep the experts' weights' first dim static",
+        )
+    ends = cast(ctx, offs, ir.DataType.INT64)
+    start = ints(ctx, [0])
+    products = []
+    for expert in range(experts):
+        end = ctx.op.Slice(ends, ints(ctx, [expert]), ints(ctx, [expert + 1]))
+        rows = ctx.op.Slice(input, start, end, ints(ctx, [0]))
+        products.append(_product(ctx, rows, ctx.op.Gather(weight, ctx.constant(expert, ir.DataType.INT64), axis=0)))
+        start = end
+    unrouted = ctx.op.Sub(shape_of(ctx, input, end=1), start)
+    pads = ctx.op.Concat(ints(ctx, [0, 0]), unrouted, ints(ctx, [0]), axis=0)  # begins, then ends
+    return ctx.op.Pad(ctx.op.Concat(*products, axis=0), pads)
 
 
 @translates(aten.outer.default, promote=Promote.RESULT, promoted=("self", "vec2"))

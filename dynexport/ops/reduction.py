@@ -15,6 +15,7 @@ import torch
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from dynexport.dtypes import to_torch_dtype
+from dynexport.errors import TranslationError, source_line
 from dynexport.ops._helpers import (
     cast,
     ints,
@@ -26,6 +27,7 @@ from dynexport.ops._helpers import (
     reduce,
     reshape,
     scalar_like,
+    scatter_elements_add,
     shape_of,
 )
 from dynexport.registry import translates
@@ -275,6 +277,39 @@ def logsumexp(ctx, self, dim, keepdim=False):
 def count_nonzero(ctx, self, dim=None):
     flags = cast(ctx, _nonzero(ctx, self), ir.DataType.INT64)
     return reduce(ctx, "ReduceSum", flags, _axes(self, dim), keepdims=False)
+
+
+@translates(aten.histc.default)
+def histc(ctx, self, bins=100, min=0, max=0):
+    _check_histc_range(ctx, self, min, max)
+    # PyTorch's bin edges are min and max in the input's dtype; an element's bin is
+    # int((x - min) * bins / (max - min)), computed in that dtype, max itself in the last bin.
+    dtype = to_torch_dtype(self.dtype)
+    low, high = torch.tensor(float(min), dtype=dtype), torch.tensor(float(max), dtype=dtype)
+    x = reshape(ctx, self, [-1])
+    inside = ctx.op.And(
+        ctx.op.GreaterOrEqual(x, ctx.constant(low.item(), self.dtype)), ctx.op.LessOrEqual(x, ctx.constant(high.item(), self.dtype))
+    )
+    scaled = ctx.op.Mul(ctx.op.Sub(x, ctx.constant(low.item(), self.dtype)), ctx.constant(float(bins), self.dtype))
+    position = ctx.op.Div(scaled, ctx.constant((high - low).item(), self.dtype))
+    index = ctx.op.Min(cast(ctx, ctx.op.Floor(position), ir.DataType.INT64), ctx.constant(bins - 1, ir.DataType.INT64))
+    # Elements outside [min, max] (and NaN) count nowhere: they add 0 to the first bin.
+    index = ctx.op.Where(inside, index, ctx.constant(0, ir.DataType.INT64))
+    counts = ctx.constant([0.0] * bins, self.dtype)
+    return scatter_elements_add(ctx, counts, index, cast(ctx, inside, self.dtype), axis=0)
+
+
+def _check_histc_range(ctx, self: ir.Value, low, high) -> None:
+    problem = None
+    if self.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+        reason = f"histc of {self.dtype.name.lower()} counts in that dtype's arithmetic, which is not reproduced"
+        problem = (reason, "compute the histogram of x.float()")
+    elif low == high:
+        problem = ("histc with min == max takes its range from the data", "pass the range: min < max")
+    elif not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        problem = (f"histc's range [{low}, {high}] is not a finite interval", "pass finite min < max")
+    if problem is not None:
+        raise TranslationError(str(ctx.node.target), source_line(ctx.node), *problem)
 
 
 # -- extrema ------------------------------------------------------------------------------

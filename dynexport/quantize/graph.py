@@ -30,7 +30,7 @@ import onnx_ir as ir
 import torch
 
 from dynexport.passes.onnx import remove_dead_code
-from dynexport.passes.onnx.pack_matmuls import pack_matmuls
+from dynexport.passes.onnx.pack_matmuls import ConcatenatedTensor, pack_matmuls
 from dynexport.passes.onnx.values import (
     add_initializer,
     constant_array,
@@ -109,6 +109,10 @@ def quantize_model(model: ir.Model, config: WeightQuantization, known: KnownWeig
             "2-D float weight" + ("" if config.embedding else " (embeddings are left out unless embedding=True)")
             + ("" if config.lm_head else " (output projections are left out with lm_head=False)")
         )
+    # The largest weight first, beside no stored weight yet: its integers are the largest
+    # temporary (a 135M decoder's tied LM head: 28 MB, 0.05x of its float weights).
+    weights = [(p.weight, p.transposed, p.node) for p in products] + [(t.inputs[0], True, t) for t in tables]
+    rewrite.quantize_ahead(*max(weights, key=lambda weight: weight[0].const_value.size))
     for product in products:
         rewrite.product(product)
     for gather in tables:
@@ -243,15 +247,25 @@ class _Layout(NamedTuple):
 
 
 def _matrix(value: ir.Value, transposed: bool) -> torch.Tensor:
-    """A constant weight as float32 ``[N, K]``."""
-    matrix = torch.from_numpy(np.asarray(value.const_value.numpy(), dtype=np.float32))
+    """A constant weight as float32 ``[N, K]``; a packed weight from its parts, whose rows are
+    its rows (a part ``[K, N_i]`` is most often the transposed view of a parameter ``[N_i, K]``:
+    read without a copy)."""
+    tensor = value.const_value
+    if isinstance(tensor, ConcatenatedTensor) and tensor.axis == (0 if transposed else 1):
+        return torch.cat([_rows(part, transposed) for part in tensor.parts])
+    return _rows(tensor, transposed)
+
+
+def _rows(tensor: ir.TensorProtocol, transposed: bool) -> torch.Tensor:
+    matrix = torch.from_numpy(np.asarray(tensor.numpy(), dtype=np.float32))
     return (matrix if transposed else matrix.T).contiguous()
 
 
 class _Rewriter:
     """Rewrites products and lookups one at a time; a weight read by several nodes in the same
     orientation and form is quantized and stored once. Only the stored forms are kept: the
-    integers an algorithm returns (4 bytes a weight) live while one weight is converted."""
+    integers an algorithm returns (a byte a weight from round to nearest) live while one weight
+    is converted."""
 
     def __init__(
         self, graph: ir.Graph, config: WeightQuantization, blocked: bool, opset: int, known: KnownWeights | None
@@ -266,6 +280,7 @@ class _Rewriter:
         self.quantized: set[tuple[str, bool]] = set()
         self.stored: dict[tuple[str, bool, str], tuple[ir.Value | None, ...]] = {}
         self.dequantized: dict[tuple[str, bool, str], ir.Value] = {}
+        self.ahead: dict[tuple[str, bool, str], tuple[np.ndarray | None, ...]] = {}
 
     def layout(self, value: ir.Value, transposed: bool) -> _Layout | None:
         """How the weight ``[N, K]`` is quantized along K; None for a weight that is not known
@@ -301,11 +316,32 @@ class _Rewriter:
         key = (value.name, transposed, form)
         if key not in self.stored:
             name = _weight_name(value, reader)
+            stored = self.ahead.pop(key, None) or arrays(self.quantize(value, transposed))
             self.stored[key] = tuple(
                 None if array is None else add_initializer(self.graph, array, f"{name}.{form}.{part}")
-                for part, array in zip(("quantized", "scales", "zero_points"), arrays(self.quantize(value, transposed)))
+                for part, array in zip(("quantized", "scales", "zero_points"), stored)
             )
         return self.stored[key]
+
+    def quantize_ahead(self, value: ir.Value, transposed: bool, reader: ir.Node) -> None:
+        """Quantize a weight and make its stored arrays now, to be stored when its reader is
+        rewritten (the same initializers, in the same order)."""
+        form, arrays = self.storage(value, transposed, reader)
+        self.ahead[(value.name, transposed, form)] = arrays(self.quantize(value, transposed))
+
+    def storage(self, value: ir.Value, transposed: bool, reader: ir.Node):
+        """The name of the weight's stored form (``nbits``, ``gbq``, ``dq``, ``table_dq``) and
+        the function making its arrays from the quantized weight."""
+        dtype = value.dtype
+        form = self.form(self.layout(value, transposed), reader)
+        blocked = form == "blocked"
+        if reader.op_type == "Gather":
+            if form == "nbits":
+                return "gbq", lambda q: _gather_block_quantized_arrays(q, dtype)
+            return "table_dq", lambda q: _dequantize_linear_arrays(q, dtype, blocked, transposed=False)
+        if form == "nbits":
+            return "nbits", lambda q: _matmul_nbits_arrays(q, dtype)
+        return "dq", lambda q: _dequantize_linear_arrays(q, dtype, blocked, transposed=True)
 
     def form(self, q: _Layout, reader: ir.Node) -> str:
         """How a weight is stored: ``"nbits"`` (MatMulNBits, GatherBlockQuantized),
@@ -333,13 +369,12 @@ class _Rewriter:
     # -- weight products -----------------------------------------------------------------------
 
     def product(self, product: _WeightProduct) -> None:
-        dtype = product.weight.dtype
         replaced = product.node
         q = self.layout(product.weight, product.transposed)
         form = self.form(q, product.node)
+        stored_form, arrays = self.storage(product.weight, product.transposed, product.node)
         if form == "nbits":
-            arrays = lambda q: _matmul_nbits_arrays(q, dtype)
-            stored = self.initializers(product.weight, product.transposed, "nbits", arrays, product.node)
+            stored = self.initializers(product.weight, product.transposed, stored_form, arrays, product.node)
             weight, scales, zero_points = stored
             n, k = product.weight.const_value.shape
             n, k = (n, k) if product.transposed else (k, n)
@@ -355,11 +390,10 @@ class _Rewriter:
                 inputs.pop()
             nodes = [ir.Node(MS_DOMAIN, "MatMulNBits", inputs, _attributes(attributes))]
         else:
-            blocked = form == "blocked"
-            arrays = lambda q: _dequantize_linear_arrays(q, dtype, blocked, transposed=True)
             # DequantizeLinear gives the weight as MatMul reads it: [K, N].
             weight = self._dequantized(
-                product.weight, product.transposed, "dq", arrays, axis=0, before=product.node, blocked=blocked
+                product.weight, product.transposed, stored_form, arrays, axis=0, before=product.node,
+                blocked=form == "blocked",
             )
             nodes = [ir.Node("", "MatMul", [product.activation, weight])]
             bias = None
@@ -371,20 +405,19 @@ class _Rewriter:
 
     def table(self, gather: ir.Node) -> None:
         table, indices = gather.inputs
-        dtype = table.dtype
         q = self.layout(table, True)
         form = self.form(q, gather)
+        stored_form, arrays = self.storage(table, True, gather)
         if form == "nbits":
-            arrays = lambda q: _gather_block_quantized_arrays(q, dtype)
             shared = self._matmul_nbits_as_table(table, q, gather)
-            data, scales, zero_points = shared or self.initializers(table, True, "gbq", arrays, gather)
+            data, scales, zero_points = shared or self.initializers(table, True, stored_form, arrays, gather)
             attributes = {"gather_axis": 0, "quantize_axis": 1, "block_size": q.block_size, "bits": q.bits}
             inputs = [data, indices, scales] + ([zero_points] if zero_points is not None else [])
             nodes = [ir.Node(MS_DOMAIN, "GatherBlockQuantized", inputs, _attributes(attributes))]
         else:
-            blocked = form == "blocked"
-            arrays = lambda q: _dequantize_linear_arrays(q, dtype, blocked, transposed=False)
-            dequantized = self._dequantized(table, True, "table_dq", arrays, axis=1, before=gather, blocked=blocked)
+            dequantized = self._dequantized(
+                table, True, stored_form, arrays, axis=1, before=gather, blocked=form == "blocked"
+            )
             nodes = [ir.Node("", "Gather", [dequantized, indices], _attributes({"axis": 0}))]
         self._replace(gather, nodes)
 
@@ -470,6 +503,15 @@ def _attributes(values: dict) -> list[ir.Attr]:
 # -- storage forms: quantized weight -> arrays, and arrays -> float weight ----------------------
 
 
+# Codes are turned into their stored bytes a chunk of rows (about 1 MB of codes) at a time.
+_CONVERTED_PER_CHUNK = 1 << 20
+
+
+def _row_chunks(n: int, k: int):
+    rows = max(1, _CONVERTED_PER_CHUNK // k)
+    return (slice(start, min(start + rows, n)) for start in range(0, n, rows))
+
+
 def _pack_low_first(codes: np.ndarray, bits: int) -> np.ndarray:
     """Unsigned ``bits``-wide codes along the last axis, packed into bytes low bits first."""
     codes = codes.astype(np.uint8, copy=False)
@@ -477,7 +519,10 @@ def _pack_low_first(codes: np.ndarray, bits: int) -> np.ndarray:
         return codes
     if codes.shape[-1] % 2:
         codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), np.uint8)], axis=-1)
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    # Each pair (low, high) read as the little-endian number low + 256 * high: shifted right by
+    # 4 and or-ed with itself, its low byte is low + 16 * high.
+    pairs = np.ascontiguousarray(codes).view("<u2")
+    return (pairs | pairs >> 4).astype(np.uint8)
 
 
 def _unpack_low_first(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -488,19 +533,19 @@ def _unpack_low_first(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     return codes[..., :count].astype(np.int32)
 
 
-def _unsigned_codes(q: QuantizedWeight, padded_k: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The codes as onnxruntime's uint8 forms store them (symmetric ones shifted up by the
-    default zero point ``2^(bits-1)``), K padded with the zero point, and the zero points."""
-    n, k = q.values.shape
+def _unsigned_codes(q: QuantizedWeight, rows: slice, padded_k: int) -> np.ndarray:
+    """The codes of ``rows`` as onnxruntime's uint8 forms store them (symmetric ones shifted up
+    by the default zero point ``2^(bits-1)``), K padded with the zero point."""
+    values = q.values[rows].numpy()
+    k = values.shape[1]
+    codes = np.empty((len(values), padded_k), np.uint8)
+    codes[:, :k] = values  # modulo 256: a negative code wraps, and the shift brings it back
     if q.zero_points is None:
-        codes = (q.values + 2 ** (q.bits - 1)).to(torch.uint8).numpy()
-        padding = np.full((n, 1), 2 ** (q.bits - 1), np.uint8)
+        codes[:, :k] += np.uint8(2 ** (q.bits - 1))
+        codes[:, k:] = 2 ** (q.bits - 1)
     else:
-        codes = q.values.to(torch.uint8).numpy()
-        padding = q.zero_points[:, -1:].to(torch.uint8).numpy()  # the padding lies in the last block
-    if padded_k > k:
-        codes = np.concatenate([codes, np.broadcast_to(padding, (n, padded_k - k))], axis=1)
-    return codes, None if q.zero_points is None else q.zero_points.numpy()
+        codes[:, k:] = q.zero_points[rows, -1:].numpy()  # the padding lies in the last block
+    return codes
 
 
 def _float_array(tensor: torch.Tensor, dtype: ir.DataType) -> np.ndarray:
@@ -510,18 +555,21 @@ def _float_array(tensor: torch.Tensor, dtype: ir.DataType) -> np.ndarray:
 def _matmul_nbits_arrays(q: QuantizedWeight, dtype: ir.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """MatMulNBits' B ``[N, blocks, blob]``, scales ``[N * blocks]``, packed zero points."""
     n, blocks = q.scales.shape
-    codes, zero_points = _unsigned_codes(q, blocks * q.block_size)
-    weight = _pack_low_first(codes.reshape(n, blocks, q.block_size), q.bits)
-    packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits).reshape(-1)
+    padded_k = blocks * q.block_size
+    weight = np.empty((n, blocks, q.block_size * q.bits // 8), np.uint8)
+    for rows in _row_chunks(n, padded_k):
+        weight[rows] = _pack_low_first(_unsigned_codes(q, rows, padded_k).reshape(-1, blocks, q.block_size), q.bits)
+    packed_zero_points = None if q.zero_points is None else _pack_low_first(q.zero_points.numpy(), q.bits).reshape(-1)
     return weight, _float_array(q.scales, dtype).reshape(-1), packed_zero_points
 
 
 def _gather_block_quantized_arrays(q: QuantizedWeight, dtype: ir.DataType):
     """GatherBlockQuantized's table ``[V, H * bits / 8]``, scales ``[V, blocks]``, packed zero points."""
-    h = q.values.shape[1]
-    codes, zero_points = _unsigned_codes(q, q.scales.shape[1] * q.block_size)
-    table = _pack_low_first(codes[:, :h], q.bits)
-    packed_zero_points = None if zero_points is None else _pack_low_first(zero_points, q.bits)
+    v, h = q.values.shape
+    table = np.empty((v, -(-h * q.bits // 8)), np.uint8)
+    for rows in _row_chunks(v, h):
+        table[rows] = _pack_low_first(_unsigned_codes(q, rows, h), q.bits)
+    packed_zero_points = None if q.zero_points is None else _pack_low_first(q.zero_points.numpy(), q.bits)
     return table, _float_array(q.scales, dtype), packed_zero_points
 
 
@@ -533,16 +581,15 @@ def _dequantize_linear_arrays(q: QuantizedWeight, dtype: ir.DataType, blocked: b
     ]
     # Below opset 19 DequantizeLinear's scales are float32 only.
     scale_dtype = dtype if blocked else ir.DataType.FLOAT
-    arrays = [
-        q.values.numpy().astype(integer),
-        _float_array(q.scales, scale_dtype),
-        None if q.zero_points is None else q.zero_points.numpy().astype(integer),
-    ]
+    scales, zero_points = q.scales.numpy(), None if q.zero_points is None else q.zero_points.numpy()
     if not blocked:
-        arrays[1:] = [None if a is None else a[:, 0] for a in arrays[1:]]
-    if transposed:
-        arrays = [None if a is None else np.ascontiguousarray(a.T) for a in arrays]
-    return tuple(arrays)
+        scales, zero_points = scales[:, 0], None if zero_points is None else zero_points[:, 0]
+    arrays = ((q.values.numpy(), integer), (scales, scale_dtype.numpy()), (zero_points, integer))
+    # Transposed before the cast: numpy transposes int8 faster than ml_dtypes' int4.
+    return tuple(
+        None if array is None else np.ascontiguousarray(array.T if transposed else array).astype(array_dtype)
+        for array, array_dtype in arrays
+    )
 
 
 def _matmul_nbits_weight(node: ir.Node) -> np.ndarray:

@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -40,8 +41,9 @@ class QuantizedWeight:
     scales[n, k // block_size]``.
 
     Attributes:
-        values: int32 ``[N, K]``; in ``[-2^(bits-1), 2^(bits-1) - 1]`` when ``zero_points`` is
-            None (symmetric), else in ``[0, 2^bits - 1]``.
+        values: integers ``[N, K]`` of any integer type that holds them (:func:`round_to_nearest`
+            gives int8, uint8 with zero points); in ``[-2^(bits-1), 2^(bits-1) - 1]`` when
+            ``zero_points`` is None (symmetric), else in ``[0, 2^bits - 1]``.
         scales: float32 ``[N, ceil(K / block_size)]``.
         zero_points: int32 like ``scales`` (asymmetric), or None.
         bits, block_size: as quantized; a block of ``K`` means one scale per output feature.
@@ -61,7 +63,8 @@ class QuantizedWeight:
         """The float32 weight ``[N, K]`` these integers stand for."""
         k = self.values.shape[1]
         expand = lambda per_block: per_block.repeat_interleave(self.block_size, dim=1)[:, :k]
-        shifted = self.values if self.zero_points is None else self.values - expand(self.zero_points)
+        values = self.values.to(torch.int32)
+        shifted = values if self.zero_points is None else values - expand(self.zero_points)
         return shifted.to(torch.float32) * expand(self.scales)
 
 
@@ -156,37 +159,69 @@ def weight_quantizer(name: str) -> WeightQuantizer:
     return _QUANTIZERS[name]
 
 
+# Weights rounded per chunk of rows: the float temporaries (about 1 MB) stay in the CPU's cache
+# and the float copy of a large table (an embedding) is never made whole.
+_ROUNDED_PER_CHUNK = 1 << 18
+
+
 @register_weight_quantizer("rtn")
 def round_to_nearest(weight: torch.Tensor, *, bits: int, block_size: int, symmetric: bool) -> QuantizedWeight:
     """Round to nearest. Symmetric: ``scale = max|w| / (2^(bits-1) - 1)`` per block, values
-    signed. Asymmetric: the block's range (widened to hold 0) over ``2^bits - 1`` levels, with
-    the integer zero point that represents 0.0 exactly."""
+    signed (int8). Asymmetric: the block's range (widened to hold 0) over ``2^bits - 1`` levels,
+    with the integer zero point that represents 0.0 exactly, values unsigned (uint8). A block of
+    zeros has the scale +0.0."""
     n, k = weight.shape
     blocks = -(-k // block_size)
-    if k % block_size:
-        padded = torch.zeros(n, blocks * block_size, dtype=torch.float32)
-        padded[:, :k] = weight
-    else:
-        padded = weight.to(torch.float32)
-    grouped = padded.reshape(n, blocks, block_size)
-    low, high = grouped.amin(dim=2), grouped.amax(dim=2)
-    # In-place rounding and clamping: the weight's size in float32, allocated once.
+    matrix = weight.detach().to(torch.float32).numpy()
+    values = np.empty((n, k), np.int8 if symmetric else np.uint8)
+    scales = np.empty((n, blocks), np.float32)
+    zero_points = None if symmetric else np.empty((n, blocks), np.int32)
+    rows = max(1, _ROUNDED_PER_CHUNK // (blocks * block_size))
+    for start in range(0, n, rows):
+        chunk = slice(start, min(start + rows, n))
+        grouped = _grouped(matrix[chunk], blocks, block_size)
+        values[chunk], scales[chunk], chunk_zero_points = _rounded(grouped, bits, symmetric, k)
+        if zero_points is not None:
+            zero_points[chunk] = chunk_zero_points
+    return QuantizedWeight(
+        torch.from_numpy(values), torch.from_numpy(scales),
+        None if zero_points is None else torch.from_numpy(zero_points), bits, block_size,
+    )
+
+
+def _grouped(rows: np.ndarray, blocks: int, block_size: int) -> np.ndarray:
+    """Float32 ``[rows, blocks, block_size]``; K padded with zeros to whole blocks."""
+    if rows.shape[1] == blocks * block_size:
+        return rows.reshape(len(rows), blocks, block_size)
+    padded = np.zeros((len(rows), blocks * block_size), np.float32)
+    padded[:, : rows.shape[1]] = rows
+    return padded.reshape(len(rows), blocks, block_size)
+
+
+def _rounded(grouped: np.ndarray, bits: int, symmetric: bool, k: int):
+    """The codes ``[rows, k]`` (float, whole numbers), scales and zero points (float, or None)
+    of a chunk of blocks ``[rows, blocks, block_size]``. Every step is one float32 operation,
+    rounded as torch and numpy both round them, so the result does not depend on the chunking."""
+    # torch reduces along the short last axis several times faster than numpy.
+    low, high = (reduce(torch.from_numpy(grouped), dim=2).numpy() for reduce in (torch.amin, torch.amax))
     if symmetric:
         largest = 2 ** (bits - 1) - 1
-        scales = torch.maximum(high, -low) / largest
-        divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
-        values = (grouped / divisor[..., None]).round_().clamp_(-largest - 1, largest)
-        zero_points = None
+        smallest = -largest - 1
+        # abs: +0.0 for a block of zeros, whichever zero max() returns.
+        scales = np.abs(np.maximum(high, -low)) / np.float32(largest)
     else:
-        largest = 2**bits - 1
-        low, high = low.clamp(max=0.0), high.clamp(min=0.0)
-        scales = (high - low) / largest
-        divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
-        zero_points = torch.round(-low / divisor).clamp(0, largest)
-        values = (grouped / divisor[..., None]).round_().add_(zero_points[..., None]).clamp_(0, largest)
-        zero_points = zero_points.to(torch.int32)
-    values = values.view(n, blocks * block_size)[:, :k].to(torch.int32).contiguous()
-    return QuantizedWeight(values, scales.contiguous(), zero_points, bits, block_size)
+        largest, smallest = 2**bits - 1, 0
+        low, high = np.minimum(low, np.float32(0)), np.maximum(high, np.float32(0))
+        scales = np.abs(high - low) / np.float32(largest)
+    divisor = np.where(scales == 0, np.float32(1), scales)
+    codes = grouped / divisor[..., None]
+    np.rint(codes, out=codes)  # to nearest, ties to even, as torch.round
+    zero_points = None
+    if not symmetric:
+        zero_points = np.clip(np.rint(-low / divisor), 0, largest)
+        codes += zero_points[..., None]
+    np.clip(codes, smallest, largest, out=codes)
+    return codes.reshape(len(codes), -1)[:, :k], scales, zero_points
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,11 +29,13 @@ import torch
 import torch.fx.experimental._config as fx_config
 from torch._export import converter as ts_converter
 
-from dynexport.torchscript import lists
+from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError, TorchScriptConversionError
+from dynexport.signature import bind_arguments
+from dynexport.torchscript import lists
 from dynexport.torchscript.control_flow import block_output, run_if, run_loop
 
-__all__ = ["capture", "graph_module", "is_torchscript"]
+__all__ = ["capture", "graph_module", "is_torchscript", "trace"]
 
 _STRATEGY = "torch.export(strict=False) of the TorchScript graph"
 
@@ -55,7 +57,7 @@ def graph_module(model: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphM
         TorchScriptConversionError: the graph holds a construct with no FX form.
     """
     if not is_torchscript(model):
-        model, args, kwargs = _traced(model, args, kwargs)
+        model, args, kwargs = trace(model, args, kwargs)
     arguments = _schema(model).arguments
     if isinstance(model, torch.jit.ScriptModule):
         arguments = arguments[1:]  # self
@@ -87,12 +89,7 @@ def capture(
     graph is already ATen, there is no Python left to analyse). A dim declared dynamic whose
     example size is 0 or 1 stays dynamic, as torch.onnx's TorchScript exporter keeps it: torch
     reasons about sizes obliviously to those two values then."""
-    oblivious = dynamic_shapes is not None and any(
-        size in (0, 1)
-        for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
-        if isinstance(leaf, torch.Tensor)
-        for size in leaf.shape
-    )
+    oblivious = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
     try:
         with fx_config.patch(backed_size_oblivious=oblivious):
             program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
@@ -103,7 +100,7 @@ def capture(
     return program, _STRATEGY
 
 
-def _traced(model: Any, args: tuple, kwargs: dict) -> tuple[torch.jit.ScriptModule, tuple, dict]:
+def trace(model: Any, args: tuple, kwargs: dict) -> tuple[torch.jit.ScriptModule, tuple, dict]:
     """``model`` traced by ``torch.jit.trace``, and the call's arguments for it: arguments left at
     None are left out of the trace (its graph takes the others only)."""
     if not isinstance(model, torch.nn.Module):
@@ -292,6 +289,11 @@ class _GraphConverter(ts_converter.TS2FXGraphConverter):
         # graph looks up as torch._export.converter.target (`x[mask] = 0.0` in a branch).
         args, kwargs = self.get_args_kwargs(node, torch.ops.aten.tensor.default._schema)
         self.name_to_node[node.output().debugName()] = self.fx_graph.call_function(_tensor, args, kwargs)
+
+    def convert_aten__shape_as_tensor(self, node: torch._C.Node) -> None:
+        # torch's kernel writes the sizes into a new tensor's data, which capture's fake tensors
+        # do not have (ultralytics' NMSModel reads its input's shape so).
+        self._call(node, _shape_as_tensor, self.get_fx_value_by_ir_value(node.input()))
 
     def convert_prim_device(self, node: torch._C.Node) -> None:
         # torch's version reads the device from the TorchScript type, unknown (None) for a
@@ -513,6 +515,12 @@ def _tensor(data: Any, dtype: int | None = None, device: Any = None, requires_gr
     make = torch.tensor if isinstance(data, int) else torch._refs.tensor
     dtype = None if dtype is None else ts_converter._TORCH_ENUM_TO_DTYPE[dtype]
     return make(data, dtype=dtype, device=device, requires_grad=bool(requires_grad))
+
+
+def _shape_as_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """``torch._shape_as_tensor``: the sizes, symbolic ones included, as an int64 vector."""
+    sizes = [torch.scalar_tensor(size, dtype=torch.int64) for size in tensor.shape]
+    return torch.stack(sizes) if sizes else torch.empty(0, dtype=torch.int64)
 
 
 def _list_slice(values: Any, start: int | None, end: int | None, step: int) -> Any:

@@ -14,6 +14,7 @@ Split measured no faster at decode and slower at a 128-token prefill (docs/optim
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -21,7 +22,7 @@ import onnx_ir as ir
 
 from dynexport.passes.onnx.values import add_initializer, constant_array, nodes_of, replace_value, single_consumer
 
-__all__ = ["pack_matmuls"]
+__all__ = ["ConcatenatedTensor", "pack_matmuls"]
 
 _MODULE = "pkg.dynexport.module"  # the module a node was translated from (dynexport/translate.py)
 
@@ -104,9 +105,25 @@ def _pack(graph: ir.Graph, group: list[ir.Node]) -> None:
     graph.remove(list(dict.fromkeys([*replaced, *group])), safe=True)
 
 
+class ConcatenatedTensor(ir.LazyTensor):
+    """Constant tensors side by side along ``axis``, concatenated only when read: weight
+    quantization reads a packed weight from its parts (views of the model's parameters) and
+    never makes the float copy."""
+
+    def __init__(self, parts: list[ir.TensorProtocol], axis: int):
+        shape = list(parts[0].shape)
+        shape[axis] = sum(part.shape[axis] for part in parts)
+        super().__init__(functools.partial(_concatenation, parts, axis), parts[0].dtype, ir.Shape(shape))
+        self.parts, self.axis = parts, axis
+
+
+def _concatenation(parts: list[ir.TensorProtocol], axis: int) -> ir.Tensor:
+    return ir.tensor(np.concatenate([part.numpy() for part in parts], axis=axis))
+
+
 def _concatenated(graph: ir.Graph, values: list[ir.Value], axis: int, name: str | None) -> ir.Value:
-    array = np.concatenate([constant_array(v) for v in values], axis=axis)
-    return add_initializer(graph, array, name or _packed_name([v.name or "" for v in values]))
+    tensor = ConcatenatedTensor([v.const_value for v in values], axis)
+    return add_initializer(graph, tensor, name or _packed_name([v.name or "" for v in values]))
 
 
 def _packed_name(names: list[str]) -> str:

@@ -46,15 +46,21 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
     return value.const_value.numpy()
 
 
-def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
-    """Register ``array`` as a new initializer named ``name`` (suffixed when taken)."""
+def add_initializer(graph: ir.Graph, array: np.ndarray | ir.LazyTensor, name: str) -> ir.Value:
+    """Register ``array`` (or a tensor made when it is read) as a new initializer named
+    ``name`` (suffixed when taken)."""
     base, suffix = name or "folded", 0
     while name in graph.initializers or not name:
         suffix += 1
         name = f"{base}_{suffix}"
-    # Copies only what is not already a C-contiguous array (a folded weight is one: 47 MB for
-    # resnet18, whose copies were half of the optimizer's time).
-    tensor = ir.tensor(np.asarray(array, order="C"), name=name)
+    if isinstance(array, ir.LazyTensor):
+        tensor = array
+        tensor.name = name
+    else:
+        # Copies only what is not already a C-contiguous array (a folded weight is one: 47 MB
+        # for resnet18, whose copies were half of the optimizer's time). ir.Tensor, not
+        # ir.tensor: its protocol checks took a tenth of weight quantization's time.
+        tensor = ir.Tensor(np.asarray(array, order="C"), name=name)
     value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)
     return value

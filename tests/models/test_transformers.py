@@ -266,8 +266,11 @@ def test_wav2vec2():
         feat_extract_norm="layer",
     )
     model = transformers.Wav2Vec2ForCTC(config).eval()
-    calls = [{"input_values": torch.randn(b, n)} for b, n in zip(IMAGE_SIZES, [400, 560, 333, 800])]
-    _check(model, calls, {"input_values": {0: Dim("batch"), 1: Dim.AUTO(min=100, max=4000)}})
+    calls = [{"input_values": torch.randn(b, n)} for b, n in zip(IMAGE_SIZES, [400, 560, 333, 5000])]
+    # The feature extractor's frame count leaves a guard that torch's solver bounds by a multiple
+    # of 20; the export keeps every size from the minimum it needs.
+    with pytest.warns(UserWarning, match="dynamic_shapes refined: samples: min=60"):
+        _check(model, calls, {"input_values": {0: Dim("batch"), 1: Dim("samples")}})
 
 
 def test_clip():

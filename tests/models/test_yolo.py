@@ -37,7 +37,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import dynexport
-from dynexport.errors import CaptureError, DimSpecializedError
+from dynexport.errors import CaptureError, DimSpecializedError, TracedSizesError
 from dynexport.verification import tolerance
 from tests.equivalence import assert_same_structure
 from tests.models.test_torchvision import calibrated
@@ -198,15 +198,49 @@ def test_ultralytics_export_with_dynexport_as_torch_onnx_export(ultralytics, mon
         )
 
 
-def test_ultralytics_export_with_nms_is_refused(ultralytics, monkeypatch, tmp_path):
-    """``nms=True`` wraps the model in ultralytics' NMSModel, which loops over the batch in Python:
-    torch.jit.trace unrolls the loop to the example's batch, so a graph with a dynamic batch
-    would return zeros past it. Until the dynamo=False front end refuses or bounds such a batch
-    (docs/models.md), the capture fails (at ``torch._shape_as_tensor``, which it does not
-    convert) rather than writing that graph."""
+def test_ultralytics_static_export_with_nms(ultralytics, monkeypatch, tmp_path):
+    """``nms=True`` wraps the model in ultralytics' NMSModel (its batch loop, boolean masks,
+    torchvision's ``nms``, ``torch._shape_as_tensor``), traced at the example's batch: with
+    ``dynamic=False`` the file equals the wrapper ultralytics handed to ``torch.onnx.export``."""
+    model = yolo(ultralytics, "yolov8n.yaml")
+    # Random weights saturate the class scores at 1.0, where NMS's order among equal scores and
+    # the arg-max among equal classes are arbitrary: smaller class logits give distinct scores.
+    with torch.no_grad():
+        for branch in model.model.model[-1].cv3:
+            branch[-1].weight.mul_(0.02)
+            branch[-1].bias.zero_()
+    exported = []
+
+    def export(module, args, *rest, **options):
+        exported.append((module, args))
+        return dynexport.export(module, args, *rest, **options)
+
+    monkeypatch.setattr(torch.onnx, "export", export)
+    monkeypatch.chdir(tmp_path)
+    path = model.export(format="onnx", imgsz=64, dynamic=False, simplify=False, nms=True)
+    onnx.checker.check_model(path, full_check=True)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    (wrapper, _), = exported
+    assert type(wrapper).__name__ == "NMSModel"
+    torch.manual_seed(1)
+    for images in (torch.rand(1, 3, 64, 64), torch.zeros(1, 3, 64, 64)):
+        (actual,) = session.run(None, {"images": images.numpy()})
+        with torch.no_grad():
+            expected = wrapper(images)
+        # Rows: x1, y1, x2, y2 (pixels, up to a few hundred), score, class; zeros past the
+        # detections in both.
+        assert int((expected[..., 4] > 0).sum()) > 10
+        torch.testing.assert_close(torch.from_numpy(actual), expected, atol=1e-2, rtol=1e-5)
+
+
+def test_ultralytics_dynamic_export_with_nms_is_refused(ultralytics, monkeypatch, tmp_path):
+    """With ``dynamic=True`` the trace unrolls NMSModel's loop over the batch to the example's
+    (ultralytics pads inputs up to its ``batch`` argument, so the graph is wrong for larger
+    batches): the retrace at a doubled batch differs, and the export is refused, naming the dim
+    and the loop's line."""
     model = yolo(ultralytics, "yolov8n.yaml")
     monkeypatch.setattr(torch.onnx, "export", dynexport.export)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CaptureError) as error:
+    with pytest.raises(TracedSizesError, match="when batch is 2 instead of 1") as error:
         model.export(format="onnx", imgsz=64, dynamic=True, simplify=False, nms=True)
-    assert "_shape_as_tensor" in str(error.value.__cause__)
+    assert error.value.dims == ["batch"] and "exporter.py" in error.value.source

@@ -337,3 +337,57 @@ def test_addmm_with_empty_inner_dim_scales_self():
     # Regression (property tests): onnxruntime's Gemm returns C, not beta * C, when K is 0.
     self, mat1, mat2 = torch.randn(2, 3), torch.randn(2, 0), torch.randn(0, 3)
     assert_exports_equivalent(lambda s, m1, m2: torch.addmm(s, m1, m2, beta=0.5, alpha=2.0), (self, mat1, mat2))
+
+
+# -- transformers' grouped product of mixture-of-experts layers ----------------------------------
+
+
+def _grouped_mm_fallback():
+    pytest.importorskip("transformers")
+    from tests.torchvision_ops import load_torchvision_if_installed
+
+    load_torchvision_if_installed()  # transformers imports torchvision as it loads
+    import transformers.integrations.moe  # noqa: F401  (defines the operator)
+
+    return torch.ops.transformers.grouped_mm_fallback
+
+
+def test_grouped_mm_fallback_over_expert_slices():
+    # 4 experts; expert 1 gets no row, and the rows after the last offset (expert-parallel
+    # sentinels) come out zero.
+    grouped_mm = _grouped_mm_fallback()
+    torch.manual_seed(0)
+    weight = torch.randn(4, 6, 5)
+
+    def product(rows, offs):
+        return grouped_mm(rows, weight, offs)
+
+    calls = [
+        (torch.randn(7, 6), torch.tensor([2, 2, 5, 6], dtype=torch.int32)),
+        (torch.randn(12, 6), torch.tensor([0, 4, 9, 12], dtype=torch.int32)),
+        (torch.randn(3, 6), torch.tensor([1, 1, 1, 1], dtype=torch.int32)),
+    ]
+    assert_exports_equivalent(
+        product, calls[0], dynamic_shapes=({0: torch.export.Dim("rows")}, None), resized=calls[1:], atol=1e-5,
+    )
+
+
+def test_grouped_mm_fallback_of_routed_tokens():
+    # As transformers calls it: token-expert pairs sorted by expert, counted with histc.
+    grouped_mm = _grouped_mm_fallback()
+    torch.manual_seed(0)
+    weight = torch.randn(3, 8, 4)
+
+    def experts(hidden, expert_ids):
+        sorted_ids, order = torch.sort(expert_ids.reshape(-1))
+        counts = torch.histc(sorted_ids.float(), bins=3, min=0, max=2)
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        products = grouped_mm(hidden[order // expert_ids.shape[1]], weight, offs)
+        return products[torch.argsort(order)]  # each pair back in its place: ties sort either way
+
+    tokens = torch.export.Dim("tokens")
+    assert_exports_equivalent(
+        experts, (torch.randn(5, 8), torch.randint(0, 3, (5, 2))), dynamic_shapes=({0: tokens}, {0: tokens}),
+        resized=[(torch.randn(9, 8), torch.randint(0, 3, (9, 2))), (torch.randn(2, 8), torch.tensor([[2, 2], [2, 2]]))],
+        atol=1e-5,
+    )

@@ -415,3 +415,44 @@ def test_pdist(p, dtype):
 def test_pdist_with_static_rows_gathers_constant_pairs():
     program = assert_exports_equivalent(lambda x: (F.pdist(x), F.pdist(x, 1.0)), (torch.randn(6, 3),))
     assert "NonZero" not in op_histogram(program)
+
+
+# -- histograms ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("bins", "low", "high"), [(4, 0, 3), (7, -1.5, 2.0), (10, 0.1, 0.7)])
+def test_histc(bins, low, high, dtype):
+    # Values on every bin edge of PyTorch's (linspace in the dtype), at min and max, outside
+    # the range, NaN, and random ones.
+    torch.manual_seed(0)
+    edges = torch.linspace(low, high, bins + 1, dtype=dtype)
+    special = torch.tensor([low - 1, high + 1, float("nan"), high, low], dtype=dtype)
+    x = torch.cat([edges, special, torch.rand(20, dtype=dtype) * (high - low + 1) + low - 0.5])
+    resized = torch.cat([x, torch.rand(31, dtype=dtype) * (high - low) + low])
+    assert_exports_equivalent(
+        lambda x: torch.histc(x, bins=bins, min=low, max=high), (x,),
+        dynamic_shapes=({0: torch.export.Dim("n")},), resized=[(resized,), (x[:3],)],
+    )
+
+
+def test_histc_of_expert_ids():
+    # transformers' mixture-of-experts layers count the tokens routed to each expert.
+    ids = torch.tensor([[0, 3], [1, 3], [3, 2]])
+    def count(ids):
+        return torch.histc(ids.reshape(-1).float(), bins=5, min=0, max=4)
+
+    assert_exports_equivalent(count, (ids,), dynamic_shapes=({0: torch.export.Dim("tokens")},), resized=[(ids.repeat(3, 1),)])
+
+
+@pytest.mark.parametrize(
+    ("x", "low", "high", "reason"),
+    [
+        (torch.rand(6), 0, 0, "takes its range from the data"),
+        (torch.rand(6), 0, math.inf, "not a finite interval"),
+        (torch.rand(6, dtype=torch.float16), 0, 1, "float16"),
+    ],
+)
+def test_histc_refusals(x, low, high, reason):
+    with pytest.raises(dynexport.errors.TranslationError, match=reason):
+        dynexport.export(lambda x: torch.histc(x, bins=4, min=low, max=high), (x,))

@@ -6,9 +6,11 @@ graphs are not packed."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
+from dynexport.passes.onnx.pack_matmuls import ConcatenatedTensor, pack_matmuls
 from tests.equivalence import assert_exports_equivalent, op_histogram
 
 Dim = torch.export.Dim
@@ -62,6 +64,20 @@ def test_products_of_one_input_quantize_as_one_matmul_nbits_and_a_split():
     assert op_histogram(quantized) == {"MatMulNBits": 2, "Split": 1, "Relu": 1, "Mul": 1}  # q|k|v, other
     # Named after the modules they were packed from.
     assert {"q_k_v.weight.nbits.quantized", "other.weight.nbits.quantized"} <= _initializer_names(quantized)
+
+
+def test_the_packed_weight_is_concatenated_only_when_read():
+    # No float copy of the packed weights: quantization reads the parts (the parameters' views).
+    model = _export(Projections()).model.clone()
+    weights_of_x = lambda: [
+        node.inputs[1].const_value for node in model.graph if node.op_type == "MatMul" and node.inputs[0].name == "x"
+    ]
+    q_k_v = weights_of_x()
+    assert pack_matmuls(model.graph, opset=model.opset_imports[""]) == 3
+    (packed,) = weights_of_x()
+    assert isinstance(packed, ConcatenatedTensor) and packed.axis == 1 and list(packed.shape) == [16, 32]
+    assert len(packed.parts) == 3 and all(part is weight for part, weight in zip(packed.parts, q_k_v))
+    np.testing.assert_array_equal(packed.numpy(), np.concatenate([weight.numpy() for weight in q_k_v], axis=1))
 
 
 def test_the_portable_form_dequantizes_the_packed_weight_once():

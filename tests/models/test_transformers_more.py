@@ -1,0 +1,358 @@
+"""More transformers architectures, exported as a user following torch.onnx's documentation
+calls dynexport: the model's own keyword arguments, plain unbounded ``Dim``s (or
+``input_names`` with ``dynamic_axes``), a decoder's ``DynamicCache`` passed as the model takes it.
+Tiny random configs that keep each architecture's other defaults; every export is checked in
+onnxruntime at the export size and at three other sizes (docs/models.md lists them with their
+limits). The families tests/models/test_transformers.py covers are not repeated here."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import dynexport
+from tests.equivalence import assert_close, assert_exports_equivalent
+
+transformers = pytest.importorskip("transformers")
+
+from tests.models.families import VOCAB, text_inputs, tiny  # after the importorskip
+
+Dim = torch.export.Dim
+
+TEXT_SIZES = [(2, 7), (3, 11), (1, 16), (4, 4)]  # (batch, sequence): the first is the export size
+CACHE_SIZES = [(2, 5, 3), (3, 9, 1), (1, 2, 6), (4, 12, 2)]  # (batch, past, new tokens)
+ATOL = 1e-4
+
+slow = pytest.mark.slow
+
+
+def _text_dims(*names: str) -> dict[str, dict[int, Any]]:
+    batch, seq = Dim("batch"), Dim("seq")
+    return {name: {0: batch, 1: seq} for name in names}
+
+
+def _check(model, calls: list[dict[str, Any]], **export_options: Any) -> dynexport.ONNXProgram:
+    return assert_exports_equivalent(model, (), calls[0], resized=[((), c) for c in calls[1:]], atol=ATOL, **export_options)
+
+
+# Configs shared by the text models.
+_TEXT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+
+
+# -- decoder language models ------------------------------------------------------------------
+
+DECODERS: dict[str, Callable[[bool], Any]] = {
+    "qwen3": lambda cache: transformers.Qwen3ForCausalLM(tiny(
+        transformers.Qwen3Config, **_TEXT, num_key_value_heads=2, head_dim=8, use_cache=cache,
+    )),
+    "phi3": lambda cache: transformers.Phi3ForCausalLM(tiny(
+        transformers.Phi3Config, **_TEXT, num_key_value_heads=2, pad_token_id=0, use_cache=cache,
+    )),
+    "falcon": lambda cache: transformers.FalconForCausalLM(tiny(
+        transformers.FalconConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        use_cache=cache,
+    )),
+    "bloom": lambda cache: transformers.BloomForCausalLM(tiny(  # ALiBi
+        transformers.BloomConfig, vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=cache,
+    )),
+    "gptj": lambda cache: transformers.GPTJForCausalLM(tiny(
+        transformers.GPTJConfig, vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
+        use_cache=cache,
+    )),
+    "stablelm": lambda cache: transformers.StableLmForCausalLM(tiny(
+        transformers.StableLmConfig, **_TEXT, num_key_value_heads=2, use_cache=cache,
+    )),
+    "olmo": lambda cache: transformers.OlmoForCausalLM(tiny(
+        transformers.OlmoConfig, **_TEXT, num_key_value_heads=2, pad_token_id=0, use_cache=cache,
+    )),
+    "olmo2": lambda cache: transformers.Olmo2ForCausalLM(tiny(
+        transformers.Olmo2Config, **_TEXT, num_key_value_heads=2, pad_token_id=0, use_cache=cache,
+    )),
+    "smollm3": lambda cache: transformers.SmolLM3ForCausalLM(tiny(  # no RoPE in every fourth layer
+        transformers.SmolLM3Config, **_TEXT, num_key_value_heads=2, pad_token_id=0, use_cache=cache,
+    )),
+    "starcoder2": lambda cache: transformers.Starcoder2ForCausalLM(tiny(
+        transformers.Starcoder2Config, **_TEXT, num_key_value_heads=2, use_cache=cache,
+    )),
+    "gpt_bigcode": lambda cache: transformers.GPTBigCodeForCausalLM(tiny(  # multi-query attention
+        transformers.GPTBigCodeConfig, vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        use_cache=cache,
+    )),
+    "granite": lambda cache: transformers.GraniteForCausalLM(tiny(
+        transformers.GraniteConfig, **_TEXT, num_key_value_heads=2, use_cache=cache,
+    )),
+    "cohere": lambda cache: transformers.CohereForCausalLM(tiny(
+        transformers.CohereConfig, **_TEXT, num_key_value_heads=2, pad_token_id=0, use_cache=cache,
+    )),
+    # Mixtures of experts, with the experts' default implementation (grouped_mm): 4 experts, 2
+    # per token.
+    "mixtral": lambda cache: transformers.MixtralForCausalLM(tiny(
+        transformers.MixtralConfig, **_TEXT, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        use_cache=cache,
+    )),
+    "qwen2_moe": lambda cache: transformers.Qwen2MoeForCausalLM(tiny(  # and a shared expert
+        transformers.Qwen2MoeConfig, **_TEXT, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64, use_cache=cache,
+    )),
+    "qwen3_moe": lambda cache: transformers.Qwen3MoeForCausalLM(tiny(
+        transformers.Qwen3MoeConfig, **_TEXT, num_key_value_heads=2, head_dim=8, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, use_cache=cache,
+    )),
+    "olmoe": lambda cache: transformers.OlmoeForCausalLM(tiny(
+        transformers.OlmoeConfig, **_TEXT, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        pad_token_id=0, use_cache=cache,
+    )),
+}
+# Sliding-window attention on some layers (Gemma 2: every other one; Gemma 3 text: five in six):
+# a window of 4 tokens, shorter than the longer test sequences. Their DynamicCache holds
+# sliding-window layers, which are refused as export inputs (test below).
+SLIDING_WINDOW_DECODERS: dict[str, Callable[[bool], Any]] = {
+    "gemma2": lambda cache: transformers.Gemma2ForCausalLM(tiny(
+        transformers.Gemma2Config, **_TEXT, num_key_value_heads=2, head_dim=8, sliding_window=4, use_cache=cache,
+    )),
+    "gemma3": lambda cache: transformers.Gemma3ForCausalLM(tiny(
+        transformers.Gemma3TextConfig, **_TEXT, num_key_value_heads=2, head_dim=8, sliding_window=4,
+        use_cache=cache,
+    )),
+}
+
+
+def _params(families, in_default_run: set[str]) -> list:
+    return [pytest.param(f, marks=() if f in in_default_run else slow) for f in families]
+
+
+# In the default run: one family per mechanism not tested elsewhere (ALiBi, sliding windows,
+# experts; query/key norms with a cache below); the others are slow.
+@pytest.mark.parametrize(
+    "family", _params([*DECODERS, *SLIDING_WINDOW_DECODERS], {"bloom", "gemma2", "mixtral"})
+)
+def test_decoder_lm(family):
+    model = {**DECODERS, **SLIDING_WINDOW_DECODERS}[family](False).eval()
+    calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
+    _check(model, calls, dynamic_shapes=_text_dims("input_ids", "attention_mask"))
+
+
+def _cache_call(model, batch: int, past: int, seq: int) -> dict[str, Any]:
+    """New tokens, a mask over past and new positions (the last row left-padded), and the
+    DynamicCache the model filled with ``past`` tokens: the call of a decode step."""
+    generator = torch.Generator().manual_seed(batch * 100 + past * 10 + seq)
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(1, VOCAB, (batch, past), generator=generator), use_cache=True).past_key_values
+    attention_mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    attention_mask[-1, : past // 2] = 0
+    return {"input_ids": torch.randint(1, VOCAB, (batch, seq), generator=generator), "attention_mask": attention_mask, "cache": cache}
+
+
+@pytest.mark.parametrize("family", _params(DECODERS, {"qwen3", "bloom"}))
+def test_decoder_lm_with_dynamic_cache(family):
+    model = DECODERS[family](True).eval()
+    batch, seq, past = Dim("batch"), Dim("seq"), Dim("past")
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: Dim("total")},  # past + seq: refined, with a warning
+        "cache": [[{0: batch, 2: past}] * model.config.num_hidden_layers] * 2,  # keys, values
+    }
+    with pytest.warns(UserWarning, match="dynamic_shapes refined: total"):
+        program = dynexport.export(model, (), kwargs=_cache_call(model, *CACHE_SIZES[0]), dynamic_shapes=dynamic_shapes)
+    assert str(program.model.graph.outputs[1].shape[2]) == "past + seq"
+    for sizes in CACHE_SIZES:
+        # The model appends to the cache it is given: each run gets its own.
+        call = _cache_call(model, *sizes)
+        with torch.no_grad():
+            expected = model(**copy.deepcopy(call))
+        actual = program(**call)
+        assert isinstance(actual.past_key_values, transformers.DynamicCache)
+        assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits at {sizes}")
+        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers):
+            assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache at {sizes}")
+
+
+@pytest.mark.parametrize("family", list(SLIDING_WINDOW_DECODERS))
+def test_a_dynamic_cache_with_sliding_window_layers_is_refused(family):
+    # A sliding-window layer keeps its token count in a Python int (which would be baked in)
+    # and drops old tokens by it.
+    model = SLIDING_WINDOW_DECODERS[family](True).eval()
+    call = _cache_call(model, 2, 5, 3)
+    dynamic_shapes = {
+        "input_ids": {0: Dim("batch"), 1: Dim("seq")}, "attention_mask": {0: Dim("batch"), 1: Dim("total")},
+        "cache": [[{0: Dim("batch"), 2: Dim("past")}] * 2] * 2,
+    }
+    with pytest.raises(TypeError, match="full-attention layers only.*DynamicSlidingWindowLayer"):
+        dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
+
+
+@slow
+def test_decoder_with_input_names_and_dynamic_axes():
+    # torch.onnx's older form: positional inputs named, their dynamic axes named.
+    model = DECODERS["qwen3"](False).eval()
+    calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    program = dynexport.export(
+        model, (calls[0]["input_ids"], calls[0]["attention_mask"]), input_names=["input_ids", "attention_mask"],
+        output_names=["logits"], dynamic_axes=axes,
+    )
+    assert [str(d) for d in program.model.graph.outputs[0].shape] == ["batch", "seq", str(VOCAB)]
+    for call in calls:
+        with torch.no_grad():
+            expected = model(**call).logits
+        assert_close(program(call["input_ids"], call["attention_mask"])[0], expected, atol=ATOL)
+
+
+# -- encoders ---------------------------------------------------------------------------------
+
+ENCODERS: dict[str, Callable[[], Any]] = {
+    # DeBERTa-v3's configuration: disentangled attention over bucketed relative positions.
+    "deberta_v2": lambda: transformers.DebertaV2Model(tiny(
+        transformers.DebertaV2Config, **_TEXT, max_position_embeddings=64, relative_attention=True,
+        position_buckets=8, max_relative_positions=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+        share_att_key=True, position_biased_input=False,
+    )),
+    "deberta": lambda: transformers.DebertaModel(tiny(
+        transformers.DebertaConfig, **_TEXT, max_position_embeddings=64, relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+    )),
+    "xlm_roberta": lambda: transformers.XLMRobertaModel(tiny(
+        transformers.XLMRobertaConfig, **_TEXT, max_position_embeddings=64,
+    )),
+    "mpnet": lambda: transformers.MPNetModel(tiny(transformers.MPNetConfig, **_TEXT, max_position_embeddings=64)),
+    # Local attention (a window of 4) in every other layer.
+    "modernbert": lambda: transformers.ModernBertModel(tiny(
+        transformers.ModernBertConfig, **_TEXT, max_position_embeddings=64, local_attention=4,
+        global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+    )),
+}
+
+
+@pytest.mark.parametrize("family", _params(ENCODERS, {"deberta_v2", "modernbert"}))
+def test_encoder(family):
+    model = ENCODERS[family]().eval()
+    calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
+    _check(model, calls, dynamic_shapes=_text_dims("input_ids", "attention_mask"))
+
+
+def test_encoder_with_input_names_and_dynamic_axes():
+    model = ENCODERS["xlm_roberta"]().eval()
+    calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    assert_exports_equivalent(
+        model, (calls[0]["input_ids"], calls[0]["attention_mask"]), input_names=["input_ids", "attention_mask"],
+        dynamic_axes=axes, resized=[(c["input_ids"], c["attention_mask"]) for c in calls[1:]], atol=ATOL,
+    )
+
+
+# -- encoder-decoders -------------------------------------------------------------------------
+
+_SEQ2SEQ = {
+    "vocab_size": VOCAB, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "max_position_embeddings": 64,
+    "use_cache": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1,
+}
+
+ENCODER_DECODERS: dict[str, Callable[[], Any]] = {
+    "marian": lambda: transformers.MarianMTModel(tiny(transformers.MarianConfig, **_SEQ2SEQ)),
+    "m2m100": lambda: transformers.M2M100ForConditionalGeneration(tiny(transformers.M2M100Config, **_SEQ2SEQ)),
+    "pegasus": lambda: transformers.PegasusForConditionalGeneration(tiny(transformers.PegasusConfig, **_SEQ2SEQ)),
+    "mbart": lambda: transformers.MBartForConditionalGeneration(tiny(transformers.MBartConfig, **_SEQ2SEQ)),
+}
+
+
+@pytest.mark.parametrize("family", _params(ENCODER_DECODERS, {"marian"}))
+def test_encoder_decoder(family):
+    model = ENCODER_DECODERS[family]().eval()
+    calls = []
+    for (batch, seq), target in zip(TEXT_SIZES, [5, 2, 9, 3]):
+        call = text_inputs(batch, seq)
+        call["decoder_input_ids"] = text_inputs(batch, target, mask=False)["input_ids"]
+        calls.append(call)
+    batch, seq, target = Dim("batch"), Dim("seq"), Dim("target")
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}, "decoder_input_ids": {0: batch, 1: target},
+    }
+    _check(model, calls, dynamic_shapes=dynamic_shapes)
+
+
+# -- vision and multimodal --------------------------------------------------------------------
+
+_VIT = {
+    "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "image_size": 16,
+    "patch_size": 4,
+}
+
+IMAGE_MODELS: dict[str, tuple[Callable[[], Any], int]] = {
+    # family: (model factory, image side); the batch is dynamic
+    "deit": (lambda: transformers.DeiTForImageClassificationWithTeacher(tiny(
+        transformers.DeiTConfig, **_VIT, num_labels=3,
+    )), 16),
+    "beit": (lambda: transformers.BeitModel(tiny(  # relative position bias
+        transformers.BeitConfig, **_VIT, vocab_size=VOCAB, use_relative_position_bias=True,
+    )), 16),
+    "dinov2": (lambda: transformers.Dinov2Model(tiny(transformers.Dinov2Config, **_VIT, mlp_ratio=2)), 16),
+    "segformer": (lambda: transformers.SegformerForSemanticSegmentation(tiny(
+        transformers.SegformerConfig, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+        patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32,
+        num_labels=3,
+    )), 32),
+    "siglip_vision": (lambda: transformers.SiglipVisionModel(tiny(transformers.SiglipVisionConfig, **_VIT)), 16),
+    "yolos": (lambda: transformers.YolosForObjectDetection(tiny(
+        transformers.YolosConfig, **{**_VIT, "image_size": [16, 16]}, num_detection_tokens=3, num_labels=3,
+    )), 16),
+    "levit": (lambda: transformers.LevitModel(tiny(
+        transformers.LevitConfig, image_size=32, hidden_sizes=[16, 24, 32], num_attention_heads=[1, 2, 2],
+        depths=[1, 1, 1], key_dim=[8, 8, 8], patch_size=16,
+    )), 32),
+}
+
+
+@pytest.mark.parametrize("family", _params(IMAGE_MODELS, {"segformer", "dinov2"}))
+def test_image_model_with_dynamic_batch(family):
+    factory, side = IMAGE_MODELS[family]
+    model = factory().eval()
+    generator = torch.Generator().manual_seed(0)
+    calls = [{"pixel_values": torch.randn(b, 3, side, side, generator=generator)} for b in (2, 3, 1, 4)]
+    _check(model, calls, dynamic_shapes={"pixel_values": {0: Dim("batch")}})
+
+
+@slow
+def test_siglip():
+    """Texts and images in separate batches; the text sequence is dynamic."""
+    model = transformers.SiglipModel(tiny(
+        transformers.SiglipConfig,
+        text_config={**_TEXT, "max_position_embeddings": 32},
+        vision_config=dict(_VIT),
+    )).eval()
+    calls = [
+        {"input_ids": text_inputs(texts, seq, mask=False)["input_ids"], "pixel_values": torch.randn(images, 3, 16, 16)}
+        for (texts, seq), images in zip(TEXT_SIZES, [3, 1, 2, 5])
+    ]
+    dynamic_shapes = {"input_ids": {0: Dim("texts"), 1: Dim("seq")}, "pixel_values": {0: Dim("images")}}
+    _check(model, calls, dynamic_shapes=dynamic_shapes)
+
+
+# -- audio ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding_mask", [False, pytest.param(True, marks=slow)])
+def test_hubert(padding_mask):
+    """Samples from 60 on: the model's guards on its frame count exclude fewer (refined with a
+    warning); torch's solver alone would take multiples of 20 only."""
+    model = transformers.HubertModel(tiny(
+        transformers.HubertConfig, **_TEXT, conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        **({"feat_extract_norm": "layer", "do_stable_layer_norm": True} if padding_mask else {}),
+    )).eval()
+    generator = torch.Generator().manual_seed(0)
+    calls = []
+    for batch, samples in [(2, 400), (3, 333), (1, 61), (4, 800)]:
+        call = {"input_values": torch.randn(batch, samples, generator=generator)}
+        if padding_mask:
+            call["attention_mask"] = torch.ones(batch, samples, dtype=torch.int64)
+            call["attention_mask"][-1, samples - samples // 3:] = 0
+        calls.append(call)
+    batch, samples = Dim("batch"), Dim("samples")
+    dynamic_shapes = {name: {0: batch, 1: samples} for name in calls[0]}
+    with pytest.warns(UserWarning, match="dynamic_shapes refined: samples: min=60"):
+        _check(model, calls, dynamic_shapes=dynamic_shapes)
