@@ -12,8 +12,9 @@ Soundness: nothing is copied unless each of these holds, otherwise capture is re
 - Before capture (:func:`repeated_layers`): the layers are distinct modules of one class whose
   submodules, parameter and buffer names, shapes and dtypes, and other attributes (by value,
   recursively; hooks included) are the same, except an int ``layer_idx`` (transformers' attention
-  selects its cache slot by it) equal to the layer's position plus a constant. Layer 0 may differ
-  (T5's relative attention bias): the traced pair is then layers 1 and 2.
+  selects its cache slot by it) equal to the layer's position plus a constant; each parameter
+  and buffer belongs to one layer or to all. Layer 0 may differ (T5's relative attention bias):
+  the traced pair is then layers 1 and 2.
 - While capturing (:func:`layers_traced_once`): each layer is called once, in order. A stubbed
   layer gets the arguments the last traced layer got (tensors and objects such as the cache by
   identity, other values by equality) except the hidden state, which must be what the layer
