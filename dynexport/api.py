@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import os
 import time
 import warnings
@@ -72,6 +73,7 @@ def export(
     target: str | None = None,
     strict_clamps: bool = False,
     quantize_weights: WeightQuantization | Mapping[str, Any] | None = None,
+    trace_layers_once: bool = True,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
 
@@ -146,6 +148,13 @@ def export(
             ``dynexport.quantize.WeightQuantization`` or a dict of its fields (``{"bits": 4}``;
             without ``"target"`` it follows ``target``: MatMulNBits for ``"onnxruntime"``,
             DequantizeLinear otherwise). See docs/llm.md.
+        trace_layers_once: capture a ``ModuleList`` of like layers (a transformer's decoder or
+            encoder layers, 6 or more) by tracing its first two (three when the first differs)
+            and copying the last traced one's graph for the others, each copy with its own
+            layer's weights and cache slot: capture time then barely grows with the number of
+            layers. Used only when every check of its soundness passes (the layers alike, called
+            alike, their graphs the same up to their weights and cache slots; docs/llm.md),
+            otherwise the model is captured in full, as with False.
 
     Returns:
         An :class:`ONNXProgram`.
@@ -169,6 +178,7 @@ def export(
         fallback=fallback, training=training, export_modules_as_functions=export_modules_as_functions,
         dynamo=dynamo, example_inputs=example_inputs, report=report, verify=verify,
         target=target, strict_clamps=strict_clamps, quantize_weights=quantize_weights,
+        trace_layers_once=trace_layers_once,
     )
     record = report_stage.ExportRecord(
         options.model_name, options.opset,
@@ -235,7 +245,7 @@ def _capture_module(
         capture = torchscript.capture
     else:
         module = capture_stage.as_module(model, args)
-        capture = capture_stage.capture
+        capture = functools.partial(capture_stage.capture, trace_layers_once=options.trace_layers_once)
     signature.check_argument_types(args, kwargs)
     bound = signature.bind_arguments(module.forward, args, kwargs)
     slots = signature.argument_slots(module.forward, args, kwargs)

@@ -9,6 +9,11 @@ cannot capture a module soundly and the module's code calls TorchScript, the mod
 :class:`~dynexport.errors.CaptureError` carries each strategy's reason, draft_export's problems
 one by one with their model line and fix.
 
+With ``trace_layers_once``, a module holding a ``ModuleList`` of like layers (a transformer's) is
+first captured non-strict with only two of them traced and the others copied in the graph
+(:mod:`dynexport.repeated_layers`); when any of that module's checks fails, the strategies above
+capture it in full.
+
 Dims declared dynamic stay dynamic even when the example size is 0 or 1: when a dim declared
 dynamic has such an example size, capture runs with size-oblivious reasoning for backed sizes, so
 torch.export does not specialise a batch of 1. (Only then: size-oblivious reasoning turns some
@@ -46,9 +51,11 @@ from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError
 from dynexport.grouped_attention import grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
+from dynexport.model_caches import first_fills_kept
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
+from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
 from dynexport.signature import bind_arguments
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
@@ -143,27 +150,29 @@ def capture(
     args: tuple,
     kwargs: dict,
     dynamic_shapes: Any,
+    *,
+    trace_layers_once: bool = False,
 ) -> tuple[torch.export.ExportedProgram, str]:
     """Capture ``module`` and return the program with the name of the strategy that worked.
+
+    ``trace_layers_once``: first try capturing a ``ModuleList`` of like layers by tracing two
+    of them and copying the last one for the others (dynexport/repeated_layers.py); whenever one
+    of its checks fails, the strategies below capture the model in full.
 
     Raises:
         CaptureError: no strategy captured the model soundly.
     """
     reasons: dict[str, BaseException] = {}
     oblivious = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
+    if trace_layers_once:
+        captured = _captured_tracing_layers_once(module, args, kwargs, dynamic_shapes, oblivious)
+        if captured is not None:
+            return captured
     for name, strategy in STRATEGIES.items():
         if strategy is _draft and isinstance(reasons.get(_NON_STRICT), UncheckedGuards):
             continue  # draft_export traces as non-strict capture does: the same unchecked guards
         try:
-            with (
-                _size_oblivious(oblivious),
-                recurrent_ops_kept_whole(),
-                detection_code_capturable(),
-                grouped_attention_whole(),
-                _fake_quantize_meta_kernels(),
-                quantized_modules_as_float(module),
-                attributes_added_removed(module),
-            ):
+            with _capture_patches(module, oblivious):
                 program = strategy(module, args, kwargs, dynamic_shapes)
             check_guards_hold(program)
         except Exception as error:  # every strategy's failure is reported together
@@ -191,6 +200,43 @@ def capture(
             )
             return program, strategy
     raise _capture_error(reasons, oblivious) from next(iter(reasons.values()))
+
+
+@contextlib.contextmanager
+def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]:
+    """What every capture attempt runs under (each patch for the capture only)."""
+    with (
+        _size_oblivious(oblivious),
+        recurrent_ops_kept_whole(),
+        detection_code_capturable(),
+        grouped_attention_whole(),
+        first_fills_kept(),
+        _fake_quantize_meta_kernels(),
+        quantized_modules_as_float(module),
+        attributes_added_removed(module),
+    ):
+        yield
+
+
+def _captured_tracing_layers_once(
+    module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any, oblivious: bool
+) -> tuple[torch.export.ExportedProgram, str] | None:
+    """Non-strict capture with the later layers of ``module``'s lists of like layers stubbed and
+    then copied from a traced one; None when there are no such lists or any check (or the
+    capture itself) fails: the caller then captures the model in full."""
+    try:
+        lists = repeated_layers(module)
+        if not lists:
+            return None
+        with _capture_patches(module, oblivious), layers_traced_once(lists) as calls:
+            program = _non_strict(module, args, kwargs, dynamic_shapes)
+        program = replicated(program, calls)
+        check_guards_hold(program)
+    except Exception as error:  # every reason, the model's own included, is found again by the full capture
+        logging.getLogger(__name__).debug("layers captured in full: %s", error)
+        return None
+    warn_if_dims_pinned(program, module, args, kwargs)
+    return program, "; ".join([_NON_STRICT, *(repeated.describe() for repeated in lists)])
 
 
 def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> CaptureError:

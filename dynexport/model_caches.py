@@ -13,6 +13,9 @@ nodes, and the registration is undone afterwards, so dynexport leaves pytree as 
 - ``EncoderDecoderCache``: ``self_attention_cache`` and ``cross_attention_cache``, each one of
   the above; ``dynamic_shapes`` is ``[self-attention specs, cross-attention specs]``.
 
+While capturing (:func:`first_fills_kept`), a ``DynamicLayer``'s first update keeps the keys and
+values it is given instead of concatenating them to an empty tensor, as transformers does.
+
 The ONNX graph names a cache's tensors as onnxruntime-genai and optimum do
 (:func:`cache_leaf_names`): ``past_key_values.<layer>.key`` / ``.value`` for a cache among the
 inputs, ``present.<layer>.key`` / ``.value`` for one among the outputs, with ``.decoder`` /
@@ -30,7 +33,9 @@ import torch
 import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 
-__all__ = ["CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "cache_leaf_names", "caches_flattened", "is_cache"]
+__all__ = [
+    "CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "cache_leaf_names", "caches_flattened", "first_fills_kept", "is_cache",
+]
 
 CACHE_INPUT_PREFIX = "past_key_values"
 CACHE_OUTPUT_PREFIX = "present"
@@ -66,6 +71,34 @@ def caches_flattened(values: Any = None) -> Iterator[None]:
         for cache_type in registered:
             pytree._deregister_pytree_node(cache_type)
             fx_pytree._deregister_pytree_flatten_spec(cache_type)
+
+
+@contextlib.contextmanager
+def first_fills_kept() -> Iterator[None]:
+    """Within the block (a capture), a ``DynamicLayer``'s first update keeps the keys and values
+    it is given rather than concatenating them to the empty tensor it starts with: the same
+    values, without one traced concatenation per layer and tensor on symbolic shapes (about a
+    second for a 30-layer ``DynamicCache`` built from key/value pairs). The eager model is left
+    as it is."""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    layer_type = getattr(cache_utils, "DynamicLayer", None)
+    if layer_type is None or "update" not in vars(layer_type):
+        yield
+        return
+    original = layer_type.update
+
+    def update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if type(self) is not layer_type or self.is_initialized:
+            return original(self, key_states, value_states, *args, **kwargs)
+        self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return self.keys, self.values
+
+    layer_type.update = update
+    try:
+        yield
+    finally:
+        layer_type.update = original
 
 
 def is_cache(value: Any) -> bool:

@@ -71,6 +71,7 @@ class ExportOptions:
     translation: TranslationOptions
     target: str | None = None
     strict_clamps: bool = False
+    trace_layers_once: bool = True
     weight_quantization: WeightQuantization | None = None
 
     @property
@@ -115,13 +116,14 @@ class ExportOptions:
         target: Any = None,
         strict_clamps: Any = False,
         quantize_weights: Any = None,
+        trace_layers_once: Any = True,
     ) -> ExportOptions:
         """Check every argument of :func:`dynexport.export` (types first), raising TypeError or
         ValueError naming the argument, and gather them."""
         for name, value in (
             ("export_params", export_params), ("keep_initializers_as_inputs", keep_initializers_as_inputs),
             ("do_constant_folding", do_constant_folding), ("optimize", optimize), ("dynamo", dynamo),
-            ("verify", verify), ("strict_clamps", strict_clamps),
+            ("verify", verify), ("strict_clamps", strict_clamps), ("trace_layers_once", trace_layers_once),
         ):
             _check_bool(name, value)
         if verbose is not None:
@@ -183,7 +185,7 @@ class ExportOptions:
             dynamic_axes=dynamic_axes, example_inputs=example_inputs, training=training, dynamo=dynamo,
             optimize=optimize, do_constant_folding=do_constant_folding, verify=verify, verbose=bool(verbose),
             report_file=_report_file(report, f, model_name), translation=translation,
-            target=target, strict_clamps=strict_clamps,
+            target=target, strict_clamps=strict_clamps, trace_layers_once=trace_layers_once,
             weight_quantization=_weight_quantization(quantize_weights, target),
         )
 

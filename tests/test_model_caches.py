@@ -1,7 +1,8 @@
 """transformers' StaticCache and EncoderDecoderCache as export inputs and outputs, with no
 registration by the user (dynexport/model_caches.py): checked in onnxruntime at other sizes, the
 program taking and returning the cache objects; their tensors named as the ecosystem names them.
-(DynamicCache: tests/test_dim_refinement.py and tests/test_generation.py.)"""
+(DynamicCache: tests/test_dim_refinement.py and tests/test_generation.py; here only how one
+filled from key/value pairs is captured.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import dynexport
+from dynexport.capture import capture
 from dynexport.model_caches import caches_flattened
 from tests.equivalence import assert_close
 
@@ -122,3 +124,36 @@ def test_the_registration_is_undone_and_the_users_kept():
     with caches_flattened():
         assert all(_registered())
     assert _registered() == before
+
+
+class _BuildsItsCache(torch.nn.Module):
+    """A decoder whose past keys and values come in as pairs of tensors, made a DynamicCache."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, past_key_values):
+        cache = transformers.DynamicCache(past_key_values)
+        return self.model(input_ids=input_ids, cache=cache).logits
+
+
+def test_a_dynamic_cache_filled_from_pairs_is_captured_without_concatenations_to_empty_tensors():
+    # transformers concatenates each first pair to an empty tensor: while capturing, the pair is
+    # kept as it is (the same values); the eager DynamicLayer is left as it was.
+    model = _BuildsItsCache(DECODERS["llama"](True).eval())
+    generator = torch.Generator().manual_seed(0)
+    pairs = [tuple(torch.randn(2, 2, 3, 8, generator=generator) for _ in "kv") for _ in range(2)]
+    update = transformers.cache_utils.DynamicLayer.update
+    with caches_flattened():
+        program, _ = capture(model, (torch.ones(2, 4, dtype=torch.int64), pairs), {}, None)
+    assert transformers.cache_utils.DynamicLayer.update is update
+    concatenated = [
+        arg.meta["val"].shape
+        for node in program.graph.find_nodes(op="call_function", target=torch.ops.aten.cat.default)
+        for arg in node.args[0]
+    ]
+    assert concatenated and all(shape.numel() > 0 for shape in concatenated)
+    input_ids = torch.randint(1, VOCAB, (2, 4), generator=generator)
+    with torch.no_grad():
+        assert_close(program.module()(input_ids, pairs), model(input_ids, pairs), atol=1e-5)
