@@ -335,6 +335,20 @@ _VIT = {
     "patch_size": 4,
 }
 
+# DETR-style detectors on transformers' own ResNet (no timm), one encoder and decoder layer.
+_DETR = {
+    "use_timm_backbone": False, "use_pretrained_backbone": False, "backbone": None, "d_model": 32,
+    "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "num_queries": 5, "num_labels": 3,
+}
+
+
+def _detr_backbone(stages: list[str]):
+    return tiny(
+        transformers.ResNetConfig, embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], out_features=stages,
+    )
+
+
 IMAGE_MODELS: dict[str, tuple[Callable[[], Any], int]] = {
     # family: (model factory, image side); the batch is dynamic
     "deit": (lambda: transformers.DeiTForImageClassificationWithTeacher(tiny(
@@ -366,6 +380,22 @@ IMAGE_MODELS: dict[str, tuple[Callable[[], Any], int]] = {
         backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 16, 32], fusion_hidden_size=16,
         head_hidden_size=8,
     )), 32),
+    "depth_anything": (lambda: transformers.DepthAnythingForDepthEstimation(tiny(  # a DINOv2 backbone
+        transformers.DepthAnythingConfig, backbone_config=tiny(
+            transformers.Dinov2Config, **{**_VIT, "num_hidden_layers": 4, "image_size": 28, "patch_size": 14},
+            out_indices=[1, 2, 3, 4], reshape_hidden_states=False,
+        ), reassemble_hidden_size=32, neck_hidden_sizes=[8, 16, 16, 32], fusion_hidden_size=16, head_hidden_size=8,
+        patch_size=14,
+    )), 28),
+    "conditional_detr": (lambda: transformers.ConditionalDetrForObjectDetection(tiny(
+        transformers.ConditionalDetrConfig, **_DETR, backbone_config=_detr_backbone(["stage4"]),
+    )), 64),
+    # Multi-scale deformable attention: grid_sample over three feature levels.
+    "deformable_detr": (lambda: transformers.DeformableDetrForObjectDetection(tiny(
+        transformers.DeformableDetrConfig, **{**_DETR, "decoder_layers": 2},
+        backbone_config=_detr_backbone(["stage2", "stage3", "stage4"]), num_feature_levels=3, encoder_n_points=2,
+        decoder_n_points=2,
+    )), 64),
 }
 
 
