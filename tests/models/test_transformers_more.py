@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import dynexport
+from dynexport.errors import DimSpecializedError
 from tests.equivalence import assert_close, assert_exports_equivalent
 
 transformers = pytest.importorskip("transformers")
@@ -450,6 +451,52 @@ def test_siglip():
     ]
     dynamic_shapes = {"input_ids": {0: Dim("texts"), 1: Dim("seq")}, "pixel_values": {0: Dim("images")}}
     _check(model, calls, dynamic_shapes=dynamic_shapes)
+
+
+@slow
+def test_vision_encoder_decoder():
+    """A ViT encoder and a GPT-2 decoder with cross-attention, as TrOCR and Donut are built."""
+    torch.manual_seed(0)
+    config = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.ViTConfig(**_VIT),
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                add_cross_attention=True, is_decoder=True, use_cache=False),
+    )
+    model = transformers.VisionEncoderDecoderModel(config).eval()
+    calls = [
+        {"pixel_values": torch.randn(b, 3, 16, 16), "decoder_input_ids": torch.randint(1, VOCAB, (b, t))}
+        for b, t in [(2, 5), (3, 2), (1, 9), (4, 3)]
+    ]
+    batch = Dim("batch")
+    _check(model, calls, dynamic_shapes={"pixel_values": {0: batch}, "decoder_input_ids": {0: batch, 1: Dim("target")}})
+
+
+@slow
+def test_llava_with_a_static_batch():
+    """The image's 16 patch features replace its 16 image tokens in the text. LLaVA iterates
+    over the images of the batch in Python (``list(image_features)``): a dynamic batch is refused
+    naming that line; the sequence stays dynamic."""
+    image_token = VOCAB - 1
+    model = transformers.LlavaForConditionalGeneration(tiny(
+        transformers.LlavaConfig,
+        vision_config={"model_type": "clip_vision_model", **_VIT},
+        text_config={"model_type": "llama", **_TEXT, "num_key_value_heads": 2, "use_cache": False},
+        image_token_index=image_token, vision_feature_layer=-1,
+    )).eval()
+    generator = torch.Generator().manual_seed(0)
+
+    def call(batch: int, seq: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(1, image_token, (batch, seq + 16), generator=generator)
+        ids[:, 1:17] = image_token
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(batch, 3, 16, 16)}
+
+    seq = Dim("seq")
+    dynamic_shapes = {"input_ids": {1: seq}, "attention_mask": {1: seq}, "pixel_values": None}
+    with pytest.raises(DimSpecializedError, match=r"batch = 2(.|\n)*list\(image_features\)"):
+        dynexport.export(model, (), kwargs=call(2, 7), dynamic_shapes={
+            "input_ids": {0: Dim("batch"), 1: seq}, "attention_mask": {0: Dim("batch"), 1: seq}, "pixel_values": {0: Dim("batch")},
+        })
+    _check(model, [call(2, s) for s in (7, 11, 16, 4)], dynamic_shapes=dynamic_shapes)
 
 
 # -- audio ------------------------------------------------------------------------------------
