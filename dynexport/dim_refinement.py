@@ -314,6 +314,8 @@ def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[
 
 # A fix that makes a dim a multiple of a root: ``samples = 20*_samples``.
 _MULTIPLE = re.compile(r"\d+\*_\w+")
+# The largest lcm of a guard's divisors a minimum is proven for (sympy solves once per residue).
+_PROOF_PERIOD_LIMIT = 256
 
 
 def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, str]) -> dict[str, tuple[int, Any]]:
@@ -374,7 +376,7 @@ def _proven_clause_minimum(clause: str) -> int | None:
         if not all(d.is_Integer and d > 0 for d in divisors):
             return None
         period = math.lcm(*(int(d) for d in divisors))
-        if period > _GUARD_SEARCH_LIMIT:
+        if period > _PROOF_PERIOD_LIMIT:
             return None
         largest_failing = -1
         for residue in range(period):
