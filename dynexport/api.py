@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import gc
 import functools
 import os
 import time
@@ -186,12 +185,7 @@ def export(
         destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None,
     )
     timer = PhaseTimer(record.timings)
-    with (
-        _existing_objects_frozen(),
-        report_stage.reporting(options.report_file, record),
-        caches_flattened(),
-        torchao_weights(model) as torchao,
-    ):
+    with report_stage.reporting(options.report_file, record), caches_flattened(), torchao_weights(model) as torchao:
         captured = _capture(model, options, timer, record)
         plan = _plan(captured, options, timer, record)
         with timer.phase("translate"):
@@ -215,22 +209,6 @@ def export(
         result.report_path = options.report_file
         _finish(result, model, options, timer, record)
         return result
-
-
-@contextlib.contextmanager
-def _existing_objects_frozen() -> Iterator[None]:
-    """Python's cyclic collector skips the objects that existed before the export (the model,
-    torch's and transformers' modules: hundreds of thousands) while it runs: its collections
-    otherwise scan them again and again, a fifth of a 30-layer decoder's export. Nothing is
-    frozen when the process froze objects of its own (unfreezing would release those too)."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 @dataclasses.dataclass(frozen=True)

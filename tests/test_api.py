@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import dynexport
-from dynexport.api import phase_listener
 from tests.equivalence import assert_close, assert_exports_equivalent
 
 Dim = torch.export.Dim
@@ -354,23 +353,3 @@ def test_dynamic_shapes_auto_arguments_are_checked_before_capture():
     with pytest.raises(ValueError, match="ranks must agree"):
         dynexport.export(model, (torch.randn(2),), dynamic_shapes="auto", example_inputs=[(torch.randn(3, 1),)])
     assert model.calls == 0
-
-
-def test_export_freezes_the_objects_it_finds_only_while_it_runs():
-    import gc
-
-    seen = []
-    with phase_listener(lambda phase, seconds: seen.append(gc.get_freeze_count())):
-        dynexport.export(torch.nn.Linear(3, 2), (torch.randn(4, 3),))
-    assert seen and min(seen) > 0  # the collector skipped the objects made before the export
-    assert gc.get_freeze_count() == 0
-    gc.freeze()  # a process that froze objects of its own keeps them frozen, and only them
-    try:
-        frozen = gc.get_freeze_count()
-        seen.clear()
-        with phase_listener(lambda phase, seconds: seen.append(gc.get_freeze_count())):
-            dynexport.export(torch.nn.Linear(3, 2), (torch.randn(4, 3),))
-        # (Frozen objects freed meanwhile leave the count: it may only shrink a little.)
-        assert max(seen) <= frozen and gc.get_freeze_count() > frozen // 2
-    finally:
-        gc.unfreeze()
