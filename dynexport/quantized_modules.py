@@ -552,8 +552,9 @@ def _observes(module: torch.nn.Module) -> bool:
 
 
 def _user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside dynexport and torch."""
-    own = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+    """The ``stacklevel`` that points a warning at the first caller outside dynexport, torch and
+    contextlib (whose frames run the context managers capture stacks)."""
+    own = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep, contextlib.__file__)
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(own):
         frame, level = frame.f_back, level + 1
