@@ -14,12 +14,12 @@ first captured non-strict with only two of them traced and the others copied in 
 (:mod:`dynexport.repeated_layers`); when any of that module's checks fails, the strategies above
 capture it in full.
 
-Dims declared dynamic stay dynamic even when the example size is 0 or 1: when an example holds
-such a size, capture runs with size-oblivious reasoning for backed sizes, so torch.export does
-not specialise a batch of 1. (Only then: size-oblivious reasoning turns some models' ``== 1``
-checks into guards that would otherwise not exist. A static dim of size 1 turns it on too: it
-keeps torch from tying other dims to the example; the hint about example sizes of 0 or 1 names
-only dims declared dynamic.)
+Dims declared dynamic stay dynamic even when the example size is 0 or 1: when a dim declared
+dynamic has such an example size, capture runs with size-oblivious reasoning for backed sizes, so
+torch.export does not specialise a batch of 1. Only then: size-oblivious reasoning turns some
+models' ``== 1`` checks into guards that would otherwise not exist, and turned on by a static
+dim of size 1 (a multi-query attention's one key-value head) it bounded a cached decoder's new
+tokens to 2 and more (Falcon, GPT-BigCode, DeepSeek-V3).
 
 Tracing is not thread-safe in torch: torch.export, make_fx and Dynamo share process-wide state
 (the FX tracing flag, Dynamo's config and caches). :func:`exclusive_tracing` serializes every
@@ -164,15 +164,7 @@ def capture(
         CaptureError: no strategy captured the model soundly.
     """
     reasons: dict[str, BaseException] = {}
-    # Size-oblivious reasoning whenever an example holds a size 0 or 1, even of a static dim: torch
-    # then ties fewer dims to the example (a transposed convolution's kernel to its input width).
-    oblivious = dynamic_shapes is not None and any(
-        size in (0, 1)
-        for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
-        if isinstance(leaf, torch.Tensor)
-        for size in leaf.shape
-    )
-    small_dynamic_dim = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
+    oblivious = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
     if trace_layers_once:
         captured = _captured_tracing_layers_once(module, args, kwargs, dynamic_shapes, oblivious)
         if captured is not None:
@@ -208,7 +200,7 @@ def capture(
                 stacklevel=4,  # capture <- dynamic-shape refinement <- export <- the user's call
             )
             return program, strategy
-    raise _capture_error(reasons, small_dynamic_dim) from next(iter(reasons.values()))
+    raise _capture_error(reasons, oblivious) from next(iter(reasons.values()))
 
 
 @contextlib.contextmanager
@@ -248,7 +240,7 @@ def _captured_tracing_layers_once(
     return program, "; ".join([_NON_STRICT, *(repeated.describe() for repeated in lists)])
 
 
-def _capture_error(reasons: dict[str, BaseException], small_dynamic_dim: bool) -> CaptureError:
+def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> CaptureError:
     hints = []
     if any(isinstance(error, UnsoundCapture) for error in reasons.values()):
         hints.append(
@@ -278,7 +270,7 @@ def _capture_error(reasons: dict[str, BaseException], small_dynamic_dim: bool) -
             "and uses the list (torch.jit.script): dynexport exports such a list as an ONNX "
             "sequence (docs/control_flow.md, Lists), or fix the number of pieces."
         )
-    if small_dynamic_dim:
+    if oblivious:
         hints.append(
             "An example size of 0 or 1 on a dynamic dim lets model code that tests that size "
             "(e.g. `if batch == 1`) fix it; if a constraint on such a dim is violated, export "
@@ -296,7 +288,7 @@ def check_given(program: torch.export.ExportedProgram) -> None:
     """
     report = getattr(program, "_report", None)  # set by torch.export.draft_export only
     if report is not None and report.failures:
-        raise _capture_error({"given ExportedProgram (draft_export)": UnsoundCapture(report)}, small_dynamic_dim=False)
+        raise _capture_error({"given ExportedProgram (draft_export)": UnsoundCapture(report)}, oblivious=False)
 
 
 class UnsoundCapture(Exception):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
@@ -244,20 +245,28 @@ def assert_dynamic_equivalent(
     calls = [inputs]
     if growth is not None:
         new_sizes: dict[str, int] = {}
-        resized = []
         upper = _upper_bounds(program.exported_program)
-        for value, tensor in zip(program.model.graph.inputs, inputs):
-            sizes = {}
-            for d, dim in enumerate(value.shape or ()):
-                if isinstance(dim, int) or dim is None or getattr(dim, "value", None) is None:
-                    continue
-                name = str(dim.value)
-                if name not in new_sizes:
-                    # Within the range torch.export proved the program for (e.g. s0 <= 3 when a
-                    # slice ends at 4): larger inputs are outside its contract.
-                    new_sizes[name] = min(tensor.shape[d] + growth(name), upper.get((value.name, d), math.inf))
-                sizes[d] = new_sizes[name]
-            resized.append(grown(tensor, sizes))
+        dims = [
+            (i, d, str(dim.value))
+            for i, value in enumerate(program.model.graph.inputs)
+            for d, dim in enumerate(value.shape or ())
+            if not isinstance(dim, int) and dim is not None and getattr(dim, "value", None) is not None
+        ]
+        # Dims named by a symbol grow; a dim torch derived from them (``6 - x0_dim_3``) follows.
+        for i, d, name in sorted(dims, key=lambda dim: not dim[2].isidentifier()):
+            if name in new_sizes:
+                continue
+            if name.isidentifier():
+                # Within the range torch.export proved the program for (e.g. s0 <= 3 when a
+                # slice ends at 4): larger inputs are outside its contract.
+                limit = upper.get((program.model.graph.inputs[i].name, d), math.inf)
+                new_sizes[name] = min(inputs[i].shape[d] + growth(name), limit)
+            else:
+                size = sympy.sympify(name).subs(new_sizes)
+                new_sizes[name] = int(size) if size.is_number else inputs[i].shape[d]
+        resized = []
+        for i, tensor in enumerate(inputs):
+            resized.append(grown(tensor, {d: new_sizes[name] for j, d, name in dims if j == i}))
         if new_sizes:
             calls.append(tuple(resized))
     for index, call in enumerate(calls):

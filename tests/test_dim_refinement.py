@@ -209,9 +209,9 @@ def test_dim_a_size_test_fixes_at_an_example_of_one_is_refused():
 
 
 def test_static_dim_of_one_does_not_blame_the_example_size():
-    # A static size-1 dim is no reason for the "example size of 2 or more" hint (it still turns
-    # on size-oblivious capture, which keeps torch from tying other dims to the example).
-    with pytest.raises(CaptureError, match=r"batch") as error:
+    # A static size-1 dim is no reason for the "example size of 2 or more" hint, nor for
+    # size-oblivious capture.
+    with pytest.raises(DimSpecializedError, match=r"batch = 3") as error:
         dynexport.export(_FixedRows(), (torch.randn(3, 4, 1),), dynamic_shapes=({0: Dim("batch")},))
     assert "example size of 2 or more" not in str(error.value)
 

@@ -29,7 +29,9 @@ import torch
 import torch.fx.experimental._config as fx_config
 from torch._export import converter as ts_converter
 
+from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError, TorchScriptConversionError
+from dynexport.signature import bind_arguments
 from dynexport.torchscript import lists
 from dynexport.torchscript.control_flow import block_output, run_if, run_loop
 
@@ -87,12 +89,7 @@ def capture(
     graph is already ATen, there is no Python left to analyse). A dim declared dynamic whose
     example size is 0 or 1 stays dynamic, as torch.onnx's TorchScript exporter keeps it: torch
     reasons about sizes obliviously to those two values then."""
-    oblivious = dynamic_shapes is not None and any(
-        size in (0, 1)
-        for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
-        if isinstance(leaf, torch.Tensor)
-        for size in leaf.shape
-    )
+    oblivious = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
     try:
         with fx_config.patch(backed_size_oblivious=oblivious):
             program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
