@@ -214,16 +214,24 @@ def derived_dim_roots(
     return roots
 
 
+def _constraint_violations(error: CaptureError) -> list[str]:
+    """The messages of torch.export's constraint violations among ``error``'s reasons."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    return [
+        reason.msg
+        for reason in error.reasons.values()
+        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
+    ]
+
+
 def _suggested_fixes_message(error: CaptureError, dynamic_shapes: Any) -> str | None:
     """torch.export's constraint-violation message when it suggests fixes, or the minimums that
     the guards it names imply (:func:`_minimums_from_guards`) in the same form; else None."""
-    from torch._dynamo.exc import UserError, UserErrorType
-
-    for reason in error.reasons.values():
-        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION:
-            if "Suggested fixes:" in reason.msg:
-                return reason.msg
-            return _minimums_from_guards(reason.msg, dynamic_shapes)
+    for message in _constraint_violations(error)[:1]:
+        if "Suggested fixes:" in message:
+            return message
+        return _minimums_from_guards(message, dynamic_shapes)
     return None
 
 
@@ -236,13 +244,10 @@ _PINNED_HINT = re.compile(
 def _pinned_hints(error: CaptureError) -> dict[str, int]:
     """``{"x.shape[0]": 3}`` for the dims declared by a hint (``Dim.DYNAMIC``: what ``dynamic_axes``
     and ``_hinted`` declare), which torch.export reports fixed without suggesting a fix."""
-    from torch._dynamo.exc import UserError, UserErrorType
-
     return {
         f"{name}.shape[{axis}]": int(size)
-        for reason in error.reasons.values()
-        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
-        for name, axis, size in _PINNED_HINT.findall(reason.msg)
+        for message in _constraint_violations(error)
+        for name, axis, size in _PINNED_HINT.findall(message)
     }
 
 
@@ -291,13 +296,7 @@ def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[
     ``(3*n - 1) // n == 2``). ``min`` is the smallest such size in the declared range; an unbounded
     range is checked up to ``_GUARD_SEARCH_LIMIT``, which becomes ``max``. A dim with a guard
     that fails near its maximum, or that reads another dim, is left out."""
-    from torch._dynamo.exc import UserError, UserErrorType
-
-    violations = [
-        reason.msg
-        for reason in error.reasons.values()
-        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
-    ]
+    violations = _constraint_violations(error)
     if not violations:
         return {}
     declared = _get_dim_name_mapping(dynamic_shapes)
@@ -322,15 +321,9 @@ def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, 
     """``{dim name: (min, max)}`` when every fix asks for a multiple and every guard torch names
     for those dims is proven (:func:`_proven_minimum`) to hold at every size from ``min`` to the
     dim's declared ``max``; else empty."""
-    from torch._dynamo.exc import UserError, UserErrorType
-
     if not fixes or not all(_MULTIPLE.fullmatch(fix) for fix in fixes.values()):
         return {}
-    violations = [
-        reason.msg
-        for reason in error.reasons.values()
-        if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
-    ]
+    violations = _constraint_violations(error)
     declared = _get_dim_name_mapping(dynamic_shapes)
     guards = _unsatisfied_guards(violations[0], declared) if violations else {}
     minimums = {}
