@@ -29,7 +29,7 @@ from dynexport.dim_refinement import (
     refinements_metadata,
 )
 from dynexport.errors import ExportError
-from dynexport.model_caches import caches_flattened
+from dynexport.model_caches import caches_flattened, check_sliding_window_dims
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
@@ -262,6 +262,7 @@ def _capture_module(
     if options.dynamic_axes is not None or options.auto_dims:
         dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)
     input_names = signature.graph_input_names(options.input_names, slots)
+    check_sliding_window_dims(dim_names.declared_dims(dynamic_shapes, bound), bound)
     if options.from_torchscript(model) and not torchscript.is_torchscript(model):
         with timer.phase("torchscript"), exporting(), select_model_mode_for_export(model, options.training):
             torchscript.check_trace_holds_at_other_sizes(

@@ -52,7 +52,7 @@ from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError
 from dynexport.grouped_attention import grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
-from dynexport.model_caches import first_fills_kept
+from dynexport.model_caches import first_fills_kept, sliding_windows_sized_by_keys
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
@@ -212,6 +212,7 @@ def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]
         detection_code_capturable(),
         grouped_attention_whole(),
         first_fills_kept(),
+        sliding_windows_sized_by_keys(),
         _fake_quantize_meta_kernels(),
         quantized_modules_as_float(module),
         attributes_added_removed(module),

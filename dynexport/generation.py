@@ -23,10 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.export.graph_signature import ConstantArgument
 
 from dynexport.call_convention import placeholders, user_input_specs
-from dynexport.model_caches import is_cache
+from dynexport.model_caches import caches_flattened, is_cache
 
 __all__ = ["greedy_generate"]
 
@@ -113,12 +114,13 @@ class _CallConvention:
     """Which keyword arguments an exported forward takes, and how each step fills them."""
 
     def __init__(self, names: list[str], baked: dict[str, Any], cache_argument: str | None,
-                 cache_kind: str | None, cache_layers: list[tuple]):
+                 cache_kind: str | None, cache_spec: pytree.TreeSpec | None, cache_leaves: list[tuple]):
         self.names = names
         self.baked = baked
         self.cache_argument = cache_argument
         self.cache_kind = cache_kind  # the class name of the cache the program takes
-        self.cache_layers = cache_layers  # a DynamicCache's (heads, head_dim, dtype) of keys and of values, per layer
+        self.cache_spec = cache_spec  # a DynamicCache's, with its layers' kinds (full attention, sliding window)
+        self.cache_leaves = cache_leaves  # a DynamicCache's (heads, head_dim, dtype) per tensor, keys then values
         self.encoder_input = next((n for n in _ENCODER_INPUTS if n in names), None) if "decoder_input_ids" in names else None
 
     @classmethod
@@ -134,7 +136,7 @@ class _CallConvention:
         specs = user_input_specs(exported)
         nodes = placeholders(exported)
         baked: dict[str, Any] = {}
-        cache_argument, cache_kind, cache_layers = None, None, []
+        cache_argument, cache_kind, cache_spec, cache_leaves = None, None, None, []
         position = 0
         for name, child in zip(names, kwargs_spec.children_specs):
             leaf_specs = specs[position:position + child.num_leaves]
@@ -142,7 +144,8 @@ class _CallConvention:
             if name in _CACHE_ARGUMENTS and child.type is not type(None):
                 cache_argument, cache_kind = name, getattr(child.type, "__name__", None)
                 if cache_kind == "DynamicCache":
-                    cache_layers = _cache_layers([nodes[s.arg.name].meta.get("val") for s in leaf_specs])
+                    cache_spec = child
+                    cache_leaves = _cache_leaves([nodes[s.arg.name].meta.get("val") for s in leaf_specs])
                 elif cache_kind != "EncoderDecoderCache":
                     raise TypeError(
                         f"greedy_generate feeds {name!r} a DynamicCache (an EncoderDecoderCache for an "
@@ -157,7 +160,7 @@ class _CallConvention:
                 f"greedy_generate gives input_ids, attention_mask, position_ids, decoder_input_ids and the cache; "
                 f"the program also takes {unknown}"
             )
-        return cls(names, baked, cache_argument, cache_kind, cache_layers)
+        return cls(names, baked, cache_argument, cache_kind, cache_spec, cache_leaves)
 
     def empty_cache(self, batch: int) -> Any:
         """The cache of the first step: a DynamicCache of past length 0, or an
@@ -168,11 +171,9 @@ class _CallConvention:
 
         if self.cache_kind == "EncoderDecoderCache":
             return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
-        return transformers.DynamicCache([
-            (torch.zeros(batch, key_heads, 0, key_size, dtype=key_dtype),
-             torch.zeros(batch, value_heads, 0, value_size, dtype=value_dtype))
-            for (key_heads, key_size, key_dtype), (value_heads, value_size, value_dtype) in self.cache_layers
-        ])
+        empty = [torch.zeros(batch, heads, 0, size, dtype=dtype) for heads, size, dtype in self.cache_leaves]
+        with caches_flattened():
+            return pytree.tree_unflatten(empty, self.cache_spec)
 
     def arguments(self, encoder_input: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, new_tokens: torch.Tensor, cache: Any) -> dict:
         """The keyword arguments of one step: the tokens the step reads (the new ones with a
@@ -188,8 +189,7 @@ class _CallConvention:
         return {name: given.get(name) for name in self.names}
 
 
-def _cache_layers(values: list[Any]) -> list[tuple]:
-    layers = len(values) // 2
+def _cache_leaves(values: list[Any]) -> list[tuple]:
     described = []
     for tensor in values:
         heads, size = tensor.shape[1], tensor.shape[3]
@@ -198,7 +198,7 @@ def _cache_layers(values: list[Any]) -> list[tuple]:
                 f"the cache's heads and head size must be static; the program has {list(tensor.shape)}"
             )
         described.append((heads, size, tensor.dtype))
-    return list(zip(described[:layers], described[layers:]))
+    return described
 
 
 def _logits_and_cache(result: Any, *, cached: bool) -> tuple[torch.Tensor, Any]:

@@ -6,7 +6,10 @@ nodes, and the registration is undone afterwards, so dynexport leaves pytree as 
 
 - ``DynamicCache``: two children, ``key_cache`` and ``value_cache``, each a list of one tensor
   per layer ``[batch, heads, past, head_dim]``; ``dynamic_shapes`` gives the cache as
-  ``[[key specs per layer], [value specs per layer]]``.
+  ``[[key specs per layer], [value specs per layer]]``. Its layers may mix full attention and
+  sliding windows (Gemma 2 and 3, GPT-OSS): a sliding-window layer's tensors hold its last
+  ``min(seen, window - 1)`` tokens, and the count of tokens it has seen, which transformers keeps
+  in a Python int, is a full-attention layer's past length (:func:`sliding_windows_sized_by_keys`).
 - ``StaticCache``: ``key_cache``, ``value_cache`` (``[batch, heads, max_cache_len, head_dim]``)
   and ``cumulative_length`` (one 0-d int64 tensor per layer: the tokens written so far);
   ``dynamic_shapes`` is ``[[keys], [values], [lengths]]``.
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +37,8 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 
 __all__ = [
-    "CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "cache_leaf_names", "caches_flattened", "first_fills_kept", "is_cache",
+    "CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "cache_leaf_names", "caches_flattened", "check_sliding_window_dims",
+    "first_fills_kept", "is_cache", "sliding_windows_sized_by_keys",
 ]
 
 CACHE_INPUT_PREFIX = "past_key_values"
@@ -99,6 +103,75 @@ def first_fills_kept() -> Iterator[None]:
         yield
     finally:
         layer_type.update = original
+
+
+@contextlib.contextmanager
+def sliding_windows_sized_by_keys() -> Iterator[None]:
+    """Within the block (a capture), a ``DynamicSlidingWindowLayer`` sizes its attention mask from
+    the keys it holds, not from its token count: it holds ``min(seen, window - 1)`` past tokens,
+    so its mask covers ``held + new`` keys from position ``seen - held``, which is what
+    transformers computes by branching on ``seen >= window`` (a branch that would fix the graph
+    to one side of the window). The eager model is left as it is."""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    layer_type = getattr(cache_utils, "DynamicSlidingWindowLayer", None)
+    if layer_type is None or "get_mask_sizes" not in vars(layer_type):
+        yield
+        return
+    original = layer_type.get_mask_sizes
+
+    def get_mask_sizes(self: Any, query_length: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        if type(self) is not layer_type or not self.is_initialized:
+            return original(self, query_length, *args, **kwargs)
+        held = self.keys.shape[-2]
+        return held + query_length, self.cumulative_length - held
+
+    def update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if type(self) is not layer_type or not self.is_initialized or self.record_past:
+            return original_update(self, key_states, value_states, *args, **kwargs)
+        self.cumulative_length += key_states.shape[-2]
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        kept = torch.sym_min(keys.shape[-2], self.sliding_window - 1)
+        self.keys = keys.narrow(-2, keys.shape[-2] - kept, kept)
+        self.values = values.narrow(-2, values.shape[-2] - kept, kept)
+        return keys, values
+
+    original_update = layer_type.update
+    layer_type.get_mask_sizes, layer_type.update = get_mask_sizes, update
+    try:
+        yield
+    finally:
+        layer_type.get_mask_sizes, layer_type.update = original, original_update
+
+
+def check_sliding_window_dims(declared: Iterable[tuple[str, int, Any, Any]], values: Any) -> None:
+    """Refuse a past-length dim shared by a ``DynamicCache``'s sliding-window and full-attention
+    layers. ``declared`` is ``(path, axis, dim, tensor)`` per declared axis of ``values``' tensors.
+
+    A sliding-window layer holds ``min(seen, window - 1)`` past tokens, a full-attention layer all
+    ``seen``: one dim for both would declare the graph valid only while ``seen < window``, and
+    capture would read the sliding window's past position as 0.
+
+    Raises:
+        ValueError: a sliding-window layer's axis 2 has the dim of a full-attention layer's.
+    """
+    windows: dict[int, int | None] = {}  # id of a layer's keys or values: the layer's window
+    for cache in pytree.tree_leaves(values, is_leaf=is_cache):
+        parts = [cache.self_attention_cache, cache.cross_attention_cache] if hasattr(cache, "self_attention_cache") else [cache]
+        for layer in (layer for part in parts for layer in getattr(part, "layers", ())):
+            window = getattr(layer, "sliding_window", None) if type(layer).__name__ == "DynamicSlidingWindowLayer" else None
+            windows[id(layer.keys)] = windows[id(layer.values)] = window
+    past = [(dim, windows[id(tensor)]) for _, axis, dim, tensor in declared
+            if axis == 2 and id(tensor) in windows and isinstance(dim, torch.export.Dim)]
+    full = {dim.__name__ for dim, window in past if window is None}
+    for dim, window in past:
+        if window is not None and dim.__name__ in full:
+            raise ValueError(
+                f"dynamic_shapes gives a DynamicCache's sliding-window layers (window {window}) the past length of its "
+                f"full-attention layers, {dim.__name__}: a sliding-window layer holds at most {window - 1} past tokens "
+                "(the model drops older ones) where a full-attention layer holds them all. Give the sliding-window "
+                f"layers' keys and values a dim of their own: Dim('{dim.__name__}_window', min=0, max={window - 1})"
+            )
 
 
 def is_cache(value: Any) -> bool:
@@ -195,11 +268,13 @@ def _register(name: str, cache_type: type) -> None:
 
 def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[Any]], Any]:
     layers = cache.layers
-    if any(type(layer) is not layer_type for layer in layers):
+    sliding_type = _sliding_layer_type(layer_type) if name == "DynamicCache" else None
+    accepted = (layer_type, sliding_type)
+    if any(type(layer) not in accepted for layer in layers):
+        kinds = "full-attention and sliding-window" if sliding_type else "full-attention"
         raise TypeError(
-            f"dynexport flattens a {name} of full-attention layers only ({layer_type.__name__}); this one "
-            f"holds {sorted({type(layer).__name__ for layer in layers})} (sliding-window, chunked or convolution "
-            "layers, whose state is not a tensor of past keys). Export the model without a cache: "
+            f"dynexport flattens a {name} of {kinds} layers only; this one holds "
+            f"{sorted({type(layer).__name__ for layer in layers})}. Export the model without a cache: "
             "use_cache=False, and no cache argument"
         )
     if any(not layer.is_initialized for layer in layers):
@@ -213,30 +288,62 @@ def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[
     if name == "StaticCache":
         children.append([layer.cumulative_length for layer in layers])
         return children, tuple(layer.max_cache_len for layer in layers)
-    return children, None
+    windows = tuple(layer.sliding_window if type(layer) is sliding_type else None for layer in layers)
+    if not any(windows):
+        return children, None
+    if all(windows):
+        raise TypeError(
+            f"dynexport flattens a DynamicCache of sliding-window layers only next to a full-attention layer: a "
+            "sliding-window layer keeps at most its window of past keys and counts the tokens seen in a Python "
+            "int, which the graph reads from a full-attention layer's past length. This cache has no such layer "
+            f"(windows {sorted(set(windows))}). Export the model without a cache: use_cache=False, and no cache argument"
+        )
+    if any(layer.record_past for layer, window in zip(layers, windows) if window):
+        raise TypeError(
+            "a DynamicCache recording its sliding-window layers' past (activate_past_recording, for assisted "
+            "decoding) cannot be an export input: pass one that does not record"
+        )
+    return children, windows
 
 
 def _unflatten_layers(cache_type: type, layer_type: type, children: list[list[Any]], context: Any) -> Any:
     # The layers take the leaves as they are (the constructor would allocate or concatenate
     # tensors): naming outputs unflattens placeholders that are no tensors.
     cache = cache_type.__new__(cache_type)
+    static = len(children) == 3
+    windows = context if not static and context is not None else (None,) * len(children[0])
     layers = []
     for index, tensors in enumerate(zip(*children)):
-        layer = layer_type(max_cache_len=context[index]) if context is not None else layer_type()
+        if static:
+            layer = layer_type(max_cache_len=context[index])
+        elif windows[index]:
+            layer = _sliding_layer_type(layer_type)(sliding_window=windows[index])
+        else:
+            layer = layer_type()
         layer.keys, layer.values = tensors[:2]
-        if len(tensors) == 3:
+        if static:
             layer.cumulative_length = tensors[2]
         layer.is_initialized = True
         layer.device = getattr(layer.keys, "device", None)
-        if isinstance(layer.keys, torch.Tensor) and context is not None:
+        if isinstance(layer.keys, torch.Tensor) and static:
             layer.batch_size, layer.num_heads, _, layer.k_head_dim = layer.keys.shape
             layer.v_head_dim = layer.values.shape[-1]
         layers.append(layer)
+    if any(windows):
+        # A sliding-window layer has seen as many tokens as a full-attention layer holds.
+        seen = next(layer.keys for layer, window in zip(layers, windows) if not window)
+        for layer, window in zip(layers, windows):
+            if window:
+                layer.cumulative_length = seen.shape[-2] if isinstance(seen, torch.Tensor) else 0
     if layers:
         super(cache_type, cache).__init__(layers=layers)
     else:  # a DynamicCache that holds no layer yet adds them as the model fills it
         super(cache_type, cache).__init__(layer_class_to_replicate=layer_type)
     return cache
+
+
+def _sliding_layer_type(layer_type: type) -> type | None:
+    return getattr(sys.modules[layer_type.__module__], "DynamicSlidingWindowLayer", None)
 
 
 def _flatten_encoder_decoder(cache: Any) -> tuple[list[Any], None]:

@@ -124,6 +124,16 @@ def test_decoder_generates_as_eager(family):
     _check_decoder(family)
 
 
+def test_a_decoder_with_a_sliding_window_cache_generates_as_eager():
+    # Gemma 2 with a window of 4: the prompt (6 tokens) and the decoding run past the window,
+    # where a sliding-window layer keeps 3 tokens and a full-attention layer all of them.
+    from tests.models.test_transformers_more import _cache_call, _with_a_full_attention_layer, sliding_window_cache_dims
+
+    model = _with_a_full_attention_layer("gemma2")
+    program = dynexport.export(model, (), kwargs=_cache_call(model, 2, 5, 3), dynamic_shapes=sliding_window_cache_dims(model))
+    _assert_generates_as_eager(model, program)
+
+
 def _empty_encoder_decoder_cache():
     return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
 

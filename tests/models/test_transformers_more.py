@@ -214,17 +214,84 @@ def test_decoder_lm_with_dynamic_cache(family):
             assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache at {sizes}")
 
 
-@pytest.mark.parametrize("family", _params(WINDOWED_DECODERS, {"gemma2", "gemma3", "lfm2"}))
-def test_a_dynamic_cache_with_other_than_full_attention_layers_is_refused(family):
-    # A sliding-window layer keeps its token count in a Python int (which would be baked in)
-    # and drops old tokens by it; a convolution layer holds its state, not keys and values.
+# Llama 4's chunked attention keeps its cache as a sliding window of the chunk size.
+SLIDING_WINDOW_DECODERS = ("gemma2", "gemma3", "gpt_oss", "exaone4", "olmo3", "llama4")
+
+
+def _with_a_full_attention_layer(family: str):
+    """The family's tiny model with layer 1 a full-attention layer (in 2 layers, Gemma 3 text,
+    Exaone 4 and OLMo 3 have only sliding-window layers, Llama 4 only chunked ones)."""
+    model = WINDOWED_DECODERS[family](True)
+    if "full_attention" not in model.config.layer_types:
+        model.config.layer_types = [model.config.layer_types[0], "full_attention"]
+        torch.manual_seed(0)
+        model = type(model)(model.config)
+    return model.eval()
+
+
+def _empty_cache_call(model, batch: int, seq: int) -> dict[str, Any]:
+    """A prompt: new tokens, their mask, and a cache of the model's layer kinds holding no token."""
+    config = model.config
+    heads, size = config.num_key_value_heads, getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+    empty = [(torch.zeros(batch, heads, 0, size), torch.zeros(batch, heads, 0, size))] * config.num_hidden_layers
+    return {
+        "input_ids": torch.randint(1, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seq)),
+        "attention_mask": torch.ones(batch, seq, dtype=torch.int64),
+        "cache": transformers.DynamicCache(empty, config=config),
+    }
+
+
+def sliding_window_cache_dims(model) -> dict[str, Any]:
+    """A sliding-window layer holds at most window - 1 past tokens: a dim of its own."""
+    batch, seq, past = Dim("batch"), Dim("seq"), Dim("past", min=0)
+    window = getattr(model.config, "sliding_window", None) or model.config.attention_chunk_size
+    held = Dim("past_window", min=0, max=window - 1)
+    layers = [{0: batch, 2: past if kind == "full_attention" else held} for kind in model.config.layer_types]
+    return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim.DYNAMIC}, "cache": [layers] * 2}
+
+
+@pytest.mark.parametrize("family", _params(SLIDING_WINDOW_DECODERS, {"gemma2"}))
+def test_decoder_lm_with_a_sliding_window_cache(family):
+    # Windows of 4 tokens: calls before the window fills (past 0 to 2), as it fills, and after,
+    # when a sliding-window layer holds 3 tokens and a full-attention layer all of them.
+    model = _with_a_full_attention_layer(family)
+    program = dynexport.export(model, (), kwargs=_cache_call(model, 2, 5, 3), dynamic_shapes=sliding_window_cache_dims(model))
+    assert str(program.model.graph.outputs[1].shape[2]) == "Min(3, past_window + seq)"
+    for batch, past, seq in [(2, 0, 6), (1, 0, 1), (3, 1, 1), (2, 2, 2), *CACHE_SIZES]:
+        call = _cache_call(model, batch, past, seq) if past else _empty_cache_call(model, batch, seq)
+        with torch.no_grad():
+            expected = model(**copy.deepcopy(call))
+        actual = program(**call)
+        where = f"at batch {batch}, past {past}, new {seq}"
+        assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
+        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
+            assert type(got) is type(want)
+            assert got.get_seq_length() == want.get_seq_length()
+            assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache {where}")
+
+
+def test_a_sliding_window_layer_given_the_full_attention_layers_past_is_refused():
+    # One Dim for both kinds would declare the graph valid only while the window is not full.
+    model = _with_a_full_attention_layer("gemma2")
+    dynamic_shapes = sliding_window_cache_dims(model)
+    past = dynamic_shapes["cache"][0][1][2]
+    dynamic_shapes["cache"] = [[{0: Dim("batch"), 2: past}] * 2] * 2
+    with pytest.raises(ValueError, match=r"window 4.*past.*at most 3 past tokens.*Dim\('past_window', min=0, max=3\)"):
+        dynexport.export(model, (), kwargs=_cache_call(model, 2, 2, 3), dynamic_shapes=dynamic_shapes)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "lfm2"])
+def test_a_dynamic_cache_with_layers_of_other_kinds_is_refused(family):
+    # Sliding-window layers alone (Gemma 3 text's two): the tokens seen, a Python int, are read
+    # from a full-attention layer. LFM2's convolution states are no past keys and values.
     model = WINDOWED_DECODERS[family](True).eval()
     call = _cache_call(model, 2, 5, 3)
     dynamic_shapes = {
         "input_ids": {0: Dim("batch"), 1: Dim("seq")}, "attention_mask": {0: Dim("batch"), 1: Dim("total")},
         "cache": [[{0: Dim("batch"), 2: Dim("past")}] * 2] * 2,
     }
-    with pytest.raises(TypeError, match=r"full-attention layers only.*(DynamicSlidingWindowLayer|LinearAttentionLayer).*use_cache=False"):
+    refusal = "next to a full-attention layer" if family == "gemma3" else r"full-attention and sliding-window layers only"
+    with pytest.raises(TypeError, match=rf"{refusal}.*use_cache=False"):
         dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
 
 
