@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -77,71 +77,79 @@ def caches_flattened(values: Any = None) -> Iterator[None]:
             fx_pytree._deregister_pytree_flatten_spec(cache_type)
 
 
-@contextlib.contextmanager
-def first_fills_kept() -> Iterator[None]:
+def first_fills_kept() -> contextlib.AbstractContextManager[None]:
     """Within the block (a capture), a ``DynamicLayer``'s first update keeps the keys and values
     it is given rather than concatenating them to the empty tensor it starts with: the same
     values, without one traced concatenation per layer and tensor on symbolic shapes (about a
     second for a 30-layer ``DynamicCache`` built from key/value pairs). The eager model is left
     as it is."""
-    cache_utils = sys.modules.get("transformers.cache_utils")
-    layer_type = getattr(cache_utils, "DynamicLayer", None)
-    if layer_type is None or "update" not in vars(layer_type):
-        yield
-        return
-    original = layer_type.update
 
-    def update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if type(self) is not layer_type or self.is_initialized:
-            return original(self, key_states, value_states, *args, **kwargs)
-        self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = key_states, value_states
-        return self.keys, self.values
+    def replacements(layer_type: type) -> dict[str, Any]:
+        original = layer_type.update
 
-    layer_type.update = update
-    try:
-        yield
-    finally:
-        layer_type.update = original
+        def update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if type(self) is not layer_type or self.is_initialized:
+                return original(self, key_states, value_states, *args, **kwargs)
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+            return self.keys, self.values
+
+        return {"update": update}
+
+    return _layer_methods_replaced("DynamicLayer", ("update",), replacements)
 
 
-@contextlib.contextmanager
-def sliding_windows_sized_by_keys() -> Iterator[None]:
+def sliding_windows_sized_by_keys() -> contextlib.AbstractContextManager[None]:
     """Within the block (a capture), a ``DynamicSlidingWindowLayer`` sizes its attention mask from
     the keys it holds, not from its token count: it holds ``min(seen, window - 1)`` past tokens,
     so its mask covers ``held + new`` keys from position ``seen - held``, which is what
     transformers computes by branching on ``seen >= window`` (a branch that would fix the graph
     to one side of the window). The eager model is left as it is."""
-    cache_utils = sys.modules.get("transformers.cache_utils")
-    layer_type = getattr(cache_utils, "DynamicSlidingWindowLayer", None)
-    if layer_type is None or "get_mask_sizes" not in vars(layer_type):
+
+    def replacements(layer_type: type) -> dict[str, Any]:
+        original_sizes, original_update = layer_type.get_mask_sizes, layer_type.update
+
+        def get_mask_sizes(self: Any, query_length: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if type(self) is not layer_type or not self.is_initialized:
+                return original_sizes(self, query_length, *args, **kwargs)
+            held = self.keys.shape[-2]
+            return held + query_length, self.cumulative_length - held
+
+        def update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if type(self) is not layer_type or not self.is_initialized or self.record_past:
+                return original_update(self, key_states, value_states, *args, **kwargs)
+            self.cumulative_length += key_states.shape[-2]
+            keys = torch.cat([self.keys, key_states], dim=-2)
+            values = torch.cat([self.values, value_states], dim=-2)
+            kept = torch.sym_min(keys.shape[-2], self.sliding_window - 1)
+            self.keys = keys.narrow(-2, keys.shape[-2] - kept, kept)
+            self.values = values.narrow(-2, values.shape[-2] - kept, kept)
+            return keys, values
+
+        return {"get_mask_sizes": get_mask_sizes, "update": update}
+
+    return _layer_methods_replaced("DynamicSlidingWindowLayer", ("get_mask_sizes", "update"), replacements)
+
+
+@contextlib.contextmanager
+def _layer_methods_replaced(
+    type_name: str, names: tuple[str, ...], replacements: Callable[[type], dict[str, Any]]
+) -> Iterator[None]:
+    """Within the block, transformers' cache layer class ``type_name`` has the methods ``names``
+    that ``replacements(layer_class)`` makes; none is replaced where transformers is not imported
+    or the class does not define each of them itself (another transformers version)."""
+    layer_type = getattr(sys.modules.get("transformers.cache_utils"), type_name, None)
+    if layer_type is None or not set(names) <= set(vars(layer_type)):
         yield
         return
-    original = layer_type.get_mask_sizes
-
-    def get_mask_sizes(self: Any, query_length: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        if type(self) is not layer_type or not self.is_initialized:
-            return original(self, query_length, *args, **kwargs)
-        held = self.keys.shape[-2]
-        return held + query_length, self.cumulative_length - held
-
-    def update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if type(self) is not layer_type or not self.is_initialized or self.record_past:
-            return original_update(self, key_states, value_states, *args, **kwargs)
-        self.cumulative_length += key_states.shape[-2]
-        keys = torch.cat([self.keys, key_states], dim=-2)
-        values = torch.cat([self.values, value_states], dim=-2)
-        kept = torch.sym_min(keys.shape[-2], self.sliding_window - 1)
-        self.keys = keys.narrow(-2, keys.shape[-2] - kept, kept)
-        self.values = values.narrow(-2, values.shape[-2] - kept, kept)
-        return keys, values
-
-    original_update = layer_type.update
-    layer_type.get_mask_sizes, layer_type.update = get_mask_sizes, update
+    originals = {name: vars(layer_type)[name] for name in names}
+    for name, method in replacements(layer_type).items():
+        setattr(layer_type, name, method)
     try:
         yield
     finally:
-        layer_type.get_mask_sizes, layer_type.update = original, original_update
+        for name, method in originals.items():
+            setattr(layer_type, name, method)
 
 
 def check_sliding_window_dims(declared: Iterable[tuple[str, int, Any, Any]], values: Any) -> None:
