@@ -145,11 +145,15 @@ def group_norm(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_e
         # (N, C, *S) as (N, G, C/G, *S) and back, through a leading 1 that keeps every dim but
         # the channels at its place, where a 0 in a Reshape target copies it: constant targets,
         # right at any zero size (where [0, G, -1] is ambiguous to onnxruntime).
+        # One group (PoolFormer's and ConvNeXt's channel norm) is that leading 1 itself.
         copied = [0] * (rank(input) - 2)
-        widened = ctx.op.Unsqueeze(input, ints(ctx, [1]))
-        grouped = ctx.op.Reshape(widened, ints(ctx, [0, num_groups, channels // num_groups, *copied]))
+        grouped = ctx.op.Unsqueeze(input, ints(ctx, [1]))
+        if num_groups > 1:
+            grouped = ctx.op.Reshape(grouped, ints(ctx, [0, num_groups, channels // num_groups, *copied]))
         grouped = with_shape(grouped, [input.shape[0], num_groups, channels // num_groups, *input.shape[2:]])
-        normalized = ctx.op.Reshape(_normalized(ctx, grouped, None, None, 2, eps), ints(ctx, [0, 1, channels, *copied]))
+        normalized = _normalized(ctx, grouped, None, None, 2, eps)
+        if num_groups > 1:
+            normalized = ctx.op.Reshape(normalized, ints(ctx, [0, 1, channels, *copied]))
         normalized = ctx.op.Squeeze(normalized, ints(ctx, [1]))
     else:
         per_group = ctx.op.Div(size_of_dims(ctx, input, 1, rank(input)), ctx.constant(num_groups, ir.DataType.INT64))

@@ -188,6 +188,28 @@ def test_group_and_instance_norm_become_shifted_instance_normalization(opset):
     assert (program(shifted).double() - precise).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("opset", [13, 20])
+def test_one_group_norm_is_the_widened_input_normalized(opset):
+    """GroupNorm(1, C), PoolFormer's and ConvNeXt's channel norm: (N, 1, C, *S) is its one group
+    already, so no Reshape either way: Unsqueeze, Slice, Sub, InstanceNormalization, Squeeze and
+    the affine BatchNormalization, torch.onnx's six nodes, exact where its form cancels."""
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(1, 16)
+    norm.weight.data.uniform_(0.5, 1.5)
+    norm.bias.data.uniform_(-0.5, 0.5)
+    calls = [(torch.randn(b, 16, h, w) * 3,) for b, (h, w) in zip([2, 3, 1, 4], [(6, 6), (5, 9), (8, 3), (7, 7)])]
+    program = assert_exports_equivalent(
+        norm.eval(), calls[0], dynamic_shapes=_image_dims(2), resized=calls[1:], atol=1e-4, opset_version=opset
+    )
+    assert op_histogram(program) == {
+        "Unsqueeze": 1, "Slice": 1, "Sub": 1, "InstanceNormalization": 1, "Squeeze": 1, "BatchNormalization": 1,
+    }
+    shifted = 1000 + torch.randn(2, 16, 5, 7) * 0.05
+    with torch.no_grad():
+        precise = norm.double()(shifted.double())
+    assert (program(shifted).double() - precise).abs().max() < 1e-4
+
+
 class Unshuffle(nn.Module):
     def forward(self, x):
         return nn.functional.pixel_unshuffle(x, 2) * 2
