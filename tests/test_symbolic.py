@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.export import Dim
 
-from tests.equivalence import assert_exports_equivalent
+from tests.equivalence import assert_exports_equivalent, op_histogram
 
 
 class _ShapeArithmetic(torch.nn.Module):
@@ -24,6 +24,25 @@ def test_mod_and_floordiv_of_sizes_follow_python_signs():
         _ShapeArithmetic(), (x,), dynamic_shapes=({0: Dim("batch")},),
         resized=[(torch.ones(n, 3),) for n in (3, 7, 10, 13, 17)],
     )
+
+
+class _Offset(torch.nn.Module):
+    def forward(self, x):
+        return x * ((x.shape[0] - 10) // 3)
+
+
+def test_floordiv_of_a_size_whose_range_keeps_it_nonnegative_is_one_div():
+    # From a batch of 10 the dividend is never negative, where truncation is floor division;
+    # below, the batch of 7 takes the floor-corrected form (-1, where truncation gives 0).
+    x = torch.ones(12, 3)
+    program = assert_exports_equivalent(
+        _Offset(), (x,), dynamic_shapes=({0: Dim("batch", min=10)},), resized=[(torch.ones(n, 3),) for n in (10, 11, 13, 40)]
+    )
+    assert op_histogram(program) == {"Shape": 1, "Squeeze": 1, "Sub": 1, "Div": 1, "Cast": 1, "Mul": 1}
+    program = assert_exports_equivalent(
+        _Offset(), (x,), dynamic_shapes=({0: Dim("batch")},), resized=[(torch.ones(n, 3),) for n in (2, 7, 10, 13)]
+    )
+    assert "Xor" in op_histogram(program)
 
 
 class _SymIte(torch.nn.Module):

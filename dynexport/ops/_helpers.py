@@ -14,6 +14,7 @@ from typing import Any
 
 import onnx_ir as ir
 import torch
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from dynexport.dtypes import FLOATING, to_torch_dtype
 
@@ -29,6 +30,7 @@ __all__ = [
     "ints",
     "invert",
     "is_floating",
+    "least_value",
     "normalize_dim",
     "normalize_dims",
     "only_first_output_used",
@@ -259,6 +261,21 @@ def argument(node: torch.fx.Node, name: str):
                 return node.args[position]
             return node.kwargs.get(name, schema_argument.default_value)
     raise KeyError(name)
+
+
+def least_value(value: int | torch.SymInt) -> int | float:
+    """The least ``value`` takes at any input size the export accepts (``-inf`` where unbounded).
+    The shape env takes every dynamic dim to be at least 2 (torch.export specializes 0 and 1),
+    yet the program accepts 0 and 1 unless declared otherwise: a range starting at 0 to 2 is
+    taken to start at 0."""
+    if not isinstance(value, torch.SymInt):
+        return value
+    expr, known = value.node.expr, value.node.shape_env.var_to_range
+    ranges = {}
+    for symbol in expr.free_symbols:
+        bounds = known.get(symbol, ValueRanges.unknown())
+        ranges[symbol] = ValueRanges(0, bounds.upper) if 0 <= bounds.lower <= 2 else bounds
+    return bound_sympy(expr, ranges).lower
 
 
 def only_first_output_used(node: torch.fx.Node) -> bool:

@@ -8,11 +8,11 @@ none depending on ``noop_with_empty_axes``.
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import onnx_ir as ir
 import torch
-from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from dynexport.dtypes import to_torch_dtype
 from dynexport.errors import TranslationError, source_line
@@ -21,6 +21,7 @@ from dynexport.ops._helpers import (
     ints,
     is_floating,
     is_inf,
+    least_value,
     normalize_dim,
     normalize_dims,
     rank,
@@ -87,18 +88,8 @@ def _never_empty(arg, dims: list[int]) -> bool:
     val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return False
-    for d in dims:
-        size = val.shape[d]
-        if isinstance(size, torch.SymInt):
-            # The shape env takes every dynamic dim to be at least 2 (torch.export specializes 0
-            # and 1), yet the program accepts 0 and 1 unless declared otherwise: a dim whose
-            # range starts at 2 is taken to start at 0.
-            expr, known = size.node.expr, size.node.shape_env.var_to_range
-            ranges = {s: known[s] if known[s].lower > 2 else ValueRanges(0, known[s].upper) for s in expr.free_symbols}
-            size = bound_sympy(expr, ranges).lower
-        if not size >= 1:
-            return False
-    return True
+    # (This module's ``all`` is aten.all's rule.)
+    return builtins.all(least_value(val.shape[d]) >= 1 for d in dims)
 
 
 def _nonzero(ctx, self: ir.Value) -> ir.Value:

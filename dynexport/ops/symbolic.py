@@ -6,10 +6,9 @@ import math
 import operator
 
 import onnx_ir as ir
-import sympy
 import torch
 
-from dynexport.ops._helpers import bitwise, cast, scalar, shape_tensor
+from dynexport.ops._helpers import bitwise, cast, least_value, scalar, shape_tensor
 from dynexport.ops.elementwise import floor_divide, remainder
 from dynexport.registry import translates
 
@@ -51,19 +50,10 @@ translates(torch.sym_min)(_binary("Min"))
 
 
 def _surely_nonnegative(arg) -> bool:
-    """Whether an FX argument is an int or a SymInt that is at least 0 at every size: a
-    polynomial in the sizes with nonnegative coefficients (sympy's own sign assumptions take
-    sizes to be at least 1 or 2, which the program does not)."""
-    if isinstance(arg, int):
-        return arg >= 0
-    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-    if not isinstance(val, torch.SymInt):
-        return False
-    expr = val.node.expr
-    try:
-        return all(c >= 0 for c in sympy.Poly(expr, *expr.free_symbols).coeffs()) if expr.free_symbols else expr >= 0
-    except sympy.PolynomialError:
-        return False
+    """Whether an FX argument is an int or a SymInt that is at least 0 at every size the export
+    accepts (``(height - 3) // 2`` where the height's declared range starts at 3)."""
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+    return isinstance(val, (int, torch.SymInt)) and least_value(val) >= 0
 
 
 @translates(operator.floordiv)
