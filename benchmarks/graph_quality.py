@@ -1,7 +1,7 @@
 """Graph quality: dynexport vs torch.onnx.export, side by side, in one process.
 
     python benchmarks/graph_quality.py [--rounds 30] [--models mlp,resnet18,...]
-        [--groups examples,conv,realistic] [--statistic min]
+        [--groups examples,conv,realistic,zoo] [--statistic min]
         [--exporters dynexport,dynexport_ort,dynamo,dynamo_ortopt,torchscript] [--image-size 224]
 
 The paths (``--exporters``, default ``dynexport,dynamo``): dynexport (portable, the default),
@@ -10,7 +10,7 @@ The paths (``--exporters``, default ``dynexport,dynamo``): dynexport (portable, 
 users take today for onnxruntime's contrib fusions) and ``torchscript`` (the TorchScript
 exporter).
 
-The suite, in three groups (``--groups``, default all): ``examples``,
+The suite, in four groups (``--groups``, default all): ``examples``,
 ``benchmarks/export_speed.py``'s (the examples, tiny transformers encoders and decoders);
 ``conv``, convolutional and recurrent models (torchvision's resnet18, mobilenet_v3_small and
 deeplabv3_mobilenet_v3_large at a static size, transformers' MobileNetV2 at a dynamic size and,
@@ -18,7 +18,9 @@ with TensorFlow padding, a static one, where torchvision loads (tests/torchvisio
 blocks: GroupNorm + InstanceNorm, gather/index_select/masked ops, a depthwise-separable CNN,
 pixel_shuffle, a bidirectional LSTM); ``realistic``, the realistic sizes of the onnxruntime
 target's goal (BERT-base at sequence 128, ViT-B/16 and Whisper-tiny's encoder, random weights;
-ResNet-50, MobileNetV2 and EfficientNet-B0 at 224 px). Per model and path it prints the main graph's node
+ResNet-50, MobileNetV2 and EfficientNet-B0 at 224 px); ``zoo``, the timm and torchvision families of
+tests/models/test_zoo.py (40 small models with random weights, at their example sizes with the
+tests' dynamic dims; torchvision's are named ``tv_<name>``). Per model and path it prints the main graph's node
 count, the initializer bytes, the file size and the onnxruntime latency on the example inputs
 (CPU provider, one thread; the sessions run in turn, ``--rounds`` times, and the median of each
 is reported, or with ``--statistic min`` the fastest run, steadier where other processes load
@@ -55,7 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_speed import Case, suite  # noqa: E402  (the same models, defined once)
 
 EXPORTERS = ("dynexport", "dynexport_ort", "dynamo", "dynamo_ortopt", "torchscript")
-GROUPS = ("examples", "conv", "realistic")
+GROUPS = ("examples", "conv", "realistic", "zoo")
 Dim = torch.export.Dim
 
 
@@ -241,6 +243,30 @@ def realistic_suite() -> dict[str, Callable[[], Case]]:
         for name in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
             models[name] = case(lambda name=name: (getattr(torchvision.models, name)(), image, {}, None))
     return models
+
+
+def zoo_suite() -> dict[str, Callable[[], Case]]:
+    """The wider zoo of the model tests (tests/models/test_zoo.py): timm's families and the rest of
+    torchvision, small with random weights and calibrated BatchNorm statistics, at their example
+    size with the dims the tests declare (where torchvision and timm load)."""
+    torchvision = _torchvision()
+    if torchvision is None:
+        return {}
+    import timm
+
+    from tests.models.test_torchvision import calibrated
+    from tests.models.test_zoo import SLOW_TIMM, SLOW_TORCHVISION, TIMM, TORCHVISION, dynamic_shapes
+
+    def case(family: Any, library: Any) -> Callable[[], Case]:
+        def make() -> Case:
+            torch.manual_seed(0)
+            model = calibrated(family.build(library), *family.tensors(4, family.example))
+            return Case(model, family.tensors(2, family.example), {}, dynamic_shapes(family))
+
+        return make
+
+    families = [(f, timm) for f in TIMM + SLOW_TIMM] + [(f, torchvision) for f in TORCHVISION + SLOW_TORCHVISION]
+    return {f"{'tv_' if library is torchvision else ''}{f.name}": case(f, library) for f, library in families}
 
 
 # onnxruntime.transformers.optimizer's model type, heads and hidden size for the transformers of
@@ -433,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     groups = options.groups.split(",")
     if not set(groups) <= set(GROUPS):
         parser.error(f"--groups: any of {GROUPS}")
-    factories = {"examples": suite, "conv": lambda: conv_suite(options.image_size), "realistic": realistic_suite}
+    factories = {
+        "examples": suite, "conv": lambda: conv_suite(options.image_size), "realistic": realistic_suite, "zoo": zoo_suite,
+    }
     models = {name: model for group in groups for name, model in factories[group]().items()}
     if options.models:
         unknown = set(options.models.split(",")) - set(models)

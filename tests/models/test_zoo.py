@@ -235,20 +235,25 @@ def sides(name: str, multiple: int, minimum: int | None) -> Any:
     return multiple * Dim(f"{name}_{multiple}", min=-(-(minimum or multiple) // multiple), max=1024 // multiple)
 
 
-def export_and_compare(model: torch.nn.Module, family: Family) -> None:
-    torch.manual_seed(0)
-    calibrated(model, *family.tensors(4, family.example))
+def dynamic_shapes(family: Family) -> tuple[dict[int, Any], ...]:
+    """The batch and ``family.dynamic``'s dims of each input, as the test exports them."""
     multiples, minimums = (
         value if isinstance(value, tuple) else (value,) * len(family.dynamic) for value in (family.multiple, family.minimum)
     )
     dims = {0: BATCH} | {d: sides(f"size{d}", m, low) for d, m, low in zip(family.dynamic, multiples, minimums)}
+    return (dims,) * family.inputs
+
+
+def export_and_compare(model: torch.nn.Module, family: Family) -> None:
+    torch.manual_seed(0)
+    calibrated(model, *family.tensors(4, family.example))
     example, other = family.tensors(2, family.example), family.tensors(3, family.other)
     with torch.no_grad():
         scale = max(float(leaf.abs().max()) for x in (example, other) for leaf in torch.utils._pytree.tree_leaves(model(*x)))
     # Deep float32 networks round differently in onnxruntime (its own convolution algorithms):
     # differences are measured against the largest output.
     assert_exports_equivalent(
-        model, example, dynamic_shapes=(dims,) * family.inputs, resized=[other], atol=1e-3 * scale, rtol=0
+        model, example, dynamic_shapes=dynamic_shapes(family), resized=[other], atol=1e-3 * scale, rtol=0
     )
 
 
