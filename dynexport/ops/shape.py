@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 
 import onnx_ir as ir
+import sympy
 import torch
 
 from dynexport.builder import OperatorNotInOpset
@@ -18,6 +19,7 @@ from dynexport.ops._helpers import (
     shape_tensor,
     size_of,
     size_of_dims,
+    split_equally,
 )
 from dynexport.ops._helpers import reshape as onnx_reshape
 from dynexport.registry import translates
@@ -272,6 +274,16 @@ def stack(ctx, tensors, dim=0):
     return unsqueezed[0] if len(unsqueezed) == 1 else ctx.op.Concat(*unsqueezed, axis=dim)
 
 
+def _same_size_at_every_size(ctx, dim: int) -> bool:
+    """Whether the ``count`` outputs of a split are equal along ``dim`` at every input size: each
+    piece's size is one expression, ``count`` times which is the input's (``2 * batch`` in 2)."""
+    sizes = [out.shape[dim] for out in ctx.out]
+    whole = ctx.node.args[0].meta["val"].shape[dim]
+    if not all(isinstance(s, torch.SymInt) for s in (*sizes, whole)) or len({s.node.expr for s in sizes}) != 1:
+        return False
+    return sympy.simplify(whole.node.expr - len(sizes) * sizes[0].node.expr) == 0
+
+
 def _equal_pieces(ctx, self, dim: int, piece: int | ir.Value, count: int) -> ir.Value:
     """The sizes along ``dim`` of torch.split's ``count`` pieces: ``piece`` each, the last what
     is left. Computed from the run-time size: the metadata's sizes hold only at the example."""
@@ -318,6 +330,8 @@ def split(ctx, self, split_size, dim=0):
     count = len(ctx.out)
     if count == 1:
         return [self]
+    if _same_size_at_every_size(ctx, dim):
+        return split_equally(ctx, self, dim, count)
     if isinstance(split_size, (list, tuple)):
         sizes = shape_tensor(ctx, split_size)
     else:
@@ -337,6 +351,8 @@ def chunk(ctx, self, chunks, dim=0):
     if count == 1:
         _refuse_count_decided_at_run_time(ctx, self, dim, lambda n: _chunk_count(n, chunks), f"ceil(size / {chunks}) elements")
         return [self]
+    if _same_size_at_every_size(ctx, dim):
+        return split_equally(ctx, self, dim, count)
     # torch.chunk splits into pieces of ceil(size / chunks).
     size = size_of(ctx, self, dim)
     if isinstance(size, int):

@@ -187,6 +187,23 @@ def test_chunk_of_a_dynamic_dim_sizes_its_pieces_at_run_time(dim, example):
         program(torch.randn(2, 4))
 
 
+class _Halves(torch.nn.Module):
+    def forward(self, x):
+        first, second = x.chunk(2)
+        return first * 2, second - 1, *x.split(x.shape[1] // 2, dim=1)
+
+
+def test_pieces_equal_at_every_size_are_one_split_of_equal_parts():
+    # 2 * half rows in two, 2 * n columns by n: no size arithmetic at run time (RAFT chunks
+    # its two images' features, stacked in one batch, back into two).
+    dims = ({0: 2 * torch.export.Dim("half"), 1: 2 * torch.export.Dim("n")},)
+    program = assert_exports_equivalent(
+        _Halves(), (torch.randn(4, 6),), dynamic_shapes=dims,
+        resized=[(torch.randn(2 * h, 2 * n),) for h, n in [(1, 5), (5, 1), (3, 4)]],
+    )
+    assert op_histogram(program) == {"Split": 2, "Mul": 1, "Sub": 1}
+
+
 class _SplitByTwo(torch.nn.Module):
     def forward(self, x):
         return x.split(2, dim=1)
