@@ -3,7 +3,7 @@
 The translator computes SymInts with ``Shape -> Squeeze -> arithmetic -> Concat`` chains. Here
 each small int64 value gets its *contents*: a tuple of sympy expressions over the graph's dim
 names (``batch``, ``seq + 1``), read from value shapes and carried through Shape, Size, Squeeze,
-Unsqueeze, Concat, Gather, Slice, Cast, Identity, Add, Sub and Mul. Then:
+Unsqueeze, Concat, Gather, Slice, Cast, Identity, Add, Sub, Mul, ReduceProd and ReduceSum. Then:
 
 - a value whose contents are all integers becomes a constant;
 - a value whose contents equal an earlier value's is replaced by it (``seq`` read from two
@@ -88,8 +88,7 @@ def fold_shapes(graph: ir.Graph) -> int:
         if node.op_type in _BROADCASTING:
             _infer_broadcast_shape(shapes, node)
         if node.op_type == "Reshape":
-            _simplify_reshape(shapes, node)
-            continue
+            _simplify_reshape(shapes, node)  # and a reshaped size keeps its contents, below
         if node.op_type == "Expand":
             _simplify_expand(shapes, node)
             continue
@@ -183,7 +182,25 @@ def _contents(shapes: _Shapes, node: ir.Node) -> tuple[Contents, bool] | None:
         if second is None:
             return None
         return _elementwise(op, first, second)
+    if op in ("ReduceProd", "ReduceSum") and not scalar and _reduces_everything(node):
+        # A product of sizes: flatten's and view's merged dims (16 * batch).
+        whole = sympy.Mul(*contents) if op == "ReduceProd" else sympy.Add(*contents)
+        keepdims = attrs["keepdims"].as_int() if "keepdims" in attrs else 1
+        return (sympy.expand(whole),), not keepdims
     return None
+
+
+def _reduces_everything(node: ir.Node) -> bool:
+    """Whether a reduction of a 1-D value reduces its one axis (no axes, or axis 0)."""
+    axes = constant_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if len(node.inputs) > 1 and node.inputs[1] is not None and axes is None:
+        return False
+    if axes is None and "axes" in node.attributes:
+        axes = np.array(node.attributes["axes"].as_ints())
+    if axes is None or axes.size == 0:
+        noop = node.attributes["noop_with_empty_axes"].as_int() if "noop_with_empty_axes" in node.attributes else 0
+        return not noop
+    return set(axes.reshape(-1).tolist()) <= {0, -1}
 
 
 def _clamp(start: int, end: int, rank: int) -> tuple[int, int]:

@@ -85,6 +85,36 @@ def test_dynamic_views_of_a_real_model_need_no_shape_ops():
     assert "Concat" not in histogram and "Shape" not in histogram
 
 
+def test_flattened_dynamic_dims_need_no_shape_ops():
+    # LeViT's flatten(0, 1) of [batch, 16, 256]: the product of the merged dims (Shape,
+    # ReduceProd) folds, and the target becomes [-1, 8], right at a zero batch too. (flatten(1)
+    # would be [0, -1], which onnxruntime cannot infer at a zero batch: that one keeps its target.)
+    def merged(x):
+        return x.flatten(0, 1).relu()
+
+    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}
+    program = assert_exports_equivalent(
+        merged, (torch.randn(2, 3, 8),), dynamic_shapes=(dims,), resized=[(torch.randn(4, 5, 8),), (torch.randn(0, 2, 8),)]
+    )
+    histogram = op_histogram(program)
+    assert not {"Shape", "ReduceProd", "Concat"} & set(histogram), histogram
+
+
+def test_a_reduction_of_sizes_along_its_one_axis_is_their_product():
+    text = """g (float[N, S, 8] x) => (float[M, 8] y) {
+        s = Shape<end = 2>(x)
+        n = ReduceProd<keepdims = 1>(s)
+        eight = Constant<value = int64[1] {8}>()
+        t = Concat<axis = 0>(n, eight)
+        y = Reshape(x, t)
+    }"""
+    x = np.random.rand(3, 5, 8).astype(np.float32)
+    m = _folded(text)
+    assert ops(m) == ["Reshape"]
+    np.testing.assert_array_equal(m.graph.node(0).inputs[1].const_value.numpy(), [-1, 8])
+    assert_same_results(run(model(text), x=x), run(m, x=x))
+
+
 def test_int64_arithmetic_past_its_range_is_left_to_the_runtime():
     # 0 - (-2**63) wraps to -2**63 in int64; an exact integer would not fit the initializer.
     m = model("""g (int64[1] x) => (int64[1] y) {
