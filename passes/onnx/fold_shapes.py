@@ -246,6 +246,8 @@ def _infer_broadcast_shape(shapes: _Shapes, node: ir.Node) -> None:
 def _simplify_reshape(shapes: _Shapes, node: ir.Node) -> None:
     data, target_value = node.inputs[0], node.inputs[1]
     target, dims = shapes.of(target_value), shapes.dims(data)
+    if dims is not None and _skip_inner_reshape(shapes, node):
+        return
     if target is None or dims is None or target[1]:
         return
     allow_zero = node.attributes["allowzero"].as_int() if "allowzero" in node.attributes else 0
@@ -259,6 +261,32 @@ def _simplify_reshape(shapes: _Shapes, node: ir.Node) -> None:
         return
     if all(e.is_Integer for e in target[0]) and not allow_zero:
         return
+    new = _constant_target(resolved, dims)
+    if new is not None:
+        _retarget(shapes, node, data, new)
+
+
+def _skip_inner_reshape(shapes: _Shapes, node: ir.Node) -> bool:
+    """Reshape(Reshape(x, t1), t2) as one Reshape of x, where the outer's result shape is known
+    and makes a constant target against x's dims (LeViT's [16 * batch, 256] -> [batch, 16, 256]
+    -> [batch, 16, 4, 64] is [-1, 16, 4, 64]); return whether it did."""
+    inner = node.inputs[0].producer()
+    if inner is None or inner.op_type != "Reshape" or len(node.inputs[0].uses()) != 1 or node.inputs[0].is_graph_output():
+        return False
+    source, result = inner.inputs[0], shapes.dims(node.outputs[0])
+    source_dims = shapes.dims(source) if source is not None else None
+    if result is None or source_dims is None or any(isinstance(e, sympy.Dummy) for e in result):
+        return False
+    new = _constant_target(list(result), source_dims)
+    if new is None:
+        return False
+    _retarget(shapes, node, source, new)
+    return True
+
+
+def _constant_target(resolved: list[sympy.Expr], dims: Contents) -> list[int] | None:
+    """A constant Reshape target from ``dims`` to ``resolved``: known sizes, ``0`` for a dim equal
+    to the input's at its place, ``-1`` for one other; None where that cannot be written."""
     new = []
     for i, e in enumerate(resolved):
         if e.is_Integer:
@@ -269,12 +297,17 @@ def _simplify_reshape(shapes: _Shapes, node: ir.Node) -> None:
             new.append(None)
     unknown = [i for i, e in enumerate(new) if e is None]
     if len(unknown) > 1 or (unknown and -1 in new):
-        return
+        return None
     if unknown and (any(e <= 0 for e in new if e is not None)):
-        return  # -1 is only safe to infer next to known, nonzero sizes
+        return None  # -1 is only safe to infer next to known, nonzero sizes
     if unknown:
         new[unknown[0]] = -1
-    constant = add_initializer(shapes.graph, np.array(new, dtype=np.int64), f"{node.outputs[0].name or 'reshape'}_shape")
+    return new
+
+
+def _retarget(shapes: _Shapes, node: ir.Node, data: ir.Value, target: list[int]) -> None:
+    constant = add_initializer(shapes.graph, np.array(target, dtype=np.int64), f"{node.outputs[0].name or 'reshape'}_shape")
+    node.replace_input_with(0, data)
     node.replace_input_with(1, constant)
     node.attributes.pop("allowzero", None)
     shapes.changed += 1

@@ -100,6 +100,19 @@ def test_flattened_dynamic_dims_need_no_shape_ops():
     assert not {"Shape", "ReduceProd", "Concat"} & set(histogram), histogram
 
 
+def test_a_reshape_of_a_reshape_is_one_reshape_where_its_result_shape_makes_a_constant_target():
+    # LeViT's attention: [16 * batch, 256] back to [batch, 16, 256], then split into heads.
+    def heads(x):
+        flat = x.flatten(0, 1) * 2
+        return flat.reshape_as(x).view(x.shape[0], 16, 4, 64)
+
+    program = assert_exports_equivalent(
+        heads, (torch.randn(2, 16, 256),), dynamic_shapes=({0: torch.export.Dim("batch")},),
+        resized=[(torch.randn(5, 16, 256),), (torch.randn(0, 16, 256),)],
+    )
+    assert op_histogram(program) == {"Reshape": 2, "Mul": 1}
+
+
 def test_a_reduction_of_sizes_along_its_one_axis_is_their_product():
     text = """g (float[N, S, 8] x) => (float[M, 8] y) {
         s = Shape<end = 2>(x)
