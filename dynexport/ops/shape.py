@@ -281,7 +281,7 @@ def _same_size_at_every_size(ctx, dim: int) -> bool:
     whole = ctx.node.args[0].meta["val"].shape[dim]
     if not all(isinstance(s, torch.SymInt) for s in (*sizes, whole)) or len({s.node.expr for s in sizes}) != 1:
         return False
-    return sympy.simplify(whole.node.expr - len(sizes) * sizes[0].node.expr) == 0
+    return sympy.expand(whole.node.expr - len(sizes) * sizes[0].node.expr) == 0
 
 
 def _equal_pieces(ctx, self, dim: int, piece: int | ir.Value, count: int) -> ir.Value:
