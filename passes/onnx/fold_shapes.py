@@ -3,7 +3,8 @@
 The translator computes SymInts with ``Shape -> Squeeze -> arithmetic -> Concat`` chains. Here
 each small int64 value gets its *contents*: a tuple of sympy expressions over the graph's dim
 names (``batch``, ``seq + 1``), read from value shapes and carried through Shape, Size, Squeeze,
-Unsqueeze, Concat, Gather, Slice, Cast, Identity, Add, Sub, Mul, ReduceProd and ReduceSum. Then:
+Unsqueeze, Concat, Gather, Slice, Cast, Identity, Add, Sub, Mul, ReduceProd and ReduceSum, and
+through Div and Mod where they reduce exactly (``8 * h / 4``, ``8 * h % 4``). Then:
 
 - a value whose contents are all integers becomes a constant;
 - a value whose contents equal an earlier value's is replaced by it (``seq`` read from two
@@ -18,6 +19,7 @@ expression is one size. A dim without a name is never equal to anything.
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 
 import numpy as np
@@ -52,13 +54,13 @@ class _Shapes:
             return sympy.Dummy(f"unknown{next(self._unknown)}")
         expr = self._symbols.get(d.value)
         if expr is None:
-            names = {name: sympy.Symbol(name) for name in re.findall(r"[A-Za-z_]\w*", d.value)}
+            names = {name: _size(name) for name in re.findall(r"[A-Za-z_]\w*", d.value)}
             try:
                 expr = sympy.parse_expr(d.value, local_dict=names)
             except (sympy.SympifyError, SyntaxError, TypeError):
                 expr = None
             if not isinstance(expr, sympy.Expr):
-                expr = sympy.Symbol(d.value)
+                expr = _size(d.value)
             self._symbols[d.value] = expr
         return expr
 
@@ -77,6 +79,11 @@ class _Shapes:
         if array is not None and array.dtype == np.int64 and array.ndim <= 1 and array.size <= _MAX_ELEMENTS:
             return tuple(sympy.Integer(int(x)) for x in array.reshape(-1)), array.ndim == 0
         return None
+
+
+def _size(name: str) -> sympy.Symbol:
+    # A dim is a nonnegative integer: 8 * h % 4 is 0.
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 def fold_shapes(graph: ir.Graph) -> int:
@@ -177,9 +184,9 @@ def _contents(shapes: _Shapes, node: ir.Node) -> tuple[Contents, bool] | None:
         if starts.size != 1 or int(axes.reshape(-1)[0]) not in (0, -1):
             return None
         return contents[int(starts[0]) : int(ends[0]) : int(steps[0])], False
-    if op in ("Add", "Sub", "Mul"):
+    if op in ("Add", "Sub", "Mul", "Div", "Mod"):
         second = shapes.of(inputs[1])
-        if second is None:
+        if second is None or (op == "Mod" and "fmod" in attrs and attrs["fmod"].as_int()):
             return None
         return _elementwise(op, first, second)
     if op in ("ReduceProd", "ReduceSum") and not scalar and _reduces_everything(node):
@@ -218,8 +225,29 @@ def _elementwise(op: str, a: tuple[Contents, bool], b: tuple[Contents, bool]) ->
             y = y * len(x)
         else:
             return None
-    combine = {"Add": lambda p, q: p + q, "Sub": lambda p, q: p - q, "Mul": lambda p, q: p * q}[op]
-    return tuple(sympy.expand(combine(p, q)) for p, q in zip(x, y)), x_scalar and y_scalar
+    combine = {"Add": operator.add, "Sub": operator.sub, "Mul": operator.mul, "Div": _exact_quotient, "Mod": _remainder}[op]
+    results = tuple(combine(p, q) for p, q in zip(x, y))
+    if any(r is None for r in results):
+        return None
+    return tuple(sympy.expand(r) for r in results), x_scalar and y_scalar
+
+
+def _exact_quotient(p: sympy.Expr, q: sympy.Expr) -> sympy.Expr | None:
+    """``p / q`` where it is an integer at every size (ONNX's integer Div truncates, and only
+    an exact quotient is the same truncated or floored: 8 * h / 4 is 2 * h); else None."""
+    if q == 0:
+        return None
+    quotient = sympy.cancel(p / q)
+    return quotient if quotient.is_integer else None
+
+
+def _remainder(p: sympy.Expr, q: sympy.Expr) -> sympy.Expr | None:
+    """``p mod q`` with the divisor's sign, as ONNX's Mod (fmod=0) computes it on integers; None
+    where it does not reduce to an expression free of Mod (8 * h % 4 is 0, h % 4 stays)."""
+    if q == 0:
+        return None
+    remainder = sympy.Mod(p, q)
+    return None if remainder.has(sympy.Mod) else remainder
 
 
 def _infer_broadcast_shape(shapes: _Shapes, node: ir.Node) -> None:

@@ -1,4 +1,5 @@
 import numpy as np
+import onnx_ir as ir
 import torch
 
 from dynexport.passes.onnx.dead_code import remove_dead_code
@@ -140,3 +141,59 @@ def test_int64_arithmetic_past_its_range_is_left_to_the_runtime():
     fold_shapes(m.graph)
     assert "Sub" in ops(m)
     np.testing.assert_array_equal(run(m, x=np.array([1], np.int64))[0], [-(2**63) + 1])
+
+
+def test_remainders_and_quotients_of_sizes_fold_where_they_reduce_exactly():
+    # A window of 4 over a side of 8 * K: (4 - W % 4) % 4 is the constant 0; W / 4 (2 * K) is
+    # computed, and W / 3 and W % 3, which do not reduce, are too.
+    text = """g (float[N, W] x) => (int64[4] y) {
+        w = Shape<start = 1, end = 2>(x)
+        four = Constant<value = int64[1] {4}>()
+        three = Constant<value = int64[1] {3}>()
+        r = Mod(w, four)
+        s = Sub(four, r)
+        pad = Mod(s, four)
+        q = Div(w, four)
+        q3 = Div(w, three)
+        r3 = Mod(w, three)
+        y = Concat<axis = 0>(pad, q, q3, r3)
+    }"""
+    def windowed() -> ir.Model:
+        m = model(text)
+        m.graph.inputs[0].shape = ir.Shape(["N", "8*K"])  # ONNX's text format writes no expressions
+        return m
+
+    m = windowed()
+    lift_constants(m.graph)
+    fold_shapes(m.graph)
+    remove_dead_code(m.graph)
+    assert sorted(ops(m)) == ["Concat", "Div", "Div", "Mod", "Shape"]
+    for k in (1, 2, 5):
+        x = np.zeros((2, 8 * k), np.float32)
+        assert_same_results(run(windowed(), x=x), run(m, x=x))
+        np.testing.assert_array_equal(run(m, x=x)[0][:2], [0, 2 * k])
+
+
+def test_window_padding_of_a_side_that_is_a_multiple_of_the_window_needs_no_pad():
+    # torchvision's Swin pads each stage's map to whole windows: pad_r = (w - W % w) % w. With
+    # sides of 32 * k after a stride-4 patch embedding, every pad is zero at every size.
+    class Windows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Conv2d(3, 8, 4, stride=4)
+
+        def forward(self, x):
+            x = self.embed(x).permute(0, 2, 3, 1)
+            _, h, w, c = x.shape
+            pad_r, pad_b = (4 - w % 4) % 4, (4 - h % 4) % 4
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+            windows = x.view(-1, (h + pad_b) // 4, 4, (w + pad_r) // 4, 4, c)
+            return windows.sum(dim=(2, 4))
+
+    height, width = (32 * torch.export.Dim(name, min=1, max=32) for name in ("height", "width"))
+    program = assert_exports_equivalent(
+        Windows().eval(), (torch.randn(2, 3, 64, 96),), dynamic_shapes=({0: torch.export.Dim("batch"), 2: height, 3: width},),
+        resized=[(torch.randn(1, 3, 96, 64),), (torch.randn(3, 3, 32, 32),)],
+    )
+    histogram = op_histogram(program)
+    assert not {"Pad", "Mod", "Sub"} & set(histogram), histogram
