@@ -5,11 +5,14 @@ DYNEXPORT_HYPOTHESIS_PROFILE=deep; "coverage" is what ``python -m tests.property
 The ``torchvision`` and ``timm`` fixtures import torchvision through tests/torchvision_ops.py.
 Where torchvision is installed, its operators are defined before any test runs: transformers and
 timm import torchvision as they load, which fails with the registry's CUDA build of torchvision
-until they are."""
+until they are.
+
+Every test leaves torch's thread count as it found it (``torch_threads_restored``)."""
 
 import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from tests.torchvision_ops import load_torchvision, load_torchvision_if_installed
@@ -28,6 +31,16 @@ settings.load_profile(os.environ.get("DYNEXPORT_HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_configure(config):
     load_torchvision_if_installed()
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """torch's thread count as it was before each test: Ultralytics' device selection sets it to
+    the cores less one (1 on CI's two), and eager PyTorch then computes some ops differently (a
+    grouped ConvTranspose with an empty output refuses on one thread) for the rest of the worker."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
