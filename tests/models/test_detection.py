@@ -187,6 +187,7 @@ def test_detector_in_openvino(torchvision):
     )
 
 
+@pytest.mark.slow  # about 200 s
 def test_faster_rcnn_on_a_batch_of_images_of_dynamic_sizes(torchvision):
     model = detector(torchvision, "fasterrcnn_mobilenet_v3_large_320_fpn", **SMALL)
     torch.manual_seed(1)
