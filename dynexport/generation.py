@@ -138,7 +138,7 @@ class _CallConvention:
         baked: dict[str, Any] = {}
         cache_argument, cache_kind, cache_spec, cache_leaves = None, None, None, []
         position = 0
-        for name, child in zip(names, kwargs_spec.children_specs):
+        for name, child in zip(names, kwargs_spec.children()):
             leaf_specs = specs[position:position + child.num_leaves]
             position += child.num_leaves
             if name in _CACHE_ARGUMENTS and child.type is not type(None):

@@ -205,7 +205,7 @@ def _name_first_cache(spec: pytree.TreeSpec, first_leaf: int, prefix: str, names
         _name_cache(spec, kind, first_leaf, prefix, "", names)
         return True
     position = first_leaf
-    for child in spec.children_specs:
+    for child in spec.children():
         if _name_first_cache(child, position, prefix, names):
             return True
         position += child.num_leaves
@@ -215,13 +215,13 @@ def _name_first_cache(spec: pytree.TreeSpec, first_leaf: int, prefix: str, names
 def _name_cache(spec: pytree.TreeSpec, kind: str, first_leaf: int, prefix: str, part: str, names: dict[int, str]) -> None:
     position = first_leaf
     if kind == "EncoderDecoderCache":
-        for child_name, child in zip(_ENCODER_DECODER_CHILDREN, spec.children_specs):
+        for child_name, child in zip(_ENCODER_DECODER_CHILDREN, spec.children()):
             child_kind = _cache_kind(child.type)
             if child_kind is not None:
                 _name_cache(child, child_kind, position, prefix, f".{_ENCODER_DECODER_PARTS[child_name]}", names)
             position += child.num_leaves
         return
-    for child_name, child in zip(_LAYER_CHILDREN[kind], spec.children_specs):
+    for child_name, child in zip(_LAYER_CHILDREN[kind], spec.children()):
         tensor = _TENSOR_KINDS.get(child_name, child_name)
         for layer in range(child.num_leaves):
             names[position + layer] = f"{prefix}.{layer}{part}.{tensor}"
