@@ -19,7 +19,8 @@ requiring grad) runs eagerly, with one warning.
 Threads: a compiled model may be called from several threads at once. A subgraph builds one
 session per input signature under :func:`~dynexport.capture.exclusive_tracing` (threads that ask
 for the same signature wait for the one build); built sessions are shared and only read
-(onnxruntime runs one session from several threads).
+(onnxruntime runs one session from several threads). A frame that Dynamo compiles again to the
+same graph, with the same weights, reuses its subgraph and sessions.
 """
 
 from __future__ import annotations
@@ -122,6 +123,12 @@ class OnnxRuntimeBackend:
 
     def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         subgraph = CompiledSubgraph(graph_module, list(example_inputs), self.options)
+        # Dynamo recompiles a frame whenever a guard fails, also where the graph comes out the same
+        # (guards on values the graph does not read; spuriously, when threads call the model): the
+        # subgraph already compiled for it serves, its sessions need no new export.
+        for compiled in self.subgraphs:
+            if compiled.identity == subgraph.identity:
+                return compiled
         self.subgraphs.append(subgraph)
         return subgraph
 
@@ -160,6 +167,7 @@ class CompiledSubgraph:
         self._options = options
         self._inputs = _SubgraphInputs.classify(graph_module, example_inputs)
         self._weights = [(i, example_inputs[i], example_inputs[i]._version) for i in self._inputs.weight_paths]
+        self.identity = _Identity(self.name, self._inputs, _objects_read(graph_module, example_inputs, self._inputs))
         self._sessions: dict[tuple, _Session] = {}
         self._static_axes: list[tuple[int, ...]] = []
         self._autograd_warned = False
@@ -326,6 +334,35 @@ class _SubgraphInputs:
                 inputs.dynamic_shapes[i] = torch.export.Dim.AUTO
         inputs.fed.sort()
         return inputs
+
+
+@dataclasses.dataclass
+class _Identity:
+    """What makes two Dynamo subgraphs one ONNX model: the same code on the same input types (the
+    name's digest), inputs read the same way, and the same weights and graph attributes."""
+
+    name: str
+    inputs: _SubgraphInputs
+    objects: tuple[int, ...]
+
+
+def _objects_read(graph_module: torch.fx.GraphModule, example_inputs: list[Any], inputs: _SubgraphInputs) -> tuple[int, ...]:
+    """The ids of the weights and of the graph's attributes (constants, nested graphs). The
+    subgraph holds all of them, so no other object takes one of these ids while it lives."""
+    weights = [id(example_inputs[i]) for i in inputs.weight_paths]
+    attributes = [
+        id(graph_module.get_submodule(node.target) if node.op == "call_module" else _attribute(graph_module, node.target))
+        for node in graph_module.graph.nodes
+        if node.op in ("get_attr", "call_module")
+    ]
+    return (*weights, *attributes)
+
+
+def _attribute(module: torch.nn.Module, path: str) -> Any:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        module = getattr(module, part)
+    return getattr(module, leaf)
 
 
 def _is_symbol(size: Any) -> bool:

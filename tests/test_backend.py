@@ -263,6 +263,52 @@ def test_weights_updated_in_place_rebuild_the_session():
     assert onnx_backend.subgraphs[0].sessions_built == 2
 
 
+class Tagged(torch.nn.Module):
+    """Dynamo guards on ``tag`` (a branch) and ``scale`` (a constant of the graph); both branches
+    compute the same graph."""
+
+    def __init__(self, scale: float = 2.0):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 3)
+        self.tag = "a"
+        self.scale = scale
+
+    def forward(self, x):
+        if self.tag == "a":
+            y = self.proj(x)
+        else:
+            y = self.proj(x)
+        return torch.relu(y) * self.scale
+
+
+def test_a_recompile_to_the_same_graph_reuses_its_subgraph_and_session():
+    torch.manual_seed(0)
+    model = Tagged().eval()
+    fn, onnx_backend = compiled(model, fallback="raise")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        fn(x)
+        model.tag = "b"  # a guard fails: Dynamo compiles the frame again, to the same graph
+        assert_close(fn(x), model(x))
+    (subgraph,) = onnx_backend.subgraphs
+    assert subgraph.sessions_built == 1
+
+
+def test_a_recompile_to_another_constant_or_other_weights_gets_its_own_subgraph():
+    torch.manual_seed(0)
+    model, twin = Tagged().eval(), Tagged().eval()
+    onnx_backend = dynexport.backend(fallback="raise")
+    fn, twin_fn = torch.compile(model, backend=onnx_backend), torch.compile(twin, backend=onnx_backend)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        fn(x)
+        twin.tag = "b"  # the same code on the twin's weights
+        assert_close(twin_fn(x), twin(x))
+        model.scale = 3.0  # the same weights in other code
+        assert_close(fn(x), model(x))
+    assert [s.sessions_built for s in onnx_backend.subgraphs] == [1, 1, 1]
+
+
 def test_save_dir_writes_each_subgraph_stably_and_the_files_match(tmp_path):
     torch.manual_seed(0)
     model = PrintBreak().eval()
