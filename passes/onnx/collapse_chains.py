@@ -1,11 +1,13 @@
 """Collapse chains that compute in two steps what one step does: Transpose of a Transpose,
-Reshape of a Reshape, Cast of a lossless Cast, Squeeze of an Unsqueeze on the same axes."""
+Reshape of a Reshape, Cast of a lossless Cast, Unsqueeze of an Unsqueeze, Squeeze of an Unsqueeze on
+the same axes."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
-from dynexport.passes.onnx.values import constant_array, replace_value
+from dynexport.passes.onnx.values import add_initializer, constant_array, replace_value
 
 __all__ = ["collapse_chains"]
 
@@ -35,6 +37,9 @@ def collapse_chains(graph: ir.Graph) -> int:
         if inner is None or inner.op_type != node.op_type or inner.domain != node.domain:
             if inner is not None and node.op_type == "Squeeze" and inner.op_type == "Unsqueeze":
                 collapsed += _squeeze_of_unsqueeze(graph, node, inner)
+            continue
+        if node.op_type == "Unsqueeze":
+            collapsed += _unsqueeze_of_unsqueeze(graph, node, inner)
             continue
         rewrite = _REWRITES.get(node.op_type)
         if rewrite is not None and rewrite(node, inner):
@@ -68,6 +73,24 @@ def _cast(node: ir.Node, inner: ir.Node) -> bool:
         return False
     node.replace_input_with(0, inner.inputs[0])
     return True
+
+
+def _unsqueeze_of_unsqueeze(graph: ir.Graph, node: ir.Node, inner: ir.Node) -> int:
+    """One Unsqueeze inserting both nodes' new axes: the outer's at its own positions, the inner's
+    at the positions the outer leaves to the inner's result, in order."""
+    outer_axes = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    inner_axes = constant_array(inner.inputs[1]) if len(inner.inputs) > 1 else None
+    if outer_axes is None or inner_axes is None:
+        return 0
+    outer_axes, inner_axes = outer_axes.reshape(-1).tolist(), inner_axes.reshape(-1).tolist()
+    if any(a < 0 for a in outer_axes + inner_axes):
+        return 0  # negative axes count from ranks the rewrite would change
+    inserted = set(outer_axes)
+    kept = [position for position in range(len(inner_axes) + max(inner_axes) + len(outer_axes) + 1) if position not in inserted]
+    axes = sorted(inserted | {kept[a] for a in inner_axes})
+    node.replace_input_with(1, add_initializer(graph, np.array(axes, dtype=np.int64), f"{node.name}_axes"))
+    node.replace_input_with(0, inner.inputs[0])
+    return 1
 
 
 def _squeeze_of_unsqueeze(graph: ir.Graph, node: ir.Node, inner: ir.Node) -> int:

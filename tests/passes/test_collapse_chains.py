@@ -45,3 +45,30 @@ def test_squeeze_of_unsqueeze_on_the_same_axes_goes():
     assert collapse_chains(m.graph) == 1
     remove_dead_code(m.graph)
     assert ops(m) == ["Relu"]
+
+
+def test_unsqueeze_of_unsqueeze_becomes_one_unsqueeze_with_both_axes():
+    text = """g (float[2, 3] x) => (float[1, 2, 1, 1, 3, 1] y, float[2, 1, 3, 1, 1, 1] z) <int64[2] inner = {1, 3}, int64[2] outer = {0, 2}, int64[1] last = {2}, int64[1] again = {3}> {
+        u = Unsqueeze(x, inner)
+        y = Unsqueeze(u, outer)
+        v = Unsqueeze(x, last)
+        w = Unsqueeze(v, again)
+        z = Unsqueeze(w, inner)
+    }"""
+    x = np.random.rand(2, 3).astype(np.float32)
+    m = model(text)
+    assert collapse_chains(m.graph) == 3
+    remove_dead_code(m.graph)
+    assert ops(m) == ["Unsqueeze", "Unsqueeze"]  # the chain of three too: its middle node went first
+    expected = run(model(text), x=x)
+    for got, want in zip(run(m, x=x), expected):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_unsqueeze_chains_with_negative_axes_are_left():
+    m = model("""g (float[2, 3] x) => (float[2, 3, 1, 1] y) <int64[1] end = {-1}> {
+        u = Unsqueeze(x, end)
+        y = Unsqueeze(u, end)
+    }""")
+    assert collapse_chains(m.graph) == 0
