@@ -222,11 +222,78 @@ def _index_layout(indices) -> tuple[int, int | None]:
     return index_rank, given[0] if adjacent else None
 
 
+def _arange_lane(index: ir.Value | None) -> tuple[ir.Value, int, int] | None:
+    """(n, axis, rank) when ``index`` is ``arange(n)`` laid along one axis of a shape of ``rank``
+    whose other sizes are 1, as ``torch.arange(n)[:, None, None]`` makes it."""
+    if index is None or index.dtype in _MASKS or index.shape is None:
+        return None
+    wide = [axis for axis, size in enumerate(index.shape) if size != 1]
+    if len(wide) != 1:
+        return None
+    value = index
+    while (node := value.producer()) is not None and node.op_type in ("Unsqueeze", "Cast", "Add") and node.domain == "":
+        if node.op_type == "Cast" and node.inputs[0].dtype not in (_INT64, _INT32):
+            return None
+        if node.op_type == "Add" and _constant_int(node.inputs[1]) != 0:
+            return None  # an offset other than 0 (transformers adds its kv offset, 0 without a sliding window)
+        value = node.inputs[0]
+    node = value.producer()
+    if node is None or node.op_type != "Range" or node.domain != "":
+        return None
+    start, limit, delta = node.inputs
+    if _constant_int(start) != 0 or _constant_int(delta) != 1:
+        return None
+    return limit, wide[0], len(index.shape)
+
+
+def _constant_int(value: ir.Value) -> int | None:
+    node = value.producer()
+    if node is None or node.op_type != "Constant" or "value" not in node.attributes:
+        return None
+    array = node.attributes["value"].as_tensor().numpy()
+    return int(array) if array.size == 1 and array.dtype.kind in "iu" else None
+
+
+def _same_size(a: ir.Value, a_axis: int, b: ir.Value, b_axis: int) -> bool:
+    """Whether the two sizes are known equal: the same int, or the same named symbol."""
+    if a.shape is None or b.shape is None:
+        return False
+    size, other = a.shape[a_axis], b.shape[b_axis]
+    if isinstance(size, int) or isinstance(other, int):
+        return size == other
+    return size.value is not None and size.value == other.value
+
+
+def _index_by_aranges(ctx, self: ir.Value, indices) -> ir.Value | None:
+    """``self[arange(n0)[:, None], arange(n1)[None, :]]`` and the like, where each dim of ``self``
+    is indexed by an arange laid along its own axis: the leading ``n_k`` of each dim, moved to
+    those axes, no gather. (transformers' attention masks read their padding mask this way.)"""
+    lanes = [_arange_lane(index) for index in indices]
+    if len(indices) != rank(self) or len(indices) < 2 or any(lane is None for lane in lanes):
+        return None
+    out_rank = max(lane_rank for _, _, lane_rank in lanes)
+    axes = [axis + out_rank - lane_rank for _, axis, lane_rank in lanes]
+    if len(set(axes)) != len(axes):
+        return None
+    result = self
+    for dim, ((limit, _, _), index) in enumerate(zip(lanes, indices)):
+        if not _same_size(self, dim, index, index.shape.rank() - out_rank + axes[dim]):
+            # Fewer than the dim's size (more raises in PyTorch): the leading n_k.
+            end = ctx.op.Reshape(limit, ints(ctx, [1]))
+            result = ctx.op.Slice(result, ints(ctx, [0]), end, ints(ctx, [dim]))
+    result = _transpose(ctx, result, sorted(range(len(axes)), key=axes.__getitem__))
+    spread = [axis for axis in range(out_rank) if axis not in axes]
+    return ctx.op.Unsqueeze(result, ints(ctx, spread)) if spread else result
+
+
 @translates(aten.index.Tensor, aten._unsafe_index.Tensor)
 def index(ctx, self, indices):
     given = [d for d, index in enumerate(indices) if index is not None]
     if len(given) == 1 and indices[given[0]].dtype not in _MASKS:
         return ctx.op.Gather(self, indices[given[0]], axis=given[0])
+    by_aranges = _index_by_aranges(ctx, self, indices)
+    if by_aranges is not None:
+        return by_aranges
     dims, tensors = _index_tensors(ctx, indices)
     perm = dims + [d for d in range(rank(self)) if d not in dims]
     result = ctx.op.GatherND(_transpose(ctx, self, perm), _stacked(ctx, indices, tensors))

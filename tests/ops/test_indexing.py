@@ -112,6 +112,55 @@ def test_index_tensor_with_dynamic_index_length():
     )
 
 
+def _padding_mask_read(mask, length, offset: int = 0, start: int = 0):
+    """transformers' padding mask function: ``mask[batch_idx, kv_idx]`` over index aranges."""
+    batch = torch.arange(mask.shape[0])[:, None, None, None]
+    kv = (torch.arange(start, length) + offset)[None, None, None, :]
+    return mask[batch, kv]
+
+
+def test_indexing_every_dim_by_aranges_is_a_slice_not_a_gather():
+    past, seq = torch.export.Dim("past", min=0), torch.export.Dim("seq")
+    width = torch.export.Dim("width")
+
+    def read(mask, past_keys, new_tokens):
+        return _padding_mask_read(mask, past_keys.shape[0] + new_tokens.shape[0]) * 2
+
+    mask, keys, tokens = torch.randint(0, 2, (2, 9)).bool(), torch.randn(3), torch.randn(4)
+    program = assert_exports_equivalent(
+        lambda mask, keys, tokens: read(mask, keys, tokens).int(),
+        (mask, keys, tokens),
+        dynamic_shapes=({0: B, 1: width}, {0: past}, {0: seq}),
+        # masks as wide as past + new, and wider (their leading columns are read)
+        resized=[(torch.randint(0, 2, (3, 12)).bool(), torch.randn(5), torch.randn(7)),
+                 (torch.randint(0, 2, (4, 1)).bool(), torch.randn(0), torch.randn(1))],
+    )
+    assert "GatherND" not in op_histogram(program) and op_histogram(program)["Slice"] == 1
+
+
+def test_indexing_by_aranges_along_swapped_axes_transposes():
+    def swapped(x):
+        return x[torch.arange(x.shape[0])[None, :], torch.arange(x.shape[1])[:, None]]
+
+    x = torch.randn(3, 5)
+    program = assert_exports_equivalent(
+        swapped, (x,), dynamic_shapes=({0: B, 1: COLUMNS},), resized=[(torch.randn(6, 4),)]
+    )
+    assert op_histogram(program) == {"Transpose": 1}
+
+
+@pytest.mark.parametrize("offset, start", [(1, 0), (0, 1)])
+def test_aranges_that_do_not_start_at_zero_still_gather(offset, start):
+    def read(mask):
+        return _padding_mask_read(mask, mask.shape[1] - 1, offset=offset, start=start)
+
+    mask = torch.randn(2, 9)
+    program = assert_exports_equivalent(
+        read, (mask,), dynamic_shapes=({0: B, 1: COLUMNS},), resized=[(torch.randn(5, 4),)]
+    )
+    assert "GatherND" in op_histogram(program)
+
+
 def test_unsafe_index_and_index_put():
     x = torch.randn(3, 4, 5)
     i = torch.tensor([3, 0, -1])
