@@ -360,13 +360,21 @@ def _repeats_its_halves(node: object) -> bool:
 
 
 def _first_half(graph: torch.fx.Graph, table: Node) -> Node:
+    """The first half of ``table`` (``_repeats_its_halves``): its elementwise chain computed again
+    from the repeated half ``t`` instead of from ``cat([t, t])``, with no cat and no slice left."""
+    chain = [table]
+    while not _is_call(chain[-1], aten.cat.default):
+        chain.append(chain[-1].args[0])
+    node = chain.pop().args[0][0]
     val = _val(table)
-    half = val.shape[-1] // 2
     # Right after the table (computed in the graph: a cos or sin), so that every layer may read it.
-    with graph.inserting_after(table):
-        node = graph.call_function(aten.slice.Tensor, (table, -1, 0, half))
-    with val.fake_mode:
-        node.meta["val"] = val[..., :half]
+    place = table
+    for step in reversed(chain):
+        args = (node, *step.args[1:])
+        with graph.inserting_after(place), val.fake_mode:
+            node = graph.call_function(step.target, args, step.kwargs)
+            node.meta["val"] = step.target(*(_val(a) if isinstance(a, Node) else a for a in args), **step.kwargs)
+        place = node
     return node
 
 

@@ -1,6 +1,6 @@
 """Remove nodes that compute their input: Identity, a Cast to the input's own type, an identity
-Transpose, a Pad by nothing, ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` (when the constant
-broadcasts nothing)."""
+Transpose, a Pad by nothing, ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1``, ``x and True``,
+``x or False`` (when the constant broadcasts nothing)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dynexport.passes.onnx.values import constant_array, replace_value
 
 __all__ = ["remove_no_ops"]
 
-_NEUTRAL = {"Add": (0, True), "Sub": (0, False), "Mul": (1, True), "Div": (1, False)}
+_NEUTRAL = {"Add": (0, True), "Sub": (0, False), "Mul": (1, True), "Div": (1, False), "And": (1, True), "Or": (0, True)}
 
 
 def remove_no_ops(graph: ir.Graph) -> int:

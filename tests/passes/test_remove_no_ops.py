@@ -26,3 +26,19 @@ def test_arithmetic_that_broadcasts_or_casts_stays():
     }""")
     assert remove_no_ops(m.graph) == 0
     assert ops(m) == ["Add", "Cast"]
+
+
+def test_and_with_true_and_or_with_false_go_but_not_the_absorbing_constants():
+    m = model("""g (bool[2, 3] x) => (bool[2, 3] y, bool[2, 3] z) <bool yes = {1}, bool no = {0}> {
+        a = And(yes, x)
+        b = Or(a, no)
+        y = Not(b)
+        c = And(x, no)
+        z = Or(c, yes)
+    }""")
+    x = np.random.rand(2, 3) > 0.5
+    assert remove_no_ops(m.graph) == 2
+    assert ops(m) == ["Not", "And", "Or"]
+    y, z = run(m, x=x)
+    np.testing.assert_array_equal(y, ~x)
+    np.testing.assert_array_equal(z, np.ones_like(x))
