@@ -223,8 +223,8 @@ def _index_layout(indices) -> tuple[int, int | None]:
 
 
 def _arange_lane(index: ir.Value | None) -> tuple[ir.Value, int, int] | None:
-    """(n, axis, rank) when ``index`` is ``arange(n)`` laid along one axis of a shape of ``rank``
-    whose other sizes are 1, as ``torch.arange(n)[:, None, None]`` makes it."""
+    """(arange, axis, rank) when ``index`` is the 1-D ``arange`` laid along one axis of a shape of
+    ``rank`` whose other sizes are 1, as ``torch.arange(n)[:, None, None]`` makes it."""
     if index is None or index.dtype in _MASKS or index.shape is None:
         return None
     wide = [axis for axis, size in enumerate(index.shape) if size != 1]
@@ -240,10 +240,10 @@ def _arange_lane(index: ir.Value | None) -> tuple[ir.Value, int, int] | None:
     node = value.producer()
     if node is None or node.op_type != "Range" or node.domain != "":
         return None
-    start, limit, delta = node.inputs
+    start, _, delta = node.inputs
     if _constant_int(start) != 0 or _constant_int(delta) != 1:
         return None
-    return limit, wide[0], len(index.shape)
+    return value, wide[0], len(index.shape)
 
 
 def _constant_int(value: ir.Value) -> int | None:
@@ -267,7 +267,8 @@ def _same_size(a: ir.Value, a_axis: int, b: ir.Value, b_axis: int) -> bool:
 def _index_by_aranges(ctx, self: ir.Value, indices) -> ir.Value | None:
     """``self[arange(n0)[:, None], arange(n1)[None, :]]`` and the like, where each dim of ``self``
     is indexed by an arange laid along its own axis: the leading ``n_k`` of each dim, moved to
-    those axes, no gather. (transformers' attention masks read their padding mask this way.)"""
+    those axes, with no broadcast and stacked indices. (transformers' attention masks read their
+    padding mask this way.)"""
     lanes = [_arange_lane(index) for index in indices]
     if len(indices) != rank(self) or len(indices) < 2 or any(lane is None for lane in lanes):
         return None
@@ -276,11 +277,13 @@ def _index_by_aranges(ctx, self: ir.Value, indices) -> ir.Value | None:
     if len(set(axes)) != len(axes):
         return None
     result = self
-    for dim, ((limit, _, _), index) in enumerate(zip(lanes, indices)):
+    for dim, ((arange, _, _), index) in enumerate(zip(lanes, indices)):
         if not _same_size(self, dim, index, index.shape.rank() - out_rank + axes[dim]):
-            # Fewer than the dim's size (more raises in PyTorch): the leading n_k.
-            end = ctx.op.Reshape(limit, ints(ctx, [1]))
-            result = ctx.op.Slice(result, ints(ctx, [0]), end, ints(ctx, [dim]))
+            # A Gather, not a Slice: past the dim's end it fails, as PyTorch does. By a [1, n]
+            # index, which onnxruntime does not rewrite into a Slice (it does a Range's 1-D one).
+            first = ints(ctx, [0])
+            gathered = ctx.op.Gather(result, ctx.op.Unsqueeze(arange, first), axis=dim)
+            result = ctx.op.Squeeze(gathered, ints(ctx, [dim]))
     result = _transpose(ctx, result, sorted(range(len(axes)), key=axes.__getitem__))
     spread = [axis for axis in range(out_rank) if axis not in axes]
     return ctx.op.Unsqueeze(result, ints(ctx, spread)) if spread else result
