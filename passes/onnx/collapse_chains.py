@@ -1,6 +1,6 @@
 """Collapse chains that compute in two steps what one step does: Transpose of a Transpose,
 Reshape of a Reshape, Cast of a lossless Cast, Unsqueeze of an Unsqueeze, Squeeze of an Unsqueeze on
-the same axes."""
+the same axes, Unsqueeze of a Squeeze that puts the squeezed axes back."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def collapse_chains(graph: ir.Graph) -> int:
         if inner is None or inner.op_type != node.op_type or inner.domain != node.domain:
             if inner is not None and node.op_type == "Squeeze" and inner.op_type == "Unsqueeze":
                 collapsed += _squeeze_of_unsqueeze(graph, node, inner)
+            if inner is not None and node.op_type == "Unsqueeze" and inner.op_type == "Squeeze":
+                collapsed += _unsqueeze_of_squeeze(graph, node, inner)
             continue
         if node.op_type == "Unsqueeze":
             collapsed += _unsqueeze_of_unsqueeze(graph, node, inner)
@@ -90,6 +92,40 @@ def _unsqueeze_of_unsqueeze(graph: ir.Graph, node: ir.Node, inner: ir.Node) -> i
     axes = sorted(inserted | {kept[a] for a in inner_axes})
     node.replace_input_with(1, add_initializer(graph, np.array(axes, dtype=np.int64), f"{node.name}_axes"))
     node.replace_input_with(0, inner.inputs[0])
+    return 1
+
+
+def _unsqueeze_of_squeeze(graph: ir.Graph, node: ir.Node, inner: ir.Node) -> int:
+    """One Unsqueeze of the Squeeze's input when the outer's new axes can hold the squeezed ones
+    where they were, in order: the same tensor, as every squeezed axis has size 1."""
+    squeezed = constant_array(inner.inputs[1]) if len(inner.inputs) > 1 else None
+    inserted = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    x, result = inner.inputs[0], node.outputs[0]
+    if squeezed is None or inserted is None or (x.shape is None and result.shape is None):
+        return 0
+    squeezed, inserted = set(squeezed.reshape(-1).tolist()), set(inserted.reshape(-1).tolist())
+    if any(a < 0 for a in squeezed | inserted):
+        return 0
+    rank = len(x.shape) if x.shape is not None else len(result.shape) - len(inserted) + len(squeezed)
+    axis, added = 0, []
+    for position in range(rank - len(squeezed) + len(inserted)):
+        if position in inserted and axis in squeezed:
+            axis += 1  # a squeezed axis of x back in its place
+        elif position in inserted:
+            added.append(position)
+        elif axis in squeezed:
+            return 0  # a dim of x would come after one the outer Unsqueeze places later
+        else:
+            axis += 1
+    if axis != rank:
+        return 0
+    if not added:
+        if not replace_value(node.outputs[0], x):
+            return 0
+        graph.remove(node, safe=True)
+        return 1
+    node.replace_input_with(1, add_initializer(graph, np.array(added, dtype=np.int64), f"{node.name}_axes"))
+    node.replace_input_with(0, x)
     return 1
 
 

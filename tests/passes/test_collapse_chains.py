@@ -72,3 +72,22 @@ def test_unsqueeze_chains_with_negative_axes_are_left():
         y = Unsqueeze(u, end)
     }""")
     assert collapse_chains(m.graph) == 0
+
+
+def test_unsqueeze_of_a_squeeze_that_puts_the_axes_back_reads_the_squeeze_input():
+    text = """g (float[2, 1, 3] x) => (float[2, 1, 1, 3] y, float[2, 1, 3] z, float[1, 2, 3] w) <int64[1] one = {1}, int64[2] spread = {1, 2}, int64[1] first = {0}> {
+        s = Squeeze(x, one)
+        y = Unsqueeze(s, spread)
+        u = Unsqueeze(s, one)
+        z = Relu(u)
+        w = Unsqueeze(s, first)
+    }"""
+    x = np.random.rand(2, 1, 3).astype(np.float32)
+    m = model(text)
+    # y: x with one new axis; z: x itself; w moves the size-1 axis to the front: left alone.
+    assert collapse_chains(m.graph) == 2
+    remove_dead_code(m.graph)
+    assert sorted(ops(m)) == ["Relu", "Squeeze", "Unsqueeze", "Unsqueeze"]
+    for got, want in zip(run(m, x=x), run(model(text), x=x)):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
