@@ -1,5 +1,5 @@
-"""``Resize`` with an ``axes`` attribute over a static input -> the same Resize with sizes or
-scales for every dim.
+"""``Resize`` with an ``axes`` attribute -> the same Resize with scales (of 1 on the other dims,
+any input of known rank) or sizes (the other dims' static sizes) for every dim.
 
 The two compute the same, but onnxruntime's NCHWc layout optimizer only rewrites a Resize whose
 sizes or scales cover every dim into its blocked-layout Upsample; one with ``axes`` runs in NCHW
@@ -21,7 +21,7 @@ def full_rank_resize(graph: ir.Graph) -> int:
     rewritten = 0
     for node in nodes_of(graph, "Resize"):
         x = node.inputs[0]
-        if "axes" not in node.attributes or x.shape is None or not all(isinstance(d, int) for d in x.shape):
+        if "axes" not in node.attributes or x.shape is None:
             continue
         policy = node.attributes.get("keep_aspect_ratio_policy")
         if policy is not None and policy.as_string() != "stretch":
@@ -31,7 +31,10 @@ def full_rank_resize(graph: ir.Graph) -> int:
             continue  # a roi per resized axis would need widening too
         axes = np.array(node.attributes["axes"].as_ints()) % len(x.shape)
         if sizes is not None:
-            index, full, name = 3, np.array(x.shape, dtype=np.int64), "resize_sizes"
+            if not all(isinstance(d, int) for i, d in enumerate(x.shape) if i not in axes):
+                continue  # a dynamic dim kept as it is has no size to write
+            index, name = 3, "resize_sizes"
+            full = np.array([d if isinstance(d, int) else 0 for d in x.shape], dtype=np.int64)
         else:
             index, full, name = 2, np.ones(len(x.shape), np.float32), "resize_scales"
         given = constant_array(node.inputs[index])

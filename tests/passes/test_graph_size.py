@@ -322,6 +322,21 @@ def test_resize_of_a_static_input_names_every_dim():
     assert list(resize.attributes["axes"].as_ints()) == [2, 3]
 
 
+def test_resize_by_scales_names_every_dim_whatever_the_sizes():
+    """By scales (1 on the dims it keeps), also with dynamic dims: HRNet's upsampling of
+    dynamic-size maps then runs in onnxruntime's blocked layout with no reorders around it."""
+
+    def upsampled(x):
+        return nn.functional.interpolate(x, scale_factor=2, mode="nearest") + 1
+
+    x = torch.randn(2, 3, 5, 4)
+    program = assert_exports_equivalent(
+        upsampled, (x,), dynamic_shapes=_image_dims(1), resized=[(torch.randn(3, 3, 7, 9),)]
+    )
+    (resize,) = [node for node in program.model.graph if node.op_type == "Resize"]
+    assert "axes" not in resize.attributes and resize.inputs[2].const_value.numpy().tolist() == [1, 1, 2, 2]
+
+
 def test_batchnorm_after_a_gemm_with_a_bias_per_row_stays():
     """A Gemm bias of shape [rows, 1] is no per-channel shift: only the per-column one folds."""
     statistics = (
