@@ -277,8 +277,8 @@ def _index_by_aranges(ctx, self: ir.Value, indices) -> ir.Value | None:
     if len(set(axes)) != len(axes):
         return None
     result = self
-    for dim, ((arange, _, _), index) in enumerate(zip(lanes, indices)):
-        if not _same_size(self, dim, index, index.shape.rank() - out_rank + axes[dim]):
+    for dim, ((arange, axis, _), index) in enumerate(zip(lanes, indices)):
+        if not _same_size(self, dim, index, axis):
             # A Gather, not a Slice: past the dim's end it fails, as PyTorch does. By a [1, n]
             # index, which onnxruntime does not rewrite into a Slice (it does a Range's 1-D one).
             first = ints(ctx, [0])

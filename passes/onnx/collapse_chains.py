@@ -85,10 +85,11 @@ def _unsqueeze_of_unsqueeze(graph: ir.Graph, node: ir.Node, inner: ir.Node) -> i
     if outer_axes is None or inner_axes is None:
         return 0
     outer_axes, inner_axes = outer_axes.reshape(-1).tolist(), inner_axes.reshape(-1).tolist()
-    if any(a < 0 for a in outer_axes + inner_axes):
+    if not outer_axes or not inner_axes or any(a < 0 for a in outer_axes + inner_axes):
         return 0  # negative axes count from ranks the rewrite would change
     inserted = set(outer_axes)
-    kept = [position for position in range(len(inner_axes) + max(inner_axes) + len(outer_axes) + 1) if position not in inserted]
+    # The final positions the outer leaves to the inner's result, as many as its axes reach.
+    kept = [position for position in range(max(inner_axes) + len(outer_axes) + 1) if position not in inserted]
     axes = sorted(inserted | {kept[a] for a in inner_axes})
     node.replace_input_with(1, add_initializer(graph, np.array(axes, dtype=np.int64), f"{node.name}_axes"))
     node.replace_input_with(0, inner.inputs[0])
