@@ -41,6 +41,7 @@ from torch.utils._sympy.numbers import int_oo
 from torch.export.dynamic_shapes import _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
 
 from dynexport.errors import CaptureError, DimSpecializedError
+from dynexport.guard_audit import UncheckedGuards
 
 __all__ = [
     "DIM_REFINEMENTS_KEY",
@@ -232,7 +233,7 @@ def _suggested_fixes_message(error: CaptureError, dynamic_shapes: Any) -> str | 
         if "Suggested fixes:" in message:
             return message
         return _minimums_from_guards(message, dynamic_shapes)
-    return None
+    return _minimums_from_unchecked_guards(error, dynamic_shapes)
 
 
 # "You marked L['x'].size()[0] as dynamic but your code specialized it to be a constant (3)."
@@ -264,15 +265,35 @@ def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
     1``). The smallest size from which every such guard of the dim holds becomes its minimum, as a
     "Suggested fixes:" message; torch checks the refined range again when capture is retried."""
     declared = _get_dim_name_mapping(dynamic_shapes)
-    fixes = []
+    minimums = {}
     for name, conditions in _unsatisfied_guards(message, declared).items():
         dim = declared[name]
         upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
         minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), upper)
         if minimum is None:
             return None
-        if minimum == int(dim.min):  # holds throughout: see _ranges_where_guards_hold
-            continue
+        if minimum != int(dim.min):  # else it holds throughout: see _ranges_where_guards_hold
+            minimums[name] = minimum
+    return _minimums_message(minimums, declared)
+
+
+def _minimums_from_unchecked_guards(error: CaptureError, dynamic_shapes: Any) -> str | None:
+    """The minimums that make every guard torch.export left unchecked hold (a Swin stage's
+    ``if min(input_resolution) <= self.window_size``, true from some size on), found by
+    :func:`~dynexport.guard_audit.check_guards_hold` on the first strategy's capture, as a
+    "Suggested fixes:" message; the retried capture checks the guards over the raised ranges."""
+    first = next(iter(error.reasons.values()), None)
+    declared = _get_dim_name_mapping(dynamic_shapes)
+    if not isinstance(first, UncheckedGuards) or not first.minimums or not first.minimums.keys() <= declared.keys():
+        return None
+    return _minimums_message(first.minimums, declared)
+
+
+def _minimums_message(minimums: dict[str, int], declared: dict[str, Any]) -> str | None:
+    """``{dim name: minimum}`` as torch.export's "Suggested fixes:", each dim keeping its maximum."""
+    fixes = []
+    for name, minimum in minimums.items():
+        dim = declared[name]
         maximum = "" if dim.max == int_oo else f", max={int(dim.max)}"
         fixes.append(f"{name} = Dim('{name}', min={minimum}{maximum})")
     return "Suggested fixes:\n" + "\n".join(fixes) if fixes else None

@@ -54,10 +54,14 @@ _SHOWN = 4
 class UncheckedGuards(Exception):
     """The captured graph assumes conditions on dynamic sizes that torch.export did not check
     and that are false at some sizes of the declared ranges. ``problems`` has one line per
-    guard: the condition, the model line that asked it, and a size where it is false."""
+    guard: the condition, the model line that asked it, and a size where it is false.
+    ``minimums`` (``{dim name: size}``, empty when there is none): raised to those minimums,
+    the declared dims hold every guard at the sizes tried (a size that an ``if min(h, w) <=
+    window`` excludes, say)."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], minimums: dict[str, int] | None = None):
         self.problems = problems
+        self.minimums = dict(minimums or {})
         shown = problems[:_SHOWN]
         super().__init__(
             "\n".join(
@@ -91,8 +95,11 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
             if index not in failures and not guard.holds(point):
                 failures[index] = point
     if failures:
-        names = _dim_names(sizes)
-        raise UncheckedGuards([_problem(guards[index], point, names) for index, point in sorted(failures.items())])
+        names = _dim_names(sizes, shape_env)
+        raise UncheckedGuards(
+            [_problem(guards[index], point, names) for index, point in sorted(failures.items())],
+            _declared_minimums(shape_env, guards, [guards[index] for index in failures], ranges),
+        )
 
 
 def _user_inputs(program: torch.export.ExportedProgram) -> dict[str, Any]:
@@ -243,12 +250,57 @@ def _points(shape_env: Any, ranges: dict[sympy.Symbol, tuple[int, int]]) -> Iter
         yield {root: draw.randint(lower, upper) for root, (lower, upper) in ranges.items()}
 
 
-def _dim_names(sizes: dict[str, list[sympy.Expr]]) -> dict[sympy.Symbol, str]:
+def _declared_minimums(
+    shape_env: Any, guards: list[_Guard], failing: list[_Guard], ranges: dict[sympy.Symbol, tuple[int, int]]
+) -> dict[str, int]:
+    """``{dim name: minimum}`` such that every guard holds at the sizes :func:`_points` tries
+    over the ranges raised to those minimums; empty when a failing guard also fails near a
+    range's top or above the example (no minimum excludes that), or on a dim the user did not
+    name. Each root's minimum is the smallest size from which each failing guard holds up to the
+    range's top, the other roots at their examples; the box of all minimums is then tried whole
+    (a guard coupling dims, ``h + w > 40``, fails at its lower corner)."""
+    example = {root: _example(shape_env, root) for root in ranges}
+    raised = dict(ranges)
+    for guard in failing:
+        for root in guard.symbols:
+            lower, upper = ranges[root]
+            minimum = upper + 1
+            while minimum > lower and guard.holds({**example, root: minimum - 1}):
+                minimum -= 1
+            if minimum > example[root]:
+                return {}
+            raised[root] = (max(raised[root][0], minimum), upper)
+    if any(not guard.holds(point) for point in _points(shape_env, raised) for guard in guards):
+        return {}
+    names = {root: _declared_name(shape_env, root) for root in raised if raised[root] != ranges[root]}
+    if None in names.values():
+        return {}
+    return {names[root]: raised[root][0] for root in names}
+
+
+def _declared_name(shape_env: Any, root: sympy.Symbol) -> str | None:
+    """The name of the ``Dim`` the user declared for ``root``: a dim's own (``h``), or the root
+    of a derived dim (``_h`` of ``4*_h``, torch's source for that root); None for a hint
+    (``Dim.DYNAMIC``, ``Dim.AUTO``), which has no name."""
+    for source in shape_env.var_to_sources.get(root, ()):
+        name = shape_env.source_name_to_debug_name.get(source.name, source.name)
+        if name.isidentifier():
+            return name
+    return None
+
+
+def _dim_names(sizes: dict[str, list[sympy.Expr]], shape_env: Any) -> dict[sympy.Symbol, str]:
+    """How problems name each root: the input dim it is (``x.shape[2]``), or the name of the
+    derived dim's root it stands for (``_h``)."""
     names: dict[sympy.Symbol, str] = {}
     for name, dims in sizes.items():
         for axis, expr in enumerate(dims):
             if isinstance(expr, sympy.Symbol):
                 names.setdefault(expr, f"{name}.shape[{axis}]")
+            for root in expr.free_symbols - names.keys():
+                declared = _declared_name(shape_env, root)
+                if declared is not None:
+                    names[root] = declared
     return names
 
 

@@ -391,3 +391,70 @@ def test_branch_on_sizes_that_no_strategy_checks_is_refused():
         AspectBranch(), (torch.rand(1, 3, 90, 70),), dynamic_shapes=narrow, resized=[(torch.rand(1, 3, 96, 70),), (torch.rand(1, 3, 16, 300),)],
     )
 
+
+
+class WindowShrinks(torch.nn.Module):
+    # Swin's stage: a window as large as the smaller side when that side is at most the window.
+    # Non-strict capture answers Python's ``min`` of sizes for the example and torch's solver
+    # drops the guard; strict capture leaves the same guard unchecked.
+    window = 8
+
+    def forward(self, x):
+        if min(x.shape[-2:]) <= self.window:
+            return x.mean(dim=(-2, -1), keepdim=True) + x
+        return x * 2
+
+
+def test_unchecked_guard_true_from_some_size_on_raises_the_minimums():
+    sides = {"x": {2: torch.export.Dim("h"), 3: torch.export.Dim("w")}}
+    x = torch.rand(1, 2, 16, 24)
+    with pytest.warns(UserWarning) as warned:
+        program = assert_exports_equivalent(
+            WindowShrinks(), (x,), dynamic_shapes=sides,
+            resized=[(torch.rand(1, 2, 9, 9),), (torch.rand(1, 2, 9, 100),), (torch.rand(1, 2, 70, 13),)],
+        )
+    refined = sorted(str(w.message) for w in warned if "refined" in str(w.message))
+    assert refined == ["dynamic_shapes refined: h: min=9 (from the model)", "dynamic_shapes refined: w: min=9 (from the model)"]
+    # A size the other branch takes is refused by the program, not computed wrong.
+    with pytest.raises(ValueError, match=r"x.*dim 2.*8.*9"):
+        program(torch.rand(1, 2, 8, 30))
+
+
+class PatchesThenWindow(torch.nn.Module):
+    # Swin's patch embedding pads the sides to whole patches (a branch: h becomes 4*_h), then a
+    # stage's window shrinks on the patch grid.
+    def forward(self, x):
+        if x.shape[-1] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 4 - x.shape[-1] % 4))
+        if x.shape[-2] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 4 - x.shape[-2] % 4))
+        patches = torch.nn.functional.avg_pool2d(x, 4)
+        if min(patches.shape[-2:]) <= 4:
+            return patches.mean(dim=(-2, -1), keepdim=True) + patches
+        return patches * 2
+
+
+def test_unchecked_guard_on_the_root_of_a_derived_dim_raises_that_roots_minimum():
+    sides = {"x": {2: torch.export.Dim("h"), 3: torch.export.Dim("w")}}
+    with pytest.warns(UserWarning) as warned:
+        assert_exports_equivalent(
+            PatchesThenWindow(), (torch.rand(1, 2, 32, 48),), dynamic_shapes=sides,
+            resized=[(torch.rand(1, 2, 20, 20),), (torch.rand(1, 2, 20, 64),)],
+        )
+    refined = {str(w.message) for w in warned if "refined" in str(w.message)}
+    assert {"dynamic_shapes refined: _h: min=5 (from the model)", "dynamic_shapes refined: _w: min=5 (from the model)"} <= refined
+
+
+class WindowShrinksOnTheAspect(torch.nn.Module):
+    def forward(self, x):
+        if min(x.shape[-2:]) * 2 <= max(x.shape[-2:]):
+            return x.mean(dim=(-2, -1), keepdim=True) + x
+        return x * 2
+
+
+def test_unchecked_guard_that_no_minimum_makes_hold_is_refused_naming_the_dims():
+    # The guard fails for a large h at the example's w whatever h's minimum: refused as before,
+    # the dims named as declared.
+    sides = {"x": {2: torch.export.Dim("h"), 3: torch.export.Dim("w")}}
+    with pytest.raises(CaptureError, match=r"x.shape\[2\].*is false at x.shape\[2\] = \d+, x.shape\[3\] = \d+"):
+        dynexport.export(WindowShrinksOnTheAspect(), (torch.rand(1, 2, 16, 24),), dynamic_shapes=sides)
