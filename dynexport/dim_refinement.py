@@ -9,6 +9,9 @@ and tries again, a bounded number of times since one fix can reveal the next, an
 changed: one warning per dim, the export report, and the ONNX metadata (``DIM_REFINEMENTS_KEY``).
 Where torch's solver asks for a multiple (``samples = 20*_samples``) only because it cannot bound a
 guard that excludes small sizes, the minimum that guard is proven to need is applied instead.
+Guards torch.export leaves unchecked (``min`` of sizes, remainders of a derived dim's root), which
+capture's guard audit finds false somewhere, narrow the dims they read the same way: to a minimum,
+or to the example's class modulo a period (``_w = 8*__w``), when that makes them hold.
 
 A fix that makes a declared-dynamic dim static is never applied: the ONNX model would silently
 accept one size only. :class:`~dynexport.errors.DimSpecializedError` names the dim and the model
@@ -38,10 +41,10 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._sympy.numbers import int_oo
-from torch.export.dynamic_shapes import _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
+from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
 
 from dynexport.errors import CaptureError, DimSpecializedError
-from dynexport.guard_audit import UncheckedGuards
+from dynexport.guard_audit import SizeFix, UncheckedGuards
 
 __all__ = [
     "DIM_REFINEMENTS_KEY",
@@ -80,7 +83,9 @@ def capture_refining_dims(
     dynamic_shapes: Any,
 ) -> tuple[torch.export.ExportedProgram, str, list[DimRefinement], Any]:
     """``capture(module, args, kwargs, dynamic_shapes)``, retried with torch's suggested fixes
-    applied to ``dynamic_shapes`` while it reports violated constraints.
+    applied to ``dynamic_shapes`` while it reports violated constraints, and with the dims
+    narrowed where guards it left unchecked hold (:class:`~dynexport.guard_audit.UncheckedGuards`'
+    fixes: a minimum, a lattice).
 
     Returns the program, the capture strategy, the refinements made (each also warned about) and
     the ``dynamic_shapes`` the program was captured with.
@@ -98,6 +103,11 @@ def capture_refining_dims(
             return program, strategy, refinements, _named(dynamic_shapes, hinted)
         except CaptureError as error:
             unrefined = error
+            lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
+            if lattices:
+                dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices)
+                refinements += _warned(lattice_refinements)
+                continue
             message = _suggested_fixes_message(error, dynamic_shapes)
             if message is None:
                 declared = _get_dim_name_mapping(dynamic_shapes)
@@ -277,16 +287,48 @@ def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
     return _minimums_message(minimums, declared)
 
 
-def _minimums_from_unchecked_guards(error: CaptureError, dynamic_shapes: Any) -> str | None:
-    """The minimums that make every guard torch.export left unchecked hold (a Swin stage's
-    ``if min(input_resolution) <= self.window_size``, true from some size on), found by
-    :func:`~dynexport.guard_audit.check_guards_hold` on the first strategy's capture, as a
-    "Suggested fixes:" message; the retried capture checks the guards over the raised ranges."""
+def _unchecked_guard_fixes(error: CaptureError, dynamic_shapes: Any) -> dict[str, SizeFix]:
+    """The narrowing of declared dims that makes every guard torch.export left unchecked hold
+    (Swin's ``if min(input_resolution) <= self.window_size`` from a minimum on, its ``if pad > 0``
+    on multiples of the window), found by :func:`~dynexport.guard_audit.check_guards_hold` on the
+    first strategy's capture; empty when there is none. The retried capture checks the guards
+    over the narrowed dims again."""
     first = next(iter(error.reasons.values()), None)
+    if not isinstance(first, UncheckedGuards) or not first.fixes.keys() <= _get_dim_name_mapping(dynamic_shapes).keys():
+        return {}
+    return first.fixes
+
+
+def _minimums_from_unchecked_guards(error: CaptureError, dynamic_shapes: Any) -> str | None:
+    """:func:`_unchecked_guard_fixes` that are minimums, as a "Suggested fixes:" message."""
+    fixes = _unchecked_guard_fixes(error, dynamic_shapes)
+    minimums = {name: fix.minimum for name, fix in fixes.items() if fix.minimum is not None}
+    return _minimums_message(minimums, _get_dim_name_mapping(dynamic_shapes))
+
+
+def _on_lattices(dynamic_shapes: Any, lattices: dict[str, SizeFix]) -> tuple[Any, list[DimRefinement]]:
+    """``dynamic_shapes`` with each dim named in ``lattices`` (a dim, or the root of derived dims:
+    ``_w`` of ``4*_w``) replaced by ``period*_<name> + offset`` over a new root ``_<name>`` whose
+    range covers the old one's; and the refinements made. (torch's fix helper cannot re-derive
+    the root of a derived dim.)"""
     declared = _get_dim_name_mapping(dynamic_shapes)
-    if not isinstance(first, UncheckedGuards) or not first.minimums or not first.minimums.keys() <= declared.keys():
-        return None
-    return _minimums_message(first.minimums, declared)
+    roots, refinements = {}, []
+    for name, fix in lattices.items():
+        dim = declared[name]
+        low = max(0, -(-(int(dim.min) - fix.offset) // fix.period))
+        bounds = {"min": low} if dim.max == int_oo else {"min": low, "max": (int(dim.max) - fix.offset) // fix.period}
+        root = torch.export.Dim(f"_{name}", **bounds)
+        roots[name] = root * fix.period + fix.offset if fix.offset else root * fix.period
+        refinements.append(DimRefinement(name, f"= {roots[name].__name__}"))
+
+    def narrowed(dim: Any) -> Any:
+        if isinstance(dim, _DerivedDim) and dim.root.__name__ in roots:
+            return dim.fn(roots[dim.root.__name__])
+        if isinstance(dim, torch.export.Dim) and not isinstance(dim, _DerivedDim) and dim.__name__ in roots:
+            return roots[dim.__name__]
+        return dim
+
+    return pytree.tree_map(narrowed, dynamic_shapes), refinements
 
 
 def _minimums_message(minimums: dict[str, int], declared: dict[str, Any]) -> str | None:
@@ -345,8 +387,10 @@ def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, 
     if not fixes or not all(_MULTIPLE.fullmatch(fix) for fix in fixes.values()):
         return {}
     violations = _constraint_violations(error)
+    if not violations:  # the multiples come from unchecked guards (_fixes_from_unchecked_guards)
+        return {}
     declared = _get_dim_name_mapping(dynamic_shapes)
-    guards = _unsatisfied_guards(violations[0], declared) if violations else {}
+    guards = _unsatisfied_guards(violations[0], declared)
     minimums = {}
     for name in fixes:
         minimum = _proven_minimum(guards.get(name, []), int(declared[name].min))

@@ -17,7 +17,9 @@ most sizes (an equality, a branch) at once, and one that fails at a few sizes on
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import os
 import random
 import traceback
@@ -31,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
-__all__ = ["UncheckedGuards", "check_guards_hold"]
+__all__ = ["SizeFix", "UncheckedGuards", "check_guards_hold"]
 
 # Sizes drawn for a dim without an upper bound stay below this (the range dynamic-shape
 # refinement checks an unbounded dim over).
@@ -39,6 +41,8 @@ UNBOUNDED_LIMIT = 4096
 _RANDOM_POINTS = 48
 # Every combination of range ends is drawn for up to this many dims (2**6 points).
 _MOST_DIMS_AT_ALL_ENDS = 6
+# A guard holding only on a lattice of sizes (a remainder's branch) is tried with periods up to this.
+_LARGEST_PERIOD = 256
 # The functions of sizes torch.export's solver reasons about (DimConstraints); it drops guards
 # on any other (float conversions, TruncToInt, Min, Max, ...).
 _UNSOLVED_FUNCTIONS = tuple(
@@ -51,17 +55,27 @@ _UNSOLVED_FUNCTIONS = tuple(
 _SHOWN = 4
 
 
+@dataclasses.dataclass(frozen=True)
+class SizeFix:
+    """A declared dim narrowed to where guards hold: sizes from ``minimum`` on, or the sizes
+    ``period * k + offset``."""
+
+    minimum: int | None = None
+    period: int = 1
+    offset: int = 0
+
+
 class UncheckedGuards(Exception):
     """The captured graph assumes conditions on dynamic sizes that torch.export did not check
     and that are false at some sizes of the declared ranges. ``problems`` has one line per
     guard: the condition, the model line that asked it, and a size where it is false.
-    ``minimums`` (``{dim name: size}``, empty when there is none): raised to those minimums,
-    the declared dims hold every guard at the sizes tried (a size that an ``if min(h, w) <=
-    window`` excludes, say)."""
+    ``fixes`` (``{dim name: SizeFix}``, empty when there is none): narrowed so, the declared
+    dims hold the guards at the sizes tried (Swin's ``if min(h, w) <= window`` holds from a
+    minimum on, its ``if pad > 0`` on multiples of the window)."""
 
-    def __init__(self, problems: list[str], minimums: dict[str, int] | None = None):
+    def __init__(self, problems: list[str], fixes: dict[str, SizeFix] | None = None):
         self.problems = problems
-        self.minimums = dict(minimums or {})
+        self.fixes = dict(fixes or {})
         shown = problems[:_SHOWN]
         super().__init__(
             "\n".join(
@@ -98,7 +112,7 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
         names = _dim_names(sizes, shape_env)
         raise UncheckedGuards(
             [_problem(guards[index], point, names) for index, point in sorted(failures.items())],
-            _declared_minimums(shape_env, guards, [guards[index] for index in failures], ranges),
+            _declared_fixes(shape_env, guards, [guards[index] for index in failures], ranges),
         )
 
 
@@ -169,16 +183,19 @@ def _fixes_a_size(condition: sympy.Basic) -> bool:
     which decide memory layout, not values; and torch's solver checks the rest over the declared
     ranges itself (integer guards such as ``h % 2 == 0`` it refuses or refines)."""
     return _size_or_branch(condition) and (
-        isinstance(condition, sympy.And) or condition.has(*_UNSOLVED_FUNCTIONS) or _divisibility(condition)
+        isinstance(condition, sympy.And) or condition.has(*_UNSOLVED_FUNCTIONS) or _modular(condition)
     )
 
 
-def _divisibility(condition: sympy.Basic) -> bool:
-    """Whether ``condition`` says a size divides another (``Eq(Mod(w // 4, 2), 0)``). torch's
-    solver leaves such a guard on the root of a derived dim unchecked (``w = 4*_w`` where the
-    model pads ``w // 4`` to even in Python: FocalNet's downsampling) and only the
-    ExportedProgram's module checks it at run time, which an ONNX graph cannot."""
-    return isinstance(condition, sympy.Eq) and condition.has(_functions.Mod, _functions.PythonMod, sympy.Mod)
+def _modular(condition: sympy.Basic) -> bool:
+    """Whether ``condition`` compares a remainder of sizes (``Eq(Mod(w // 4, 2), 0)``, Swin's
+    ``(4 - w % 4) % 4 <= 0``: no padding to whole windows, so no crop back). torch's solver leaves
+    such a guard on the root of a derived dim unchecked (``w = 4*_w`` where the model pads
+    ``w // 4`` in Python: FocalNet's downsampling, Swin's windows) and only the ExportedProgram's
+    module checks it at run time, which an ONNX graph cannot."""
+    return isinstance(condition, (sympy.Eq, sympy.Lt, sympy.Le, sympy.Gt, sympy.Ge)) and condition.has(
+        _functions.Mod, _functions.PythonMod, sympy.Mod
+    )
 
 
 def _asked_by_the_model(guard: Any) -> bool:
@@ -250,32 +267,54 @@ def _points(shape_env: Any, ranges: dict[sympy.Symbol, tuple[int, int]]) -> Iter
         yield {root: draw.randint(lower, upper) for root, (lower, upper) in ranges.items()}
 
 
-def _declared_minimums(
+def _declared_fixes(
     shape_env: Any, guards: list[_Guard], failing: list[_Guard], ranges: dict[sympy.Symbol, tuple[int, int]]
-) -> dict[str, int]:
-    """``{dim name: minimum}`` such that every guard holds at the sizes :func:`_points` tries
-    over the ranges raised to those minimums; empty when a failing guard also fails near a
-    range's top or above the example (no minimum excludes that), or on a dim the user did not
-    name. Each root's minimum is the smallest size from which each failing guard holds up to the
-    range's top, the other roots at their examples; the box of all minimums is then tried whole
-    (a guard coupling dims, ``h + w > 40``, fails at its lower corner)."""
+) -> dict[str, SizeFix]:
+    """``{dim name: fix}`` narrowing the declared dims to sizes where the failing guards hold
+    (:func:`_sizes_where_it_holds`, each root alone, the others at their examples); empty when
+    a failing guard holds at no such sizes or reads a dim the user did not name. A root that some
+    guard needs on a lattice gets the lattice only (the retried capture finds any minimum on it);
+    minimums alone are tried first over the box they make, all at once (a guard coupling dims,
+    ``h + w > 40``, fails at its lower corner)."""
     example = {root: _example(shape_env, root) for root in ranges}
-    raised = dict(ranges)
+    periods: dict[sympy.Symbol, int] = {}
+    minimums: dict[sympy.Symbol, int] = {}
     for guard in failing:
         for root in guard.symbols:
-            lower, upper = ranges[root]
-            minimum = upper + 1
-            while minimum > lower and guard.holds({**example, root: minimum - 1}):
-                minimum -= 1
-            if minimum > example[root]:
+            found = _sizes_where_it_holds(guard, root, example, ranges[root])
+            if found is None:
                 return {}
-            raised[root] = (max(raised[root][0], minimum), upper)
-    if any(not guard.holds(point) for point in _points(shape_env, raised) for guard in guards):
-        return {}
-    names = {root: _declared_name(shape_env, root) for root in raised if raised[root] != ranges[root]}
+            period, minimum = found
+            periods[root] = math.lcm(periods.get(root, 1), period)
+            minimums[root] = max(minimums.get(root, ranges[root][0]), minimum)
+    if any(period > 1 for period in periods.values()):
+        fixes = {root: SizeFix(period=period, offset=example[root] % period) for root, period in periods.items() if period > 1}
+    else:
+        raised = {root: (max(lower, minimums.get(root, lower)), upper) for root, (lower, upper) in ranges.items()}
+        if any(not guard.holds(point) for point in _points(shape_env, raised) for guard in guards):
+            return {}
+        fixes = {root: SizeFix(minimum=minimum) for root, minimum in minimums.items() if minimum > ranges[root][0]}
+    names = {root: _declared_name(shape_env, root) for root in fixes}
     if None in names.values():
         return {}
-    return {names[root]: raised[root][0] for root in names}
+    return {names[root]: fix for root, fix in fixes.items()}
+
+
+def _sizes_where_it_holds(
+    guard: _Guard, root: sympy.Symbol, example: dict[sympy.Symbol, int], bounds: tuple[int, int]
+) -> tuple[int, int] | None:
+    """``(period, minimum)``: the smallest period (1 first: every size) such that ``guard``
+    holds at each size of ``root`` in the example's class modulo the period from ``minimum`` to
+    the range's top, the other roots at their examples; None when there is none up to
+    :data:`_LARGEST_PERIOD` with ``minimum`` at most the example."""
+    lower, upper = bounds
+    for period in range(1, _LARGEST_PERIOD + 1):
+        size = upper - (upper - example[root]) % period  # the class's top member
+        while size >= lower and guard.holds({**example, root: size}):
+            size -= period
+        if size < example[root]:
+            return period, size + period
+    return None
 
 
 def _declared_name(shape_env: Any, root: sympy.Symbol) -> str | None:

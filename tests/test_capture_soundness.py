@@ -458,3 +458,39 @@ def test_unchecked_guard_that_no_minimum_makes_hold_is_refused_naming_the_dims()
     sides = {"x": {2: torch.export.Dim("h"), 3: torch.export.Dim("w")}}
     with pytest.raises(CaptureError, match=r"x.shape\[2\].*is false at x.shape\[2\] = \d+, x.shape\[3\] = \d+"):
         dynexport.export(WindowShrinksOnTheAspect(), (torch.rand(1, 2, 16, 24),), dynamic_shapes=sides)
+
+
+class CropsWindowPadding(torch.nn.Module):
+    # Swin's layer: the patch grid padded to whole windows, cropped back only when it was padded.
+    def forward(self, x):
+        patches = torch.nn.functional.avg_pool2d(x, 4)
+        width = patches.shape[-1]
+        pad = (4 - width % 4) % 4
+        windows = torch.nn.functional.pad(patches, (0, pad)) * 2
+        if pad > 0:
+            windows = windows[..., :width]
+        return windows
+
+
+def test_unchecked_remainder_guard_on_a_derived_root_narrows_it_to_a_lattice():
+    # torch.export took the example's "no padding" without checking it over 4*_w: the graph
+    # returned 12 columns for 9 at width 36. The root is narrowed to multiples of the window.
+    x = torch.rand(1, 2, 8, 64)
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: _w = 4\*__w"):
+        program = assert_exports_equivalent(
+            CropsWindowPadding(), (x,), dynamic_shapes=({3: 4 * torch.export.Dim("_w")},),
+            resized=[(torch.rand(1, 2, 8, 16),), (torch.rand(1, 2, 8, 112),)],
+        )
+    with pytest.raises(ValueError, match=r"dim 3 is 36, which is no value of 16\*__w"):
+        program(torch.rand(1, 2, 8, 36))
+
+
+def test_remainder_guard_on_a_plain_dim_takes_torchs_own_lattice():
+    # The same call with a plain Dim: torch's solver checks the guard and suggests the multiple.
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: w = 16\*_w"):
+        program = assert_exports_equivalent(
+            CropsWindowPadding(), (torch.rand(1, 2, 8, 64),), dynamic_shapes=({3: torch.export.Dim("w")},),
+            resized=[(torch.rand(1, 2, 8, 16),), (torch.rand(1, 2, 8, 112),)],
+        )
+    with pytest.raises(ValueError, match=r"dim 3 is 36"):
+        program(torch.rand(1, 2, 8, 36))
