@@ -387,7 +387,7 @@ def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, 
     if not fixes or not all(_MULTIPLE.fullmatch(fix) for fix in fixes.values()):
         return {}
     violations = _constraint_violations(error)
-    if not violations:  # the multiples come from unchecked guards (_fixes_from_unchecked_guards)
+    if not violations:  # the multiples come from unchecked guards (_unchecked_guard_fixes)
         return {}
     declared = _get_dim_name_mapping(dynamic_shapes)
     guards = _unsatisfied_guards(violations[0], declared)
