@@ -5,14 +5,17 @@ about a dynamic size (``if h > w``, ``int(h * 0.5)``): the graph is right only w
 hold. torch.export proves each guard over the declared ranges or refuses the spec, but some of
 them pass its solver unchecked: guards on float arithmetic of sizes (torchvision's
 ``int(math.ceil(float(h) / 32) * 32)`` gives ``Eq(TruncToInt(...), 96)``) or on the minimum and
-maximum of sizes (``(128 / Max(h, w)) >= (64 / Min(h, w))``). The graph then holds the example's
-answer, and is wrong at other sizes with nothing said.
+maximum of sizes (``(128 / Max(h, w)) >= (64 / Min(h, w))``), and on remainders of the root of
+a derived dim (Swin's ``(4 - _w % 4) % 4 <= 0``: no padding to whole windows). The graph then
+holds the example's answer, and is wrong at other sizes with nothing said.
 
 :func:`check_guards_hold` evaluates every recorded guard at sizes spread over the declared
 ranges (their ends, around the example, and seeded random points, all dims at once and each on
 its own) and raises :class:`UncheckedGuards` naming each guard false somewhere, with its model
 line and a size where it fails. This is a test, not a proof: it finds a guard that fails at
 most sizes (an equality, a branch) at once, and one that fails at a few sizes only by chance.
+With it go the declared dims' narrowings under which the failing guards hold (a minimum, or the
+example's class modulo a period), which dynamic-shape refinement applies before capturing again.
 """
 
 from __future__ import annotations
