@@ -270,7 +270,7 @@ def _capture_module(
             )
     with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
         program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
-            capture, module, args, kwargs, dynamic_shapes
+            capture, module, args, kwargs, dynamic_shapes, requested_dims
         )
     if options.auto_dims:
         _warn_fixed_dims(program, requested_dims)

@@ -34,7 +34,7 @@ import re
 import sysconfig
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import sympy
@@ -81,11 +81,15 @@ def capture_refining_dims(
     args: tuple,
     kwargs: dict,
     dynamic_shapes: Any,
+    hint_names: Mapping[tuple[str, int], str] | None = None,
 ) -> tuple[torch.export.ExportedProgram, str, list[DimRefinement], Any]:
     """``capture(module, args, kwargs, dynamic_shapes)``, retried with torch's suggested fixes
     applied to ``dynamic_shapes`` while it reports violated constraints, and with the dims
     narrowed where guards it left unchecked hold (:class:`~dynexport.guard_audit.UncheckedGuards`'
     fixes: a minimum, a lattice).
+
+    ``hint_names`` names the dims declared by hints (``dynamic_axes``), by ``(input, axis)``:
+    a narrowing of such a dim is reported under that name.
 
     Returns the program, the capture strategy, the refinements made (each also warned about) and
     the ``dynamic_shapes`` the program was captured with.
@@ -103,6 +107,11 @@ def capture_refining_dims(
             return program, strategy, refinements, _named(dynamic_shapes, hinted)
         except CaptureError as error:
             unrefined = error
+            at_hints = _unchecked_guard_fixes_at_hints(error, dynamic_shapes)
+            if at_hints:
+                dynamic_shapes, hint_refinements = _hints_narrowed(dynamic_shapes, at_hints, hint_names or {})
+                refinements += _warned(hint_refinements)
+                continue
             lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
             if lattices:
                 dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices)
@@ -297,6 +306,52 @@ def _unchecked_guard_fixes(error: CaptureError, dynamic_shapes: Any) -> dict[str
     if not isinstance(first, UncheckedGuards) or not first.fixes.keys() <= _get_dim_name_mapping(dynamic_shapes).keys():
         return {}
     return first.fixes
+
+
+# A hint's position as the guard audit names it: ``x.shape[2]``.
+_POSITION = re.compile(r"(\w+)\.shape\[(\d+)\]")
+
+
+def _unchecked_guard_fixes_at_hints(error: CaptureError, dynamic_shapes: Any) -> dict[tuple[str, int], SizeFix]:
+    """:func:`_unchecked_guard_fixes` for dims declared by a ``Dim.DYNAMIC`` hint (torch.onnx's
+    ``dynamic_axes``), by ``(argument, axis)``, when every fix is at such a dim of a tensor
+    argument; else empty."""
+    first = next(iter(error.reasons.values()), None)
+    if not isinstance(first, UncheckedGuards) or not first.fixes or not isinstance(dynamic_shapes, dict):
+        return {}
+    at_hints = {}
+    for key, fix in first.fixes.items():
+        position = _POSITION.fullmatch(key)
+        if position is None:
+            return {}
+        argument, axis = position.group(1), int(position.group(2))
+        axes = dynamic_shapes.get(argument)
+        if not isinstance(axes, dict) or not isinstance(axes.get(axis), _DimHint):
+            return {}
+        at_hints[(argument, axis)] = fix
+    return at_hints
+
+
+def _hints_narrowed(
+    dynamic_shapes: dict[str, Any], fixes: dict[tuple[str, int], SizeFix], names: Mapping[tuple[str, int], str]
+) -> tuple[dict[str, Any], list[DimRefinement]]:
+    """``dynamic_shapes`` with each hinted dim of ``fixes`` narrowed: a hint from the minimum on,
+    or ``period*_<name> + offset`` over a new root (a hint has no lattice form); and the
+    refinements made, under the dim's name in ``names`` (its ONNX name)."""
+    narrowed = {argument: dict(axes) if isinstance(axes, dict) else axes for argument, axes in dynamic_shapes.items()}
+    refinements = []
+    for (argument, axis), fix in fixes.items():
+        hint, name = narrowed[argument][axis], names.get((argument, axis), f"{argument}_dim_{axis}")
+        if fix.minimum is not None:
+            narrowed[argument][axis] = torch.export.Dim.DYNAMIC(min=fix.minimum, max=hint.max)
+            refinements.append(DimRefinement(name, f"min={fix.minimum}"))
+            continue
+        low = max(0, -(-((hint.min or 0) - fix.offset) // fix.period))
+        bounds = {"min": low} if hint.max is None else {"min": low, "max": (hint.max - fix.offset) // fix.period}
+        root = torch.export.Dim(f"_{name}" if f"_{name}".isidentifier() else f"_{argument}_dim_{axis}", **bounds)
+        narrowed[argument][axis] = root * fix.period + fix.offset if fix.offset else root * fix.period
+        refinements.append(DimRefinement(name, f"= {narrowed[argument][axis].__name__}"))
+    return narrowed, refinements
 
 
 def _minimums_from_unchecked_guards(error: CaptureError, dynamic_shapes: Any) -> str | None:

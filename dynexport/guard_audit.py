@@ -115,7 +115,7 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
         names = _dim_names(sizes, shape_env)
         raise UncheckedGuards(
             [_problem(guards[index], point, names) for index, point in sorted(failures.items())],
-            _declared_fixes(shape_env, guards, [guards[index] for index in failures], ranges),
+            _declared_fixes(shape_env, guards, [guards[index] for index in failures], ranges, names),
         )
 
 
@@ -271,11 +271,16 @@ def _points(shape_env: Any, ranges: dict[sympy.Symbol, tuple[int, int]]) -> Iter
 
 
 def _declared_fixes(
-    shape_env: Any, guards: list[_Guard], failing: list[_Guard], ranges: dict[sympy.Symbol, tuple[int, int]]
+    shape_env: Any,
+    guards: list[_Guard],
+    failing: list[_Guard],
+    ranges: dict[sympy.Symbol, tuple[int, int]],
+    positions: dict[sympy.Symbol, str],
 ) -> dict[str, SizeFix]:
-    """``{dim name: fix}`` narrowing the declared dims to sizes where the failing guards hold
-    (:func:`_sizes_where_it_holds`, each root alone, the others at their examples); empty when
-    a failing guard holds at no such sizes or reads a dim the user did not name. A root that some
+    """``{dim: fix}`` narrowing the declared dims to sizes where the failing guards hold
+    (:func:`_sizes_where_it_holds`, each root alone, the others at their examples), each dim by
+    its ``Dim``'s name, or for a hint (``dynamic_axes``) by its input position (``x.shape[2]``);
+    empty when a failing guard holds at no such sizes or reads another size. A root that some
     guard needs on a lattice gets the lattice only (the retried capture finds any minimum on it);
     minimums alone are tried first over the box they make, all at once (a guard coupling dims,
     ``h + w > 40``, fails at its lower corner)."""
@@ -297,7 +302,7 @@ def _declared_fixes(
         if any(not guard.holds(point) for point in _points(shape_env, raised) for guard in guards):
             return {}
         fixes = {root: SizeFix(minimum=minimum) for root, minimum in minimums.items() if minimum > ranges[root][0]}
-    names = {root: _declared_name(shape_env, root) for root in fixes}
+    names = {root: _declared_name(shape_env, root) or positions.get(root) for root in fixes}
     if None in names.values():
         return {}
     return {names[root]: fix for root, fix in fixes.items()}

@@ -499,3 +499,23 @@ def test_remainder_guard_on_a_plain_dim_takes_torchs_own_lattice():
         )
     with pytest.raises(ValueError, match=r"dim 3 is 36"):
         program(torch.rand(1, 2, 8, 36))
+
+
+def test_torch_onnx_form_dynamic_axes_get_the_same_narrowing():
+    # dynamic_axes declare hints, not named Dims: the narrowing is reported under the axis' name.
+    with pytest.warns(UserWarning) as warned:
+        program = assert_exports_equivalent(
+            WindowShrinks(), (torch.rand(1, 2, 16, 24),), input_names=["x"],
+            dynamic_axes={"x": {2: "h", 3: "w"}}, resized=[(torch.rand(1, 2, 9, 40),), (torch.rand(1, 2, 30, 9),)],
+        )
+    refined = sorted(str(w.message) for w in warned if "refined" in str(w.message))
+    assert refined == ["dynamic_shapes refined: h: min=9 (from the model)", "dynamic_shapes refined: w: min=9 (from the model)"]
+    with pytest.raises(ValueError, match=r"dim 2 is 8"):
+        program(torch.rand(1, 2, 8, 30))
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: w = 16\*_w"):
+        program = assert_exports_equivalent(
+            CropsWindowPadding(), (torch.rand(1, 2, 8, 64),), input_names=["x"], dynamic_axes={"x": {3: "w"}},
+            resized=[(torch.rand(1, 2, 8, 16),), (torch.rand(1, 2, 8, 112),)],
+        )
+    with pytest.raises(ValueError, match=r"dim 3 is 36"):
+        program(torch.rand(1, 2, 8, 36))
