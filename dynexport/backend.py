@@ -9,7 +9,8 @@ decomposed, translated by the one table and optimized. The parameters and buffer
 passes as graph inputs become initializers named by their path in the model; a weight that is
 replaced or updated in place (its version counter moves) rebuilds the session. SymInt inputs that
 are sizes of tensor inputs are read from those tensors inside the graph; other SymInts are int64
-scalar inputs.
+scalar inputs. Float attributes of the model (a BatchNorm's ``eps``), which Dynamo passes as 0-d
+tensors under ``dynamic=True``, are constants of the session: another value builds another one.
 
 Inputs are bound to the session by their memory (IO binding) and outputs come back to torch
 through DLPack: no copies for contiguous tensors.
@@ -25,6 +26,7 @@ same graph, with the same weights, reuses its subgraph and sessions.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import os
@@ -34,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._dynamo.source import AttrSource
 
 from dynexport import runtime
 from dynexport.api import export
@@ -232,7 +235,7 @@ class CompiledSubgraph:
         inputs, options = self._inputs, self._options
         if inputs.problem is not None:
             raise SubgraphNotExportable(inputs.problem)
-        module = _SubgraphModule(self.graph_module, inputs, args)
+        module = _SubgraphModule(_with_scalars_inlined(self.graph_module, inputs, args), inputs, args)
         example = tuple(_example_value(args[i]) for i in inputs.fed)
         # One entry: the dynamic shapes of forward's *fed.
         dynamic_shapes = (tuple(inputs.dynamic_shapes[i] for i in inputs.fed),)
@@ -275,13 +278,15 @@ class CompiledSubgraph:
 
     def _signature(self, args: Sequence[Any]) -> tuple:
         """The dtype, rank, device and static sizes of each tensor the ONNX model takes: what a
-        session is built for. Sizes on the model's symbolic dims are left out."""
-        return tuple(
+        session is built for, with the model's float attributes. Sizes on the model's symbolic
+        dims are left out."""
+        tensors = tuple(
             (value.dtype, value.dim(), value.device, *(value.shape[axis] for axis in axes))
             if isinstance(value, torch.Tensor)
             else None
             for value, axes in zip((args[i] for i in self._inputs.fed), self._static_axes)
         )
+        return tensors + tuple(args[i].item() for i in self._inputs.scalars)
 
 
 @dataclasses.dataclass
@@ -291,7 +296,8 @@ class _SubgraphInputs:
     ``fed`` are the placeholders the model takes as inputs (tensors, and ints that are no tensor
     input's size); ``weight_paths`` the parameters and buffers, which become initializers, by
     their path in the user's model; ``sizes`` the ints read from a tensor input's (placeholder,
-    axis). ``problem`` says why the subgraph cannot be exported at all.
+    axis); ``scalars`` the model's float attributes that Dynamo passes as 0-d tensors, whose values
+    the session holds as constants. ``problem`` says why the subgraph cannot be exported at all.
     """
 
     names: list[str]
@@ -299,6 +305,7 @@ class _SubgraphInputs:
     fed: list[int] = dataclasses.field(default_factory=list)
     weight_paths: dict[int, str] = dataclasses.field(default_factory=dict)
     sizes: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    scalars: list[int] = dataclasses.field(default_factory=list)
     problem: str | None = None
 
     @classmethod
@@ -310,6 +317,8 @@ class _SubgraphInputs:
         for i, (node, example) in enumerate(zip(placeholders, example_inputs)):
             if isinstance(example, torch.Tensor) and _is_weight(example):
                 inputs.weight_paths[i] = _weight_path(node)
+            elif _is_model_scalar(node):
+                inputs.scalars.append(i)
             elif isinstance(example, torch.Tensor):
                 inputs.fed.append(i)
                 shape = node.meta.get("example_value", example).shape
@@ -373,6 +382,34 @@ def _is_weight(tensor: torch.Tensor) -> bool:
     """Parameters and buffers of the compiled modules, which Dynamo passes as graph inputs and
     marks as static."""
     return isinstance(tensor, torch.nn.Parameter) or getattr(tensor, "_dynamo_static_input_type", None) is not None
+
+
+def _is_model_scalar(node: torch.fx.Node) -> bool:
+    """A float attribute of the model (``self.bn.eps``) that Dynamo passes as a 0-d tensor and
+    reads with ``.item()``. Its guards (batch_norm checks ``eps < 0``) cannot be decided on a graph
+    input, so each value gets its own session; a float argument of the function stays an input."""
+    grapharg = node.meta.get("grapharg")
+    return (
+        grapharg is not None
+        and grapharg.pass_arg_as_tensor
+        and not grapharg.is_tensor
+        and isinstance(getattr(grapharg, "source", None), AttrSource)
+        and all(user.op == "call_method" and user.target == "item" for user in node.users)
+    )
+
+
+def _with_scalars_inlined(graph_module: torch.fx.GraphModule, inputs: _SubgraphInputs, args: Sequence[Any]) -> torch.fx.GraphModule:
+    """A copy of the subgraph reading the model's float attributes as the constants of ``args``."""
+    if not inputs.scalars:
+        return graph_module
+    inlined = torch.fx.GraphModule(graph_module, copy.deepcopy(graph_module.graph))
+    placeholders = [n for n in inlined.graph.nodes if n.op == "placeholder"]
+    for i in inputs.scalars:
+        for read in list(placeholders[i].users):
+            read.replace_all_uses_with(args[i].item())
+            inlined.graph.erase_node(read)
+    inlined.recompile()
+    return inlined
 
 
 def _source_keys(node: torch.fx.Node) -> list[str]:

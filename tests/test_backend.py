@@ -117,6 +117,46 @@ def test_dynamic_batch_reuses_one_session():
     assert isinstance(x_input.shape[0].value, str) and x_input.shape[1] == 8
 
 
+class NormalizedConv(torch.nn.Module):
+    """BatchNorm and ReLU6 read float attributes (eps, momentum, the clamp bounds), which Dynamo
+    passes as 0-d tensors under dynamic=True; batch_norm checks ``eps < 0`` on its value."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.relu6 = torch.nn.ReLU6()
+
+    def forward(self, x):
+        return self.relu6(self.bn(self.conv(x)))
+
+
+def test_float_attributes_of_the_model_are_constants_of_its_session():
+    torch.manual_seed(0)
+    model = NormalizedConv().eval()
+    model.bn.running_var.uniform_(0.01, 0.1)  # where eps shows
+    onnx_backend = dynexport.backend(fallback="raise")
+    fn = torch.compile(model, backend=onnx_backend, dynamic=True)
+    with torch.no_grad():
+        for batch in (2, 5):
+            x = torch.randn(batch, 3, 8, 8)
+            assert_close(fn(x), model(x))
+        (subgraph,) = onnx_backend.subgraphs
+        assert subgraph.sessions_built == 1
+        model.bn.eps = 0.5  # Dynamo does not guard on it: the subgraph builds a session for it
+        assert_close(fn(x), model(x))
+        assert subgraph.sessions_built == 2
+
+
+def test_a_float_argument_is_an_input_of_one_session():
+    onnx_backend = dynexport.backend(fallback="raise")
+    fn = torch.compile(lambda x, s: x * s + 1, backend=onnx_backend, dynamic=True)
+    x = torch.randn(3)
+    for s in (2.5, -0.5, 4.0):
+        assert_close(fn(x, s), x * s + 1)
+    assert [subgraph.sessions_built for subgraph in onnx_backend.subgraphs] == [1]
+
+
 def test_automatic_dynamic_builds_a_symbolic_session_once():
     """Dynamo specialises the first batch size, makes the dim dynamic on the second: two sessions,
     then none for further sizes."""
