@@ -65,7 +65,8 @@ def greedy_generate(
 
     Returns:
         For a decoder, the prompts followed by the generated tokens; for an encoder-decoder,
-        the decoder's tokens from ``decoder_start_token_id`` on: what ``generate`` returns.
+        the decoder's tokens from ``decoder_start_token_id`` on: what ``generate`` returns,
+        on the device of ``input_ids``.
 
     Raises:
         ValueError: the program takes arguments this loop cannot give, or a needed token id
@@ -82,9 +83,12 @@ def greedy_generate(
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     if eos and pad_token_id is None:
         pad_token_id = eos[0]
+    # onnxruntime returns CPU tensors; the tokens go back to the prompts' device.
+    device, input_ids = input_ids.device, input_ids.cpu()
     batch = input_ids.shape[0]
     if attention_mask is None:
         attention_mask = torch.ones(input_ids.shape[:2], dtype=torch.int64)
+    attention_mask = attention_mask.cpu()
     if call.encoder_input is not None:
         if decoder_start_token_id is None:
             raise ValueError("an encoder-decoder needs decoder_start_token_id (the model's config holds it)")
@@ -107,7 +111,7 @@ def greedy_generate(
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=-1)
         if not unfinished.any():
             break
-    return tokens
+    return tokens.to(device)
 
 
 class _CallConvention:

@@ -10,8 +10,9 @@ first node whose value diverges, with its model source line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,7 @@ __all__ = [
     "OutputComparison",
     "VerificationError",
     "VerificationReport",
+    "float32_without_tf32",
     "resized_inputs",
     "tolerance",
     "verify_program",
@@ -154,7 +156,8 @@ def _compare(actual: Any, expected: Any, rtol: float | None, atol: float | None)
         expected = torch.tensor(expected)
     if not isinstance(actual, torch.Tensor):
         actual = torch.as_tensor(actual)
-    expected = expected.detach()
+    expected = expected.detach().cpu()  # the model may run on a GPU; onnxruntime returns CPU tensors
+    actual = actual.cpu()
     default_rtol, default_atol = tolerance(expected.dtype)
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
@@ -258,12 +261,13 @@ def _bound(bounds: Any, side: str, default: int) -> int:
 
 
 def _random_like(tensor: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """Random values of ``tensor``'s dtype on its device (a model on a GPU takes them there)."""
     if tensor.dtype == torch.bool:
-        return torch.rand(shape) > 0.5
+        return torch.rand(shape, device=tensor.device) > 0.5
     if tensor.dtype.is_floating_point:
-        return torch.randn(shape, dtype=tensor.dtype)
+        return torch.randn(shape, dtype=tensor.dtype, device=tensor.device)
     low, high = (int(tensor.min()), int(tensor.max()) + 1) if tensor.numel() else (0, 2)
-    return torch.randint(low, high, shape, dtype=tensor.dtype)
+    return torch.randint(low, high, shape, dtype=tensor.dtype, device=tensor.device)
 
 
 def _has_real_weights(program: torch.export.ExportedProgram) -> bool:
@@ -339,7 +343,7 @@ def verify_program(
     for label, call_args, call_kwargs in input_sets:
         # Each run gets its own copies: a forward that writes to its inputs (x.mul_(2)) must
         # neither change the caller's tensors nor feed the ONNX run what eager left behind.
-        with torch.no_grad():
+        with torch.no_grad(), float32_without_tf32():
             expected = model(*_private_copy(call_args), **_private_copy(call_kwargs))
         actual = program(*_private_copy(call_args), **_private_copy(call_kwargs))
         outputs += _compare_outputs(label, names, actual, expected, rtol, atol)
@@ -347,6 +351,19 @@ def verify_program(
     if compare_intermediates:
         report.divergence, report.intermediates_compared = first_divergence(program, args, kwargs, rtol=rtol, atol=atol)
     return report
+
+
+@contextlib.contextmanager
+def float32_without_tf32() -> Iterator[None]:
+    """Eager float32 arithmetic on CUDA as onnxruntime does it: PyTorch lets cuDNN convolutions
+    and RNNs use TF32 by default (10-bit mantissas, errors of ~1e-3 on a ResNet), which is
+    PyTorch's own rounding, not the exported graph's. No effect on the CPU."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _private_copy(tree: Any) -> Any:
@@ -381,7 +398,7 @@ def _eager_values(program: ONNXProgram, args: tuple, kwargs: dict) -> dict[str, 
         if getattr(spec.arg, "name", None) in nodes:
             flat.append(value)
     recorder = _Recorder(exported.graph_module)
-    with torch.no_grad():
+    with torch.no_grad(), float32_without_tf32():
         recorder.run(*flat)
     return recorder.values
 

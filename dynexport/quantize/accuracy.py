@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 from dynexport import files
 from dynexport.quantize.graph import MS_DOMAIN, dequantized_model
 from dynexport.signature import split_legacy_args
-from dynexport.verification import VerificationReport, verify_program
+from dynexport.verification import VerificationReport, float32_without_tf32, verify_program
 
 if TYPE_CHECKING:
     from dynexport.program import ONNXProgram
@@ -79,10 +79,11 @@ def seeded_calls(
         if tensor.dtype.is_floating_point and tensor.numel() > 1:
             drawn = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
             spread = tensor.float().std().clamp_min(1e-3)
-            return (drawn * spread + tensor.float().mean()).to(tensor.dtype)
+            return (drawn.to(tensor.device) * spread + tensor.float().mean()).to(tensor.dtype)
         if not tensor.dtype.is_floating_point and tensor.dtype != torch.bool and tensor.unique().numel() > 2:
             low, high = int(tensor.min()), int(tensor.max())
-            return torch.randint(low, high + 1, tensor.shape, generator=generator, dtype=tensor.dtype)
+            drawn = torch.randint(low, high + 1, tensor.shape, generator=generator, dtype=tensor.dtype)
+            return drawn.to(tensor.device)
         return tensor
 
     kwargs = dict(kwargs or {})
@@ -105,9 +106,10 @@ def accuracy_cost(
     agreed = predictions = 0
     max_abs_error = reference_max_abs = 0.0
     for args, kwargs in calls:
-        with torch.no_grad():
-            expected = _first_tensor(reference(*_cloned(args), **_cloned(dict(kwargs))))
-            actual = _first_tensor(quantized(*_cloned(args), **_cloned(dict(kwargs))))
+        with torch.no_grad(), float32_without_tf32():
+            # .cpu(): the float model may run on a GPU, onnxruntime returns CPU tensors.
+            expected = _first_tensor(reference(*_cloned(args), **_cloned(dict(kwargs)))).cpu()
+            actual = _first_tensor(quantized(*_cloned(args), **_cloned(dict(kwargs)))).cpu()
         if actual.shape != expected.shape:
             raise ValueError(
                 f"the quantized model's first output is {list(actual.shape)}, the float one's {list(expected.shape)}"
