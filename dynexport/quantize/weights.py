@@ -130,7 +130,9 @@ def _fingerprint(matrix: torch.Tensor) -> tuple:
 
 
 class WeightQuantizer(Protocol):
-    """An algorithm: a float weight ``[N, K]`` to a :class:`QuantizedWeight` blocked along K."""
+    """An algorithm: a float weight ``[N, K]`` to a :class:`QuantizedWeight` blocked along K.
+    The weight is valid during the call only (a packed q|k|v is read from a buffer the next
+    packed weight reuses): keep results, not the weight."""
 
     def __call__(self, weight: torch.Tensor, *, bits: int, block_size: int, symmetric: bool) -> QuantizedWeight: ...
 
