@@ -36,6 +36,7 @@ from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.fx.fuse_llm import fuse_llm_patterns
 from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model
+from dynexport.passes.onnx.naming import unique_name
 from dynexport.program import ONNXProgram
 from dynexport.quantize import WeightQuantization, quantize_model
 from dynexport.quantize.torchao import store_torchao_weights, torchao_weights
@@ -93,7 +94,8 @@ def export(
         verbose: print the ONNX graph after export.
         input_names: names of the ONNX graph's tensor inputs, in flattened order; when there are
             more names than tensor inputs, of every argument in order (a name for one left None
-            is warned about and unused).
+            is warned about and unused); names beyond every argument name the model's
+            parameters and buffers (its state_dict, shared tensors once) in order.
         output_names: names of the ONNX graph's outputs, in flattened order.
         opset_version: ONNX opset, 13 to 23 (default 20).
         dynamic_axes: torch.onnx's legacy form, ``{input_or_output_name: {axis: dim_name}}``
@@ -198,6 +200,7 @@ def export(
         elif options.weight_quantization is not None:
             with timer.phase("quantize"):
                 quantize_model(onnx_model, options.weight_quantization)
+        _name_parameters(onnx_model, captured.parameter_names)
         if record.dim_refinements:
             onnx_model.metadata_props[DIM_REFINEMENTS_KEY] = refinements_metadata(record.dim_refinements)
         record.onnx_model = onnx_model
@@ -220,6 +223,7 @@ class _Captured:
     strategy: str
     input_names: list[str] | None
     requested_dims: dict[tuple[str, int], str]
+    parameter_names: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _capture(model: Any, options: ExportOptions, timer: PhaseTimer, record: report_stage.ExportRecord) -> _Captured:
@@ -262,6 +266,7 @@ def _capture_module(
     if options.dynamic_axes is not None or options.auto_dims:
         dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)
     input_names = signature.graph_input_names(options.input_names, slots)
+    parameter_names = signature.parameter_names(options.input_names, slots, module)
     check_sliding_window_dims(dim_names.declared_dims(dynamic_shapes, bound), bound)
     if options.from_torchscript(model) and not torchscript.is_torchscript(model):
         with timer.phase("torchscript"), exporting(), select_model_mode_for_export(model, options.training):
@@ -277,7 +282,7 @@ def _capture_module(
     elif options.dynamic_axes is None:
         requested_dims = dim_names.named_dims(dynamic_shapes, bound)
         record.dim_refinements += dims_tied_by_the_model(program, requested_dims)
-    return _Captured(program, strategy, input_names, requested_dims)
+    return _Captured(program, strategy, input_names, requested_dims, parameter_names)
 
 
 def _plan(
@@ -313,6 +318,41 @@ def _optimize(onnx_model: Any, options: ExportOptions) -> None:
                 onnx_model, fold_constants=options.do_constant_folding, clamps_as_clip=not options.strict_clamps,
                 target=options.target,
             )
+
+
+def _name_parameters(onnx_model: Any, names: dict[str, str]) -> None:
+    """Give the initializers of ``names`` (``{state_dict key: name}``, from ``input_names``
+    beyond the inputs) their names; a value of the graph already named so is renamed out of the
+    way. A parameter the graph no longer holds (folded into another, or unused) leaves its name
+    unused, with a warning."""
+    graph = onnx_model.graph
+    by_name = {value.name: value for node in graph for value in node.outputs}
+    by_name.update({value.name: value for value in graph.inputs})
+    by_name.update(graph.initializers)
+    unused = []
+    for key, name in names.items():
+        initializer = graph.initializers.get(key)
+        if initializer is None:
+            unused.append(f"{name!r} (the model's {key})")
+            continue
+        holder = by_name.get(name)
+        if holder is not None and holder is not initializer:
+            if holder.is_initializer() or holder in graph.inputs or holder in graph.outputs:
+                raise ValueError(
+                    f"input_names names the model's {key} {name!r}, which is already the name of a graph "
+                    f"{'input' if holder in graph.inputs else 'output' if holder in graph.outputs else 'weight'}; "
+                    "give it another name"
+                )
+            holder.name = unique_name(name, by_name)
+            by_name[holder.name] = holder
+        initializer.name = name
+        by_name[name] = initializer
+    if unused:
+        warnings.warn(
+            f"input_names names {', '.join(unused)}, which the ONNX graph does not hold (folded into "
+            "another weight, or unused): the name goes unused",
+            stacklevel=4,
+        )
 
 
 def _check_has_outputs(program: torch.export.ExportedProgram, model_name: str) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "leaf_name",
     "no_graph_value",
     "output_values",
+    "parameter_names",
     "split_legacy_args",
 ]
 
@@ -174,16 +175,45 @@ def no_graph_value(value: Any) -> str:
 
 def input_name_slots(input_names: Sequence[str] | None, slots: list[tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
     """The slot each of ``input_names`` stands for. The names go to the tensor inputs in order;
-    when they outnumber the tensor inputs, to every slot in order (as the legacy exporter's users
-    name an argument they leave None)."""
+    when they outnumber the tensor inputs but not the slots, to every slot in order (as the
+    legacy exporter's users name an argument they leave None); names beyond every slot name
+    parameters (:func:`parameter_names`)."""
     names = list(input_names or ())
     tensors = [slot for slot in slots if isinstance(slot[1], torch.Tensor)]
     if len(names) > len(slots):
-        raise ValueError(
-            f"input_names has {len(names)} names but the model takes {len(tensors)} tensor inputs "
-            f"(arguments: {[name for name, _ in slots]})"
-        )
+        return dict(zip(names, tensors))
     return dict(zip(names, tensors if len(names) <= len(tensors) else slots))
+
+
+def parameter_names(
+    input_names: Sequence[str] | None, slots: list[tuple[str, Any]], module: torch.nn.Module
+) -> dict[str, str]:
+    """``{state_dict key: name}`` for the names of ``input_names`` beyond every input slot: as
+    the legacy exporter documents it, the inputs are followed by the model's parameters and
+    buffers (its state_dict, each tensor once), which the names after the inputs name in order.
+
+    Raises:
+        ValueError: more names than inputs and state_dict entries together.
+    """
+    names = list(input_names or ())
+    if len(names) <= len(slots):
+        return {}
+    tensors = sum(isinstance(value, torch.Tensor) for _, value in slots)
+    seen: set[int] = set()
+    keys = []
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            keys.append(key)
+    extra = names[tensors:]
+    if len(extra) > len(keys):
+        raise ValueError(
+            f"input_names has {len(names)} names, but the model takes {tensors} tensor input(s) "
+            f"(arguments: {[name for name, _ in slots]}) and holds {len(keys)} parameters and buffers, "
+            f"(the names after the inputs name them, in order): at most {max(len(slots), tensors + len(keys))} "
+            "names fit"
+        )
+    return dict(zip(keys, extra))
 
 
 def graph_input_names(input_names: Sequence[str] | None, slots: list[tuple[str, Any]]) -> list[str] | None:

@@ -154,10 +154,70 @@ def test_input_and_output_names():
     assert [v.name for v in graph.outputs] == ["scores"]
 
 
+def test_the_seed_alexnet_example_names_the_inputs_then_the_parameters(torchvision, tmp_path, capsys):
+    # The first example of the torch.onnx docs, as written there (weights=None for
+    # pretrained=True, the CPU for "cuda": tests/test_cuda.py runs it there).
+    dummy_input = torch.randn(10, 3, 224, 224)
+    model = torchvision.models.alexnet(weights=None)
+    input_names = ["actual_input_1"] + ["learned_%d" % i for i in range(16)]
+    output_names = ["output1"]
+    path = tmp_path / "alexnet.onnx"
+    dynexport.export(model, dummy_input, str(path), verbose=True, input_names=input_names, output_names=output_names)
+    printed = capsys.readouterr().out
+    assert "%actual_input_1 : float[10, 3, 224, 224]" in printed and "%learned_15 : float[1000]" in printed
+    saved = onnx.load(str(path))
+    assert [v.name for v in saved.graph.input] == ["actual_input_1"]
+    assert [v.name for v in saved.graph.output] == ["output1"]
+    weights = {t.name: list(t.dims) for t in saved.graph.initializer}
+    # "the flat list of inputs followed by the flat list of parameters", in the model's order
+    for name, parameter in zip(input_names[1:], model.parameters()):
+        assert weights[name] == list(parameter.shape), name
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (output1,) = session.run(None, {"actual_input_1": dummy_input.numpy()})
+    with torch.no_grad():
+        assert_close(torch.from_numpy(output1), model.eval()(dummy_input))
+
+
+class _Normalized(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def test_parameters_the_graph_folds_away_leave_their_names_unused_with_a_warning():
+    model = _Normalized().eval()
+    names = ["image", "w", "b", "gamma", "beta", "mean", "var"]  # state_dict order
+    with pytest.warns(UserWarning, match=r"'gamma' \(the model's bn.weight\).*'var' \(the model's bn.running_var\).*goes unused"):
+        program = assert_exports_equivalent(model, (torch.randn(2, 3, 8, 8),), input_names=names)
+    assert [v.name for v in program.model.graph.inputs] == ["image"]
+    # BatchNorm is folded into the convolution: its weights are new ones, under their own names.
+    assert not {"gamma", "beta", "mean", "var"} & set(program.model.graph.initializers)
+
+
+def test_a_parameter_name_taken_by_an_inner_value_moves_that_value_aside():
+    model = TwoLayer().eval()
+    program = assert_exports_equivalent(model, (torch.randn(2, 4),), input_names=["x", "relu", "b1"])
+    weights = program.model.graph.initializers
+    assert list(weights["relu"].const_value.numpy().shape) == [8, 4]  # encoder.0.weight
+
+
+def test_more_names_than_inputs_and_parameters_fail_before_work():
+    model = CountingModule()
+    with pytest.raises(ValueError, match="at most 1 names fit"):
+        dynexport.export(model, (torch.randn(2, 3),), input_names=["x", "extra"])
+    assert model.calls == 0
+
+
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
-        ({"input_names": ["a", "b"]}, ValueError, "input_names has 2 names but the model takes 1"),
+        ({"input_names": ["a", "b"]}, ValueError, r"input_names has 2 names, but the model takes 1 tensor input\(s\) .* and holds 0 parameters"),
         ({"input_names": ["a", "a"]}, ValueError, "repeats"),
         ({"input_names": "x"}, TypeError, "list of non-empty strings"),
         ({"output_names": ["a", "b"]}, ValueError, "output_names has 2 names"),
