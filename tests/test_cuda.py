@@ -155,6 +155,22 @@ def test_torchvision_resnet18_on_cuda(torchvision, tmp_path):
     assert_close(torch.from_numpy(logits), _eager(model, x))
 
 
+def test_the_seed_alexnet_example_on_cuda(torchvision, tmp_path, capsys):
+    # The torch.onnx docs' first example as written there (weights=None for pretrained=True).
+    dummy_input = torch.randn(10, 3, 224, 224, device=DEVICE)
+    model = torchvision.models.alexnet(weights=None).to(DEVICE)
+    input_names = ["actual_input_1"] + ["learned_%d" % i for i in range(16)]
+    output_names = ["output1"]
+    path = tmp_path / "alexnet.onnx"
+    dynexport.export(model, dummy_input, str(path), verbose=True, input_names=input_names, output_names=output_names)
+    assert "%learned_15 : float[1000]" in capsys.readouterr().out
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (output1,) = session.run(None, {"actual_input_1": dummy_input.cpu().numpy()})
+    assert_close(torch.from_numpy(output1), _eager(model.eval(), dummy_input))
+
+
 def test_bert_with_a_plain_seq_dim_on_cuda():
     from tests.models.families import ENCODERS, text_inputs
 
