@@ -70,8 +70,8 @@ class InputGuards:
     unbounded); ``baked`` the constant user inputs by argument name.
 
     Every maximum torch proved is enforced. A minimum where the model demanded it (a
-    dynamic-shape refinement ``min=``), else the one the user declared (``Dim(name, min=...)``),
-    else none: torch gives every dynamic dim a minimum of its own while tracing (2, from
+    dynamic-shape refinement ``min=``), else the one the user declared (``Dim(name, min=...)``,
+    also when the model expressed the dim through others: ``h = 32*_h``), else none: torch gives every dynamic dim a minimum of its own while tracing (2, from
     specializing sizes 0 and 1, and more for dims derived from it), an assumption the graph rarely
     depends on, and which would refuse inputs the user declared dynamic and the graph computes
     right (an embedding bag's offsets of size 2). A derived dim's range is its own, not its root's.
@@ -111,7 +111,11 @@ class InputGuards:
                 dims.append(None)
         names = {d.expr: d.name for entry in dims if entry for d in entry.dims}
         refined = json.loads(model.metadata_props.get(DIM_REFINEMENTS_KEY, "{}"))
-        declared = declared_minimums or {}
+        declared = dict(declared_minimums or {})
+        # A dim the model expressed through others ("h": "= 32*_h") keeps the user's minimum.
+        for dim, change in refined.items():
+            if change.startswith("= ") and dim in declared:
+                declared.setdefault(change.removeprefix("= "), declared[dim])
         model_minimums = {
             dim for dim, change in refined.items() if re.search(r"\bmin=", change)
         }

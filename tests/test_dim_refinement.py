@@ -103,6 +103,19 @@ def test_skip_connection_makes_sizes_multiples_of_two():
     assert _input_dims(program)["x"] == ["batch", "3", "2*_h", "2*_w"]
 
 
+def test_a_declared_minimum_holds_for_the_multiple_the_model_makes_of_its_dim():
+    torch.manual_seed(0)
+    program = assert_exports_equivalent(
+        _DownUp().eval(), (torch.randn(2, 3, 8, 6),),
+        dynamic_shapes={"x": {0: Dim("batch"), 2: Dim("h", min=6), 3: Dim("w")}},
+        resized=[(torch.randn(3, 3, 12, 4),)],
+    )
+    assert _refinements(program)["h"] == "= 2*_h"
+    assert json.loads(program.model.metadata_props["pkg.dynexport.dim_ranges"])["2*_h"][0] == 6
+    with pytest.raises(ValueError, match=r"dim 2 is 4, outside the range 2\*_h >= 6"):
+        program(torch.randn(2, 3, 4, 6))
+
+
 class _FrameCount(torch.nn.Module):
     # HuBERT's feature extractor (strides 5, 2, 2) leaves samples // 20 - 1 frames, and a guard
     # on their square: torch's solver suggests samples = 20*_samples.
