@@ -29,8 +29,10 @@ from dynexport.dim_refinement import (
     refinements_metadata,
 )
 from dynexport.errors import ExportError
+from dynexport.input_guards import dim_minimums, symbol_minimums
 from dynexport.model_caches import caches_flattened, check_sliding_window_dims
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
+from dynexport.ops._helpers import accepted_minimums
 from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.fx.fuse_llm import fuse_llm_patterns
@@ -190,7 +192,7 @@ def export(
     with report_stage.reporting(options.report_file, record), caches_flattened(), torchao_weights(model) as torchao:
         captured = _capture(model, options, timer, record)
         plan = _plan(captured, options, timer, record)
-        with timer.phase("translate"):
+        with timer.phase("translate"), accepted_minimums(_accepted_minimums(plan, options, record)):
             onnx_model = plan.emit()
         with timer.phase("optimize"):
             _optimize(onnx_model, options)
@@ -318,6 +320,23 @@ def _optimize(onnx_model: Any, options: ExportOptions) -> None:
                 onnx_model, fold_constants=options.do_constant_folding, clamps_as_clip=not options.strict_clamps,
                 target=options.target,
             )
+
+
+def _accepted_minimums(
+    plan: TranslationPlan, options: ExportOptions, record: report_stage.ExportRecord
+) -> dict[Any, int]:
+    """The least value of each shape symbol at the input sizes the program will accept (the
+    minimums its input checks enforce, computed as they will be: dynexport/input_guards.py)."""
+    names = {
+        size.node.expr: str(plan.translator.dims.dim(size))
+        for node in plan.program.graph.nodes
+        if node.op == "placeholder" and isinstance(val := node.meta.get("val"), torch.Tensor)
+        for size in val.shape
+        if isinstance(size, torch.SymInt)
+    }
+    refined = {r.dim: r.change for r in record.dim_refinements}
+    minimums = dim_minimums(plan.program, names, dim_names.declared_minimums(options.dynamic_shapes), refined)
+    return symbol_minimums(minimums)
 
 
 def _name_parameters(onnx_model: Any, names: dict[str, str]) -> None:

@@ -27,7 +27,7 @@ import torch
 from dynexport.call_convention import is_graph_input, placeholders, user_input_specs
 from dynexport.dim_refinement import DIM_REFINEMENTS_KEY
 
-__all__ = ["BAKED_INPUTS_KEY", "DIM_RANGES_KEY", "INPUT_DIMS_KEY", "InputGuards"]
+__all__ = ["BAKED_INPUTS_KEY", "DIM_RANGES_KEY", "INPUT_DIMS_KEY", "InputGuards", "dim_minimums", "symbol_minimums"]
 
 # {input: [dim, ...]}: each dim an int (static) or a dim name or expression (``batch``,
 # ``past + seq``); a symbolic int input has a one-entry list.
@@ -111,19 +111,9 @@ class InputGuards:
                 dims.append(None)
         names = {d.expr: d.name for entry in dims if entry for d in entry.dims}
         refined = json.loads(model.metadata_props.get(DIM_REFINEMENTS_KEY, "{}"))
-        declared = dict(declared_minimums or {})
-        # A dim the model expressed through others ("h": "= 32*_h") keeps the user's minimum.
-        for dim, change in refined.items():
-            if change.startswith("= ") and dim in declared:
-                declared.setdefault(change.removeprefix("= "), declared[dim])
-        model_minimums = {
-            dim for dim, change in refined.items() if re.search(r"\bmin=", change)
-        }
+        minimums = dim_minimums(program, names, declared_minimums or {}, refined)
         ranges = {
-            expr: (
-                _bound(bounds.lower, 0) if names[expr] in model_minimums else declared.get(names[expr], 0),
-                _bound(bounds.upper, None),
-            )
+            expr: (minimums[expr], _bound(bounds.upper, None))
             for expr, bounds in program.range_constraints.items()
             if expr in names
         }
@@ -253,6 +243,46 @@ class InputGuards:
 
     def _shape_text(self, entry: _Input) -> str:
         return "[" + ", ".join(d.name for d in entry.dims) + "]"
+
+
+def dim_minimums(
+    program: torch.export.ExportedProgram,
+    names: Mapping[sympy.Expr, str],
+    declared_minimums: Mapping[str, int],
+    refined: Mapping[str, str],
+) -> dict[sympy.Expr, int]:
+    """The least size the program accepts for each of its input dims (``names``: the dims by
+    their expression, named as in the ONNX model), as :class:`InputGuards` checks it: a
+    refinement's ``min=``, else the user's ``Dim(name, min=...)`` (also for a dim the model
+    expressed through others: ``"h": "= 32*_h"``), else 0."""
+    declared = dict(declared_minimums)
+    for dim, change in refined.items():
+        if change.startswith("= ") and dim in declared:
+            declared.setdefault(change.removeprefix("= "), declared[dim])
+    model_minimums = {dim for dim, change in refined.items() if re.search(r"\bmin=", change)}
+    return {
+        expr: _bound(bounds.lower, 0) if names[expr] in model_minimums else declared.get(names[expr], 0)
+        for expr, bounds in program.range_constraints.items()
+        if expr in names
+    }
+
+
+def symbol_minimums(minimums: Mapping[sympy.Expr, int]) -> dict[sympy.Symbol, int]:
+    """The least value of each shape symbol at the sizes the program accepts, from the dims that
+    are the symbol or a multiple of it with an offset (``32*s + 1``): the largest lower end
+    they give."""
+    least: dict[sympy.Symbol, int] = {}
+    for expr, low in minimums.items():
+        if len(expr.free_symbols) != 1:
+            continue
+        (symbol,) = expr.free_symbols
+        polynomial = sympy.Poly(expr, symbol) if expr.is_polynomial(symbol) else None
+        if polynomial is None or polynomial.degree() != 1:
+            continue
+        slope, offset = polynomial.all_coeffs()
+        if slope.is_Integer and offset.is_Integer and slope > 0:
+            least[symbol] = max(least.get(symbol, 0), -(-(low - int(offset)) // int(slope)))
+    return least
 
 
 def _dim_name(size: int | torch.SymInt, onnx_dim: Any) -> str:

@@ -252,6 +252,32 @@ def test_mean_over_dims_declared_nonempty_is_one_reduce_mean():
     assert "ReduceMean" not in op_histogram(program)
 
 
+def test_mean_over_dims_declared_at_least_one_is_one_reduce_mean_also_through_a_multiple():
+    """The least size the program accepts is the declared one, also below torch's assumed 2
+    (``min=1``) and for the root of a multiple the model makes of a dim (``h = 8*_h``, h from 8:
+    ``_h`` from 1, tresnet's pooled maps)."""
+
+    def pooled(x):
+        return x.mean((2, 3))
+
+    calls = [(torch.randn(b, 3, h, w),) for b, h, w in [(2, 8, 9), (1, 1, 1), (3, 16, 4)]]
+    declared = ({0: Dim("batch"), 2: Dim("height", min=1), 3: Dim("width", min=1)},)
+    program = assert_exports_equivalent(pooled, calls[0], dynamic_shapes=declared, resized=calls[1:], atol=1e-6)
+    assert dict(op_histogram(program)) == {"ReduceMean": 1}
+
+    def patch_means(x):
+        return x.unflatten(2, (-1, 8)).mean(2)
+
+    calls = [(torch.randn(b, 3, h, 5),) for b, h in [(2, 16), (1, 8), (3, 40)]]
+    for minimum, means in ((8, 1), (0, 0)):
+        with pytest.warns(UserWarning, match=r"height = 8\*_height"):
+            program = assert_exports_equivalent(
+                patch_means, calls[0], dynamic_shapes=({0: Dim("batch"), 2: Dim("height", min=minimum)},),
+                resized=calls[1:], atol=1e-6,
+            )
+        assert op_histogram(program)["ReduceMean"] == means, minimum
+
+
 def _sliced_weight(also_multiplied: bool) -> ir.Model:
     weight = ", ".join(str(float(i)) for i in range(1024))
     extra_output, extra_node = (", float[1024] z", "z = Mul(x, w)") if also_multiplied else ("", "")
