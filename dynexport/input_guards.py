@@ -71,10 +71,13 @@ class InputGuards:
 
     Every maximum torch proved is enforced. A minimum where the model demanded it (a
     dynamic-shape refinement ``min=``), else the one the user declared (``Dim(name, min=...)``,
-    also when the model expressed the dim through others: ``h = 32*_h``), else none: torch gives every dynamic dim a minimum of its own while tracing (2, from
-    specializing sizes 0 and 1, and more for dims derived from it), an assumption the graph rarely
-    depends on, and which would refuse inputs the user declared dynamic and the graph computes
-    right (an embedding bag's offsets of size 2). A derived dim's range is its own, not its root's.
+    also when the model expressed the dim through others: ``h = 32*_h``), else none
+    (:func:`dim_minimums`): torch gives every dynamic dim a minimum of its own while tracing (2,
+    from specializing sizes 0 and 1, and more for dims derived from it), an assumption the graph
+    rarely depends on, and which would refuse inputs the user declared dynamic and the graph
+    computes right (an embedding bag's offsets of size 2). A derived dim's range is its own, not
+    its root's. Translation reads the same minimums (``least_value``), so the checks refuse every
+    size a rule took to be impossible.
     """
 
     dims: list[_Input | None]
