@@ -29,10 +29,9 @@ from dynexport.dim_refinement import (
     refinements_metadata,
 )
 from dynexport.errors import ExportError
-from dynexport.input_guards import dim_minimums, symbol_minimums
+from dynexport.input_guards import dim_minimums, minimums_while_translating, symbol_minimums
 from dynexport.model_caches import caches_flattened, check_sliding_window_dims
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
-from dynexport.ops._helpers import accepted_minimums
 from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 from dynexport.passes.fx.fuse_llm import fuse_llm_patterns
@@ -192,7 +191,7 @@ def export(
     with report_stage.reporting(options.report_file, record), caches_flattened(), torchao_weights(model) as torchao:
         captured = _capture(model, options, timer, record)
         plan = _plan(captured, options, timer, record)
-        with timer.phase("translate"), accepted_minimums(_accepted_minimums(plan, options, record)):
+        with timer.phase("translate"), minimums_while_translating(_accepted_minimums(plan, options, record)):
             onnx_model = plan.emit()
         with timer.phase("optimize"):
             _optimize(onnx_model, options)

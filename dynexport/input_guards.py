@@ -14,10 +14,12 @@ The same facts go into the ONNX model's metadata for other runtimes (``INPUT_DIM
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import onnx_ir as ir
@@ -27,7 +29,16 @@ import torch
 from dynexport.call_convention import is_graph_input, placeholders, user_input_specs
 from dynexport.dim_refinement import DIM_REFINEMENTS_KEY
 
-__all__ = ["BAKED_INPUTS_KEY", "DIM_RANGES_KEY", "INPUT_DIMS_KEY", "InputGuards", "dim_minimums", "symbol_minimums"]
+__all__ = [
+    "BAKED_INPUTS_KEY",
+    "DIM_RANGES_KEY",
+    "INPUT_DIMS_KEY",
+    "InputGuards",
+    "accepted_minimums",
+    "dim_minimums",
+    "minimums_while_translating",
+    "symbol_minimums",
+]
 
 # {input: [dim, ...]}: each dim an int (static) or a dim name or expression (``batch``,
 # ``past + seq``); a symbolic int input has a one-entry list.
@@ -286,6 +297,29 @@ def symbol_minimums(minimums: Mapping[sympy.Expr, int]) -> dict[sympy.Symbol, in
         if slope.is_Integer and offset.is_Integer and slope > 0:
             least[symbol] = max(least.get(symbol, 0), -(-(low - int(offset)) // int(slope)))
     return least
+
+
+# The least value of each shape symbol at the sizes the program being translated will accept,
+# set by the export around translation: the rules read it (ops/_helpers.least_value).
+_accepted: contextvars.ContextVar[Mapping[sympy.Symbol, int]] = contextvars.ContextVar(
+    "dynexport_accepted_minimums", default={}
+)
+
+
+@contextlib.contextmanager
+def minimums_while_translating(minimums: Mapping[sympy.Symbol, int]) -> Iterator[None]:
+    """Translate knowing the least value each shape symbol takes at the sizes the program's
+    checks accept (:func:`symbol_minimums`)."""
+    token = _accepted.set(minimums)
+    try:
+        yield
+    finally:
+        _accepted.reset(token)
+
+
+def accepted_minimums() -> Mapping[sympy.Symbol, int]:
+    """The minimums :func:`minimums_while_translating` set (none outside a translation)."""
+    return _accepted.get()
 
 
 def _dim_name(size: int | torch.SymInt, onnx_dim: Any) -> str:

@@ -358,12 +358,16 @@ def float32_without_tf32() -> Iterator[None]:
     """Eager float32 arithmetic on CUDA as onnxruntime does it: PyTorch lets cuDNN convolutions
     and RNNs use TF32 by default (10-bit mantissas, errors of ~1e-3 on a ResNet), which is
     PyTorch's own rounding, not the exported graph's. No effect on the CPU."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    # torch._C's setters: torch.backends' attributes refuse changes once something froze them
+    # (torch.backends.disable_global_flags, which PyTorch's own test harness calls).
+    saved = torch._C._get_cublas_allow_tf32(), torch._C._get_cudnn_allow_tf32()
+    torch._C._set_cublas_allow_tf32(False)
+    torch._C._set_cudnn_allow_tf32(False)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch._C._set_cublas_allow_tf32(saved[0])
+        torch._C._set_cudnn_allow_tf32(saved[1])
 
 
 def _private_copy(tree: Any) -> Any:

@@ -6,12 +6,10 @@ int64 scalars (SymInts); :func:`shape_tensor` turns it into the 1-D int64 tensor
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import onnx_ir as ir
@@ -19,9 +17,9 @@ import torch
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from dynexport.dtypes import FLOATING, to_torch_dtype
+from dynexport.input_guards import accepted_minimums
 
 __all__ = [
-    "accepted_minimums",
     "argument",
     "arithmetic",
     "bfloat16_as_float",
@@ -266,32 +264,16 @@ def argument(node: torch.fx.Node, name: str):
     raise KeyError(name)
 
 
-# The least value of each shape symbol at the sizes the program being translated accepts (its
-# input checks: declared and refined minimums, dynexport/input_guards.py), set by the export.
-_accepted_minimums: contextvars.ContextVar[Mapping[Any, int]] = contextvars.ContextVar(
-    "dynexport_accepted_minimums", default={}
-)
-
-
-@contextlib.contextmanager
-def accepted_minimums(minimums: Mapping[Any, int]) -> Iterator[None]:
-    """Let :func:`least_value` know the least value each shape symbol takes at accepted sizes."""
-    token = _accepted_minimums.set(minimums)
-    try:
-        yield
-    finally:
-        _accepted_minimums.reset(token)
-
-
 def least_value(value: int | torch.SymInt) -> int | float:
     """The least ``value`` takes at any input size the export accepts (``-inf`` where unbounded).
     The shape env takes every dynamic dim to be at least 2 (torch.export specializes 0 and 1),
     yet the program accepts 0 and 1 unless declared otherwise: a range starting at 0 to 2 is
-    taken to start at the least value the program's input checks accept (:func:`accepted_minimums`;
-    ``Dim("h", min=2)`` on a dim the model makes ``32*_h`` gives ``_h >= 1``), else at 0."""
+    taken to start at the least value the program's input checks accept
+    (:func:`~dynexport.input_guards.accepted_minimums`; ``Dim("h", min=2)`` on a dim the model
+    makes ``32*_h`` gives ``_h >= 1``), else at 0."""
     if not isinstance(value, torch.SymInt):
         return value
-    expr, known, accepted = value.node.expr, value.node.shape_env.var_to_range, _accepted_minimums.get()
+    expr, known, accepted = value.node.expr, value.node.shape_env.var_to_range, accepted_minimums()
     ranges = {}
     for symbol in expr.free_symbols:
         bounds = known.get(symbol, ValueRanges.unknown())
