@@ -339,22 +339,24 @@ def _accepted_minimums(
 
 
 def _name_parameters(onnx_model: Any, names: dict[str, str]) -> None:
-    """Give the initializers of ``names`` (``{state_dict key: name}``, from ``input_names``
-    beyond the inputs) their names; a value of the graph already named so is renamed out of the
-    way. A parameter the graph no longer holds (folded into another, or unused) leaves its name
-    unused, with a warning."""
+    """Give the parameters of ``names`` (``{state_dict key: name}``, from ``input_names``
+    beyond the inputs) their names, as initializers or, with ``export_params=False``, graph
+    inputs; a value of the graph already named so is renamed out of the way. A parameter the
+    graph no longer holds (folded into another, or unused) leaves its name unused, with a
+    warning."""
     graph = onnx_model.graph
     by_name = {value.name: value for node in graph for value in node.outputs}
     by_name.update({value.name: value for value in graph.inputs})
     by_name.update(graph.initializers)
+    parameters = {**{value.name: value for value in graph.inputs}, **graph.initializers}
     unused = []
     for key, name in names.items():
-        initializer = graph.initializers.get(key)
-        if initializer is None:
+        parameter = parameters.get(key)
+        if parameter is None:
             unused.append(f"{name!r} (the model's {key})")
             continue
         holder = by_name.get(name)
-        if holder is not None and holder is not initializer:
+        if holder is not None and holder is not parameter:
             if holder.is_initializer() or holder in graph.inputs or holder in graph.outputs:
                 raise ValueError(
                     f"input_names names the model's {key} {name!r}, which is already the name of a graph "
@@ -363,8 +365,8 @@ def _name_parameters(onnx_model: Any, names: dict[str, str]) -> None:
                 )
             holder.name = unique_name(name, by_name)
             by_name[holder.name] = holder
-        initializer.name = name
-        by_name[name] = initializer
+        parameter.name = name
+        by_name[name] = parameter
     if unused:
         warnings.warn(
             f"input_names names {', '.join(unused)}, which the ONNX graph does not hold (folded into "

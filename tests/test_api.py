@@ -207,6 +207,14 @@ def test_a_parameter_name_taken_by_an_inner_value_moves_that_value_aside():
     assert list(weights["relu"].const_value.numpy().shape) == [8, 4]  # encoder.0.weight
 
 
+def test_parameter_names_also_name_weights_fed_as_graph_inputs():
+    program = dynexport.export(
+        TwoLayer().eval(), (torch.randn(2, 4),), input_names=["x", "w0", "b0", "w1", "b1"], export_params=False
+    )
+    assert sorted(v.name for v in program.model.graph.inputs) == ["b0", "b1", "w0", "w1", "x"]
+    assert not program.model.graph.initializers
+
+
 def test_more_names_than_inputs_and_parameters_fail_before_work():
     model = CountingModule()
     with pytest.raises(ValueError, match="at most 1 names fit"):
