@@ -344,6 +344,8 @@ def _name_parameters(onnx_model: Any, names: dict[str, str]) -> None:
     inputs; a value of the graph already named so is renamed out of the way. A parameter the
     graph no longer holds (folded into another, or unused) leaves its name unused, with a
     warning."""
+    if not names:
+        return
     graph = onnx_model.graph
     by_name = {value.name: value for node in graph for value in node.outputs}
     by_name.update({value.name: value for value in graph.inputs})

@@ -180,9 +180,7 @@ def input_name_slots(input_names: Sequence[str] | None, slots: list[tuple[str, A
     parameters (:func:`parameter_names`)."""
     names = list(input_names or ())
     tensors = [slot for slot in slots if isinstance(slot[1], torch.Tensor)]
-    if len(names) > len(slots):
-        return dict(zip(names, tensors))
-    return dict(zip(names, tensors if len(names) <= len(tensors) else slots))
+    return dict(zip(names, slots if len(tensors) < len(names) <= len(slots) else tensors))
 
 
 def parameter_names(
