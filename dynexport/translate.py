@@ -732,6 +732,7 @@ class TranslationPlan:
         state = {**program.state_dict, **program.constants}
         user_names = iter(io.input_names)
         nodes = placeholders(program)
+        weight_inputs = []  # listed after the user's inputs, as torch.onnx's exporters list them
         for spec in signature.input_specs:
             node = nodes.get(spec.arg.name)
             if is_user_input(spec):
@@ -757,10 +758,11 @@ class TranslationPlan:
                 value.const_value = TorchTensor(_carried(tensor.detach()), name=spec.target)
                 graph.register_initializer(value)
                 if options.keep_initializers_as_inputs:
-                    graph.inputs.append(value)
+                    weight_inputs.append(value)
             else:
-                graph.inputs.append(value)
+                weight_inputs.append(value)
             env[node] = value
+        graph.inputs.extend(weight_inputs)
 
         translator.translate_graph(program.graph, env)
         output_dims = _add_outputs(translator, program, env, io.output_names, io.output_dims)

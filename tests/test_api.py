@@ -6,6 +6,7 @@ import io
 import os
 
 import onnx
+import onnxruntime
 import pytest
 import torch
 
@@ -310,17 +311,25 @@ def test_export_params_false_makes_weights_inputs():
     program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), export_params=False)
     graph = program.model.graph
     assert len(graph.initializers) == 0
+    # The user's inputs first, as both torch.onnx exporters list them: code that feeds
+    # session.get_inputs()[0] must find the model's input there.
     assert [v.name for v in graph.inputs] == [
-        "encoder.0.weight", "encoder.0.bias", "head.weight", "head.bias", "x",
+        "x", "encoder.0.weight", "encoder.0.bias", "head.weight", "head.bias",
     ]
 
 
 def test_keep_initializers_as_inputs():
-    program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), keep_initializers_as_inputs=True)
+    model = TwoLayer().eval()
+    x = torch.randn(2, 4)
+    program = dynexport.export(model, (x,), keep_initializers_as_inputs=True)
     graph = program.model.graph
     assert len(graph.initializers) == 4
-    assert len(graph.inputs) == 5
+    assert [v.name for v in graph.inputs] == ["x", "encoder.0.weight", "encoder.0.bias", "head.weight", "head.bias"]
     onnx.checker.check_model(program.model_proto, full_check=True)
+    session = onnxruntime.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    first = session.get_inputs()[0].name
+    (result,) = session.run(None, {first: x.numpy()})
+    assert_close(torch.from_numpy(result), model(x))
 
 
 class Structured(torch.nn.Module):
