@@ -197,21 +197,50 @@ def parameter_names(
     if len(names) <= len(slots):
         return {}
     tensors = sum(isinstance(value, torch.Tensor) for _, value in slots)
-    seen: set[int] = set()
-    keys = []
-    for key, tensor in module.state_dict(keep_vars=True).items():
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            keys.append(key)
-    extra = names[tensors:]
-    if len(extra) > len(keys):
+    keys = _distinct_tensor_keys(module.state_dict(keep_vars=True))
+    if len(names) - tensors > len(keys):
         raise ValueError(
             f"input_names has {len(names)} names, but the model takes {tensors} tensor input(s) "
             f"(arguments: {[name for name, _ in slots]}) and holds {len(keys)} parameters and buffers, "
             f"(the names after the inputs name them, in order): at most {max(len(slots), tensors + len(keys))} "
             "names fit"
         )
-    return dict(zip(keys, extra))
+    return dict(zip(keys, names[tensors:]))
+
+
+def program_input_names(
+    input_names: Sequence[str] | None, program: torch.export.ExportedProgram
+) -> tuple[list[str] | None, dict[str, str]]:
+    """``input_names`` given with an ExportedProgram, split into the names of its graph inputs
+    and ``{state_dict key: name}`` for the names beyond them, which name the program's
+    parameters and buffers (its ``state_dict``, parameters first) in order.
+
+    Raises:
+        ValueError: more names than graph inputs and state_dict entries together.
+    """
+    if input_names is None:
+        return None, {}
+    names = list(input_names)
+    inputs = [spec.arg.name for spec in graph_input_specs(program)]
+    keys = _distinct_tensor_keys(program.state_dict)
+    if len(names) > len(inputs) + len(keys):
+        raise ValueError(
+            f"input_names has {len(names)} names, but the program has {len(inputs)} tensor input(s) ({inputs}) "
+            f"and holds {len(keys)} parameters and buffers (the names after the inputs name them, in "
+            f"order): at most {len(inputs) + len(keys)} names fit"
+        )
+    return names[: len(inputs)], dict(zip(keys, names[len(inputs) :]))
+
+
+def _distinct_tensor_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """The keys of ``state``, each tensor once (a tied weight under its first key)."""
+    seen: set[int] = set()
+    keys = []
+    for key, tensor in state.items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            keys.append(key)
+    return keys
 
 
 def graph_input_names(input_names: Sequence[str] | None, slots: list[tuple[str, Any]]) -> list[str] | None:

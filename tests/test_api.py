@@ -216,6 +216,19 @@ def test_parameter_names_also_name_weights_fed_as_graph_inputs():
     assert not program.model.graph.initializers
 
 
+def test_names_beyond_the_inputs_of_an_exported_program_name_its_state_dict():
+    model = TwoLayer().eval()
+    x = torch.randn(2, 4)
+    program = torch.export.export(model, (x,))
+    exported = dynexport.export(program, (x,), input_names=["x", "w0", "b0", "w1", "b1"])
+    assert_close(exported(x), model(x))
+    weights = exported.model.graph.initializers
+    assert sorted(weights) == ["b0", "b1", "w0", "w1"]
+    torch.testing.assert_close(torch.from_numpy(weights["w1"].const_value.numpy()), model.head.weight.detach())
+    with pytest.raises(ValueError, match="at most 5 names fit"):
+        dynexport.export(program, (x,), input_names=["x", "w0", "b0", "w1", "b1", "extra"])
+
+
 def test_more_names_than_inputs_and_parameters_fail_before_work():
     model = CountingModule()
     with pytest.raises(ValueError, match="at most 1 names fit"):
