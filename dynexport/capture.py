@@ -50,12 +50,14 @@ from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
 from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError
+from dynexport.even_chunks import even_chunks_as_splits
 from dynexport.grouped_attention import grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from dynexport.model_caches import first_fills_kept, sliding_windows_sized_by_keys
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
+from dynexport.shared_dims import shared_dims_traced_as_one
 from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
 from dynexport.signature import bind_arguments
 
@@ -211,6 +213,8 @@ def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]
         recurrent_ops_kept_whole(),
         detection_code_capturable(),
         grouped_attention_whole(),
+        shared_dims_traced_as_one(),
+        even_chunks_as_splits(),
         first_fills_kept(),
         sliding_windows_sized_by_keys(),
         _fake_quantize_meta_kernels(),

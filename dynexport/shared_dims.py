@@ -1,0 +1,72 @@
+"""Input dims declared with one ``Dim`` traced as one symbol.
+
+torch.export (non-strict) gives every dynamic input dim a symbol of its own while it traces and
+applies the equalities the user declared (one ``Dim`` object, or one name in ``dynamic_axes``,
+for several dims) only afterwards, when it checks the guards. Model code that relies on the
+equality without an op that forces it is traced on the unrelated symbols: ``torch.cat([a, b])``
+of two inputs of one batch is ``s0 + s1`` long, not ``2*s0``; halving it again
+(``torch.chunk(..., 2)``) then leaves conditions torch cannot prove over the declared range, and
+it fixes the batch to the example's size (RAFT, siamese networks, classifier-free guidance
+export only with their batches declared apart). While dynexport captures,
+:func:`shared_dims_traced_as_one` makes the dims the user declared equal one symbol from the
+start, as the first op comparing them would: the declaration the guards are checked against is
+unchanged, and no other call is affected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import sympy
+import torch.export._trace as export_trace
+
+__all__ = ["shared_dims_traced_as_one"]
+
+
+@contextlib.contextmanager
+def shared_dims_traced_as_one() -> Iterator[None]:
+    """Within the block, torch.export's fake inputs carry one symbol for the dims each declared
+    ``Dim`` names (module doc); where torch.export has no such step (another version), nothing
+    changes."""
+    original = getattr(export_trace, "make_fake_inputs", None)
+    if original is None:
+        yield
+        return
+
+    def make_fake_inputs(*args: Any, **kwargs: Any) -> Any:
+        made = original(*args, **kwargs)
+        fake_mode, equalities = made[0], made[3]
+        _unify(fake_mode.shape_env, getattr(equalities, "source_pairs", ()))
+        return made
+
+    export_trace.make_fake_inputs = make_fake_inputs
+    try:
+        yield
+    finally:
+        export_trace.make_fake_inputs = original
+
+
+def _unify(shape_env: Any, source_pairs: Any) -> None:
+    """Record each pair of input dims the user declared equal as equal, where both are symbols
+    with equal example sizes (otherwise torch.export reports the declaration as it would)."""
+    symbol_of = {_name(source): symbol for symbol, sources in shape_env.var_to_sources.items() for source in sources}
+    for first, second in source_pairs:
+        a, b = symbol_of.get(_name(first)), symbol_of.get(_name(second))
+        if not (isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol)):
+            continue
+        a, b = shape_env.replace(a), shape_env.replace(b)  # each as the pairs before left it
+        if a != b and isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol):
+            if _example_size(shape_env, a) == _example_size(shape_env, b):
+                shape_env.evaluate_expr(sympy.Eq(a, b))
+
+
+def _example_size(shape_env: Any, symbol: sympy.Symbol) -> Any:
+    sizes = getattr(shape_env, "backed_var_to_val", None)  # var_to_val before torch 2.12
+    return (shape_env.var_to_val if sizes is None else sizes).get(symbol)
+
+
+def _name(source: Any) -> str:
+    name = source.name
+    return name() if callable(name) else name  # a method before torch 2.10
