@@ -46,6 +46,7 @@ from torch._logging.structured import INTERN_TABLE
 from torch.export._draft_export import FailureType
 
 from dynexport import torchscript
+from dynexport.affine_grids import affine_grids_of_symbolic_sizes
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
 from dynexport.dim_names import dynamic_dims_sized_0_or_1
@@ -57,8 +58,8 @@ from dynexport.model_caches import first_fills_kept, sliding_windows_sized_by_ke
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
-from dynexport.shared_dims import shared_dims_traced_as_one
 from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
+from dynexport.shared_dims import shared_dims_traced_as_one
 from dynexport.signature import bind_arguments
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
@@ -215,6 +216,7 @@ def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]
         grouped_attention_whole(),
         shared_dims_traced_as_one(),
         even_chunks_as_splits(),
+        affine_grids_of_symbolic_sizes(),
         first_fills_kept(),
         sliding_windows_sized_by_keys(),
         _fake_quantize_meta_kernels(),

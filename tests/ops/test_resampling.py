@@ -242,3 +242,50 @@ def test_grid_sample_of_volumes(mode, padding_mode):
             model, inputs(2), dynamic_shapes=({0: B}, {0: B}), resized=[inputs(3)], atol=1e-5
         )
         assert op_histogram(program)["GridSample"] == 1
+
+
+class SpatialTransformer(torch.nn.Module):
+    """A spatial transformer's sampling (PyTorch's STN tutorial): the grid sized by the image."""
+
+    def __init__(self, align_corners: bool = False):
+        super().__init__()
+        self.align_corners = align_corners
+
+    def forward(self, theta, image):
+        grid = F.affine_grid(theta, image.size(), align_corners=self.align_corners)
+        return F.grid_sample(image, grid, align_corners=self.align_corners)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_affine_grid_over_dynamic_sides(align_corners):
+    # torch's affine_grid spaces the coordinates with linspace over endpoints computed from the
+    # sides, which torch.export can trace only at the example's sides; captured from arange.
+    model = SpatialTransformer(align_corners)
+    shapes = ({0: B}, {0: B, 2: torch.export.Dim("h"), 3: torch.export.Dim("w")})
+    program = assert_exports_equivalent(
+        model, (torch.randn(2, 2, 3), torch.randn(2, 3, 8, 8)), dynamic_shapes=shapes,
+        resized=[(torch.randn(3, 2, 3), torch.randn(3, 3, 5, 11)), (torch.randn(1, 2, 3), torch.randn(1, 3, 2, 3))],
+        atol=1e-5,
+    )
+    dims = [str(d) for d in program.model.graph.inputs[1].shape]
+    assert dims == ["batch", "3", "h", "w"]
+
+
+def test_affine_grid_of_volumes_over_a_dynamic_depth():
+    def model(theta, volume):
+        return F.grid_sample(volume, F.affine_grid(theta, volume.shape, align_corners=False), align_corners=False)
+
+    with refused_below_its_opset(aten.grid_sampler_3d.default):
+        assert_exports_equivalent(
+            model, (torch.randn(2, 3, 4), torch.randn(2, 2, 4, 5, 6)),
+            dynamic_shapes=({0: B}, {0: B, 2: torch.export.Dim("d")}),
+            resized=[(torch.randn(1, 3, 4), torch.randn(1, 2, 7, 5, 6))], atol=1e-5,
+        )
+
+
+def test_affine_grid_of_static_sides_is_torch_s_own():
+    program = assert_exports_equivalent(
+        SpatialTransformer(), (torch.randn(2, 2, 3), torch.randn(2, 3, 8, 8)),
+        dynamic_shapes=({0: B}, {0: B}), resized=[(torch.randn(3, 2, 3), torch.randn(3, 3, 8, 8))],
+    )
+    assert "Range" not in op_histogram(program)  # the base grid is a folded constant
