@@ -264,7 +264,8 @@ def _capture_module(
             module.forward, bound, options.example_inputs
         )
     else:
-        requested_dims = dim_names.named_dims(dynamic_shapes, bound)
+        dynamic_shapes, string_dims = dim_names.string_dims_as_hints(dynamic_shapes, bound)
+        requested_dims = {**dim_names.named_dims(dynamic_shapes, bound), **string_dims}
     if options.dynamic_axes is not None or options.auto_dims:
         dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)
     input_names = signature.graph_input_names(options.input_names, slots)
@@ -282,8 +283,9 @@ def _capture_module(
     if options.auto_dims:
         _warn_fixed_dims(program, requested_dims)
     elif options.dynamic_axes is None:
-        requested_dims = dim_names.named_dims(dynamic_shapes, bound)
-        record.dim_refinements += dims_tied_by_the_model(program, requested_dims)
+        named = dim_names.named_dims(dynamic_shapes, bound)
+        record.dim_refinements += dims_tied_by_the_model(program, named)
+        requested_dims = {**named, **string_dims}
     return _Captured(program, strategy, input_names, requested_dims, parameter_names)
 
 

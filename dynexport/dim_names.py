@@ -200,6 +200,25 @@ def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, in
     }
 
 
+def string_dims_as_hints(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[Any, dict[tuple[str, int], str]]:
+    """torch.onnx's dims given as strings (``{0: "batch"}``): each becomes ``Dim.DYNAMIC``, a
+    hint, and names its ONNX dim, as a ``dynamic_axes`` name does. Returns the dynamic_shapes and
+    those names, keyed by (flat input path, axis).
+
+    Raises:
+        ValueError: an empty name.
+    """
+    names = {}
+    for path, axis, dim, _ in declared_dims(dynamic_shapes, bound):
+        if isinstance(dim, str):
+            if not dim.strip():
+                raise ValueError(f"dynamic_shapes names axis {axis} of input {path!r} with an empty string; give it a name")
+            names[(path, axis)] = dim
+    if not names:
+        return dynamic_shapes, names
+    return pytree.tree_map(lambda dim: Dim.DYNAMIC if isinstance(dim, str) else dim, dynamic_shapes), names
+
+
 def dynamic_dims_sized_0_or_1(dynamic_shapes: Any, bound: dict[str, Any]) -> bool:
     """Whether an axis declared dynamic (not an int, not ``Dim.STATIC``) has example size 0 or 1."""
     return any(

@@ -255,3 +255,36 @@ def test_dynamic_axes_on_a_function_of_star_args():
     assert [value.shape.dims[0] for value in program.model.graph.inputs] == ["n", "n"]
     x, y = torch.randn(5, 4), torch.randn(5, 4)
     assert_close(program(x, y), x + y)
+
+
+class Scorer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 3)
+
+    def forward(self, tokens, bias):
+        return self.proj(tokens) + bias.mean()
+
+
+@pytest.mark.parametrize(
+    "dynamic_shapes",
+    [
+        ({0: "batch", 1: "seq"}, {0: "n"}),
+        {"tokens": {0: "batch", 1: "seq"}, "bias": {0: "n"}},
+        (("batch", "seq", None), ("n",)),
+        ({0: torch.export.Dim("batch"), 1: "seq"}, {0: "n"}),
+    ],
+    ids=["tuple", "by-name", "per-axis-tuple", "with-a-Dim"],
+)
+def test_dim_names_as_strings_in_dynamic_shapes(dynamic_shapes):
+    # torch.onnx's form: a string is a dynamic dim (a hint, as in dynamic_axes) named so.
+    program = assert_exports_equivalent(
+        Scorer().eval(), (torch.randn(2, 5, 4), torch.randn(3)), dynamic_shapes=dynamic_shapes,
+        resized=[(torch.randn(3, 7, 4), torch.randn(6)), (torch.randn(1, 1, 4), torch.randn(1))],
+    )
+    assert [dims(value) for value in program.model.graph.inputs] == [["batch", "seq", 4], ["n"]]
+
+
+def test_an_empty_string_dim_name_is_refused_before_capture():
+    with pytest.raises(ValueError, match="axis 1 of input 'tokens' with an empty string"):
+        dynexport.export(Scorer().eval(), (torch.randn(2, 5, 4), torch.randn(3)), dynamic_shapes=({0: "batch", 1: " "}, None))
