@@ -76,6 +76,7 @@ def export(
     strict_clamps: bool = False,
     quantize_weights: WeightQuantization | Mapping[str, Any] | None = None,
     trace_layers_once: bool = True,
+    external_data: bool | str | None = None,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
 
@@ -90,6 +91,9 @@ def export(
             keyword arguments (end with an empty dict to pass a real dict positionally).
             Python int/float/bool arguments are baked into the graph as constants.
         f: where to write the model: a path (written atomically) or a binary file object.
+        external_data: how ``f`` holds the weights (as :meth:`ONNXProgram.save`): None (default)
+            in the model file up to 2 GB and in ``<f>.data`` beyond; True always in
+            ``<f>.data`` (torch.onnx's default); a name, that file next to ``f``; False one file.
         kwargs: example keyword arguments.
         export_params: store parameters as initializers; when False they become graph inputs.
         verbose: print the ONNX graph after export.
@@ -181,7 +185,7 @@ def export(
         fallback=fallback, training=training, export_modules_as_functions=export_modules_as_functions,
         dynamo=dynamo, example_inputs=example_inputs, report=report, verify=verify,
         target=target, strict_clamps=strict_clamps, quantize_weights=quantize_weights,
-        trace_layers_once=trace_layers_once,
+        trace_layers_once=trace_layers_once, external_data=external_data,
     )
     record = report_stage.ExportRecord(
         options.model_name, options.opset,
@@ -405,7 +409,7 @@ def _finish(
             record.verification = result.verify(*options.args, model=eager, kwargs=options.kwargs)
     if options.f is not None:
         with timer.phase("serialize"):
-            result.save(options.f)
+            result.save(options.f, external_data=options.external_data)
     if options.verbose:
         print(result.to_text())
     if record.verification is not None:

@@ -22,6 +22,7 @@ from onnx_ir.tensor_adapters import TorchTensor
 
 __all__ = [
     "check_destination",
+    "data_location",
     "EXTERNAL_DATA_MIN_TENSOR_BYTES",
     "EXTERNAL_DATA_THRESHOLD",
     "ProgressCallback",
@@ -227,7 +228,7 @@ def save_model(
     path = os.fspath(destination)
     check_destination(path)
     directory = os.path.dirname(os.path.abspath(path))
-    location = _data_location(path, external_data)
+    location = data_location(path, external_data)
     remove_orphans(directory)
     replaced = _external_locations(path)
     if os.path.lexists(os.path.join(directory, location)):
@@ -257,7 +258,7 @@ def save_model(
     _remove_data_files(directory, replaced - {location})
 
 
-def _data_location(path: str, external_data: bool | str) -> str:
+def data_location(path: str, external_data: bool | str) -> str:
     """The data file's name relative to the model's directory, checked to lie inside it and to
     be no other file of the save."""
     location = external_data if isinstance(external_data, str) else os.path.basename(path) + ".data"

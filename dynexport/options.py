@@ -55,6 +55,7 @@ class ExportOptions:
     args: tuple
     kwargs: dict[str, Any]
     f: str | os.PathLike | IO[bytes] | None
+    external_data: bool | str | None
     opset: int
     input_names: tuple[str, ...] | None
     output_names: tuple[str, ...] | None
@@ -117,6 +118,7 @@ class ExportOptions:
         strict_clamps: Any = False,
         quantize_weights: Any = None,
         trace_layers_once: Any = True,
+        external_data: Any = None,
     ) -> ExportOptions:
         """Check every argument of :func:`dynexport.export` (types first), raising TypeError or
         ValueError naming the argument, and gather them."""
@@ -153,6 +155,7 @@ class ExportOptions:
         check_target(target)
         if f is not None:
             files.check_destination(f)
+        _check_external_data(external_data, f)
         if fallback not in (None, "custom_domain"):
             raise ValueError(f"fallback={fallback!r} is not supported; use None (raise) or 'custom_domain'")
         captured = isinstance(model, torch.export.ExportedProgram)
@@ -180,7 +183,7 @@ class ExportOptions:
             buffer_updates=training is TrainingMode.TRAINING,
         )
         return cls(
-            model_name=model_name, args=args, kwargs=kwargs, f=f, opset=opset,
+            model_name=model_name, args=args, kwargs=kwargs, f=f, external_data=external_data, opset=opset,
             input_names=input_names, output_names=output_names, dynamic_shapes=dynamic_shapes,
             dynamic_axes=dynamic_axes, example_inputs=example_inputs, training=training, dynamo=dynamo,
             optimize=optimize, do_constant_folding=do_constant_folding, verify=verify, verbose=bool(verbose),
@@ -188,6 +191,20 @@ class ExportOptions:
             target=target, strict_clamps=strict_clamps, trace_layers_once=trace_layers_once,
             weight_quantization=_weight_quantization(quantize_weights, target),
         )
+
+
+def _check_external_data(external_data: Any, f: Any) -> None:
+    """``external_data`` is None, a bool or a data file name that fits ``f``."""
+    if external_data is None or isinstance(external_data, bool):
+        pass
+    elif not isinstance(external_data, str) or not external_data:
+        raise TypeError(f"external_data must be True, False, None or a data file name, got {external_data!r}")
+    if not external_data or f is None:
+        return
+    if not isinstance(f, (str, os.PathLike)):
+        raise ValueError("external_data needs f to be a path, to write the data file next to; got a file object")
+    if isinstance(external_data, str):
+        files.data_location(os.fspath(f), external_data)
 
 
 def _weight_quantization(spec: Any, target: str | None) -> WeightQuantization | None:

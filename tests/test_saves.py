@@ -12,6 +12,7 @@ import sys
 import time
 
 import onnx
+import onnxruntime
 import pytest
 import torch
 
@@ -166,3 +167,58 @@ def test_a_folder_that_cannot_be_listed_still_takes_the_save(program, tmp_path, 
     exported.save(tmp_path / "m.onnx")
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+class Projection(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(256, 512))  # 512 KiB: over the threshold for its own data
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+@pytest.mark.parametrize(("external_data", "data_file"), [(True, "m.onnx.data"), ("weights.bin", "weights.bin"), (False, None), (None, None)])
+def test_export_writes_f_with_external_data_as_torch_onnx_does(tmp_path, external_data, data_file):
+    # torch.onnx.export(..., external_data=True) is its default and a common call to copy.
+    model, x = Projection().eval(), torch.randn(3, 256)
+    path = tmp_path / "m.onnx"
+    dynexport.export(model, (x,), str(path), external_data=external_data)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.onnx", *([data_file] if data_file else [])])
+    assert _locations(path) == ({data_file} if data_file else set())
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (result,) = session.run(None, {"x": x.numpy()})
+    assert_close(torch.from_numpy(result), model(x))
+
+
+class CountingProjection(Projection):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x)
+
+
+@pytest.mark.parametrize(
+    ("f", "external_data", "error", "match"),
+    [
+        (lambda tmp: open(tmp / "m.onnx", "wb"), True, ValueError, "needs f to be a path"),
+        (lambda tmp: str(tmp / "m.onnx"), "../elsewhere.data", ValueError, "relative to the model's directory"),
+        (lambda tmp: str(tmp / "m.onnx"), "m.onnx", ValueError, "names the model file itself"),
+        (lambda tmp: str(tmp / "m.onnx"), 1, TypeError, "external_data must be"),
+    ],
+    ids=["file-object", "outside", "the-model-itself", "not-a-name"],
+)
+def test_bad_external_data_is_refused_before_capture(tmp_path, f, external_data, error, match):
+    model = CountingProjection()
+    destination = f(tmp_path)
+    try:
+        with pytest.raises(error, match=match):
+            dynexport.export(model, (torch.randn(3, 256),), destination, external_data=external_data)
+    finally:
+        if not isinstance(destination, str):
+            destination.close()
+    assert model.calls == 0
+    assert not (tmp_path / "m.onnx").exists() or (tmp_path / "m.onnx").stat().st_size == 0
