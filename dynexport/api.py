@@ -77,6 +77,11 @@ def export(
     quantize_weights: WeightQuantization | Mapping[str, Any] | None = None,
     trace_layers_once: bool = True,
     external_data: bool | str | None = None,
+    profile: bool = False,
+    dump_exported_program: bool = False,
+    artifacts_dir: str | os.PathLike | None = None,
+    operator_export_type: torch.onnx.OperatorExportTypes = torch.onnx.OperatorExportTypes.ONNX,
+    autograd_inlining: bool = True,
 ) -> ONNXProgram:
     """Export a PyTorch model to ONNX.
 
@@ -155,6 +160,20 @@ def export(
             ``dynexport.quantize.WeightQuantization`` or a dict of its fields (``{"bits": 4}``;
             without ``"target"`` it follows ``target``: MatMulNBits for ``"onnxruntime"``,
             DequantizeLinear otherwise). See docs/llm.md.
+        profile: profile the export with cProfile and write the statistics (cumulative time,
+            the 80 costliest calls) to ``<artifacts>.profile.txt``.
+        dump_exported_program: write the captured ``ExportedProgram`` to ``<artifacts>.pt2``
+            (``torch.export.save``; its text form, ``.exported_program.txt``, where it cannot
+            be serialized).
+        artifacts_dir: the folder of the report, profile and program dump, which are named
+            after ``f`` (``model.onnx`` -> ``model.report.md``) or the model's class; by
+            default ``f``'s folder, or the working directory.
+        operator_export_type: torch.onnx's legacy option: ``ONNX`` (default);
+            ``ONNX_FALLTHROUGH`` and ``ONNX_ATEN_FALLBACK`` export an operator with no
+            translation as a custom-domain node, as ``fallback="custom_domain"``;
+            ``ONNX_ATEN`` (every operator as an ATen node) is refused.
+        autograd_inlining: accepted for torch.onnx's signature; autograd functions are always
+            traced through (inlined) by capture.
         trace_layers_once: capture a ``ModuleList`` of like layers (a transformer's decoder or
             encoder layers, 6 or more) by tracing its first two (three when the first differs)
             and copying the last traced one's graph for the others, each copy with its own
@@ -185,8 +204,15 @@ def export(
         fallback=fallback, training=training, export_modules_as_functions=export_modules_as_functions,
         dynamo=dynamo, example_inputs=example_inputs, report=report, verify=verify,
         target=target, strict_clamps=strict_clamps, quantize_weights=quantize_weights,
-        trace_layers_once=trace_layers_once, external_data=external_data,
+        trace_layers_once=trace_layers_once, external_data=external_data, profile=profile,
+        dump_exported_program=dump_exported_program, artifacts_dir=artifacts_dir,
+        operator_export_type=operator_export_type, autograd_inlining=autograd_inlining,
     )
+    with _profiled(options.profile_file):
+        return _export(model, f, options)
+
+
+def _export(model: Any, f: Any, options: ExportOptions) -> ONNXProgram:
     record = report_stage.ExportRecord(
         options.model_name, options.opset,
         destination=os.fspath(f) if isinstance(f, (str, os.PathLike)) else None,
@@ -194,6 +220,8 @@ def export(
     timer = PhaseTimer(record.timings)
     with report_stage.reporting(options.report_file, record), caches_flattened(), torchao_weights(model) as torchao:
         captured = _capture(model, options, timer, record)
+        if options.exported_program_file is not None:
+            _dump_exported_program(captured.program, options.exported_program_file)
         plan = _plan(captured, options, timer, record)
         with timer.phase("translate"), minimums_while_translating(_accepted_minimums(plan, options, record)):
             onnx_model = plan.emit()
@@ -217,6 +245,43 @@ def export(
         result.report_path = options.report_file
         _finish(result, model, options, timer, record)
         return result
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None) -> Iterator[None]:
+    """Profile the block with cProfile into ``path`` (the 80 costliest calls by cumulative time),
+    written however the block ends; nothing without a path."""
+    if path is None:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(80)
+        files.write_atomically(text.getvalue().encode(), path)
+
+
+def _dump_exported_program(program: torch.export.ExportedProgram, path: str) -> None:
+    """``torch.export.save`` the program to ``path``; where torch cannot serialize it, its text
+    form next to it, with a warning."""
+    try:
+        torch.export.save(program, path)
+    except Exception as error:  # a debugging artifact must not fail the export
+        text_path = path.removesuffix(".pt2") + ".exported_program.txt"
+        files.write_atomically(str(program).encode(), text_path)
+        warnings.warn(
+            f"dump_exported_program: torch.export.save failed ({type(error).__name__}: {error}); "
+            f"the program's text form is in {text_path}",
+            stacklevel=4,
+        )
 
 
 @dataclasses.dataclass(frozen=True)

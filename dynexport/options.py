@@ -15,7 +15,6 @@ from dynexport.modes import TrainingMode
 from dynexport.module_functions import module_selector
 from dynexport.quantize.weights import WeightQuantization
 from dynexport.registry import TranslationTable, default_table
-from dynexport.report import default_report_path
 from dynexport.translate import TranslationOptions
 
 __all__ = ["DEFAULT_OPSET", "SUPPORTED_OPSETS", "TARGETS", "ExportOptions", "check_opset", "check_target"]
@@ -69,6 +68,8 @@ class ExportOptions:
     verify: bool
     verbose: bool
     report_file: str | None
+    profile_file: str | None
+    exported_program_file: str | None
     translation: TranslationOptions
     target: str | None = None
     strict_clamps: bool = False
@@ -119,6 +120,11 @@ class ExportOptions:
         quantize_weights: Any = None,
         trace_layers_once: Any = True,
         external_data: Any = None,
+        profile: Any = False,
+        dump_exported_program: Any = False,
+        artifacts_dir: Any = None,
+        operator_export_type: Any = torch.onnx.OperatorExportTypes.ONNX,
+        autograd_inlining: Any = True,
     ) -> ExportOptions:
         """Check every argument of :func:`dynexport.export` (types first), raising TypeError or
         ValueError naming the argument, and gather them."""
@@ -126,6 +132,8 @@ class ExportOptions:
             ("export_params", export_params), ("keep_initializers_as_inputs", keep_initializers_as_inputs),
             ("do_constant_folding", do_constant_folding), ("optimize", optimize), ("dynamo", dynamo),
             ("verify", verify), ("strict_clamps", strict_clamps), ("trace_layers_once", trace_layers_once),
+            ("profile", profile), ("dump_exported_program", dump_exported_program),
+            ("autograd_inlining", autograd_inlining),
         ):
             _check_bool(name, value)
         if verbose is not None:
@@ -158,6 +166,9 @@ class ExportOptions:
         _check_external_data(external_data, f)
         if fallback not in (None, "custom_domain"):
             raise ValueError(f"fallback={fallback!r} is not supported; use None (raise) or 'custom_domain'")
+        fallback = _fallback_of(operator_export_type, fallback)
+        model_name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
+        artifacts = _artifacts_stem(artifacts_dir, f, model_name)
         captured = isinstance(model, torch.export.ExportedProgram)
         if not dynamo and captured:
             raise ValueError(
@@ -171,7 +182,6 @@ class ExportOptions:
                 "dynamic_shapes to torch.export.export instead of to dynexport.export"
             )
         args, kwargs, example_inputs = _example_calls(args, kwargs, dynamic_shapes, example_inputs, captured)
-        model_name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
         translation = TranslationOptions(
             table=_table(custom_translation_table),
             opset=opset,
@@ -187,7 +197,9 @@ class ExportOptions:
             input_names=input_names, output_names=output_names, dynamic_shapes=dynamic_shapes,
             dynamic_axes=dynamic_axes, example_inputs=example_inputs, training=training, dynamo=dynamo,
             optimize=optimize, do_constant_folding=do_constant_folding, verify=verify, verbose=bool(verbose),
-            report_file=_report_file(report, f, model_name), translation=translation,
+            report_file=_report_file(report, artifacts), translation=translation,
+            profile_file=f"{artifacts}.profile.txt" if profile else None,
+            exported_program_file=f"{artifacts}.pt2" if dump_exported_program else None,
             target=target, strict_clamps=strict_clamps, trace_layers_once=trace_layers_once,
             weight_quantization=_weight_quantization(quantize_weights, target),
         )
@@ -263,11 +275,11 @@ def _example_calls(
     return (*signature.split_legacy_args(args, kwargs), example_inputs)
 
 
-def _report_file(report: Any, f: Any, model_name: str) -> str | None:
+def _report_file(report: Any, artifacts: str) -> str | None:
     if report is None or report is False:
         return None
     if report is True:
-        return default_report_path(f, model_name)
+        return f"{artifacts}.report.md"
     if not isinstance(report, (str, os.PathLike)):
         raise TypeError(f"report must be True, False or a path, got {type(report).__name__}")
     path = os.fspath(report)
@@ -275,6 +287,36 @@ def _report_file(report: Any, f: Any, model_name: str) -> str | None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot write the report {path!r}: directory {directory!r} does not exist")
     return path
+
+
+def _artifacts_stem(artifacts_dir: Any, f: Any, model_name: str) -> str:
+    """The path, less its suffix, of the report, profile and program dump: named after ``f``
+    (``model.onnx`` -> ``model``) or the model, in ``artifacts_dir``, else ``f``'s folder or here."""
+    named = os.fspath(f) if isinstance(f, (str, os.PathLike)) else model_name
+    stem = os.path.splitext(named)[0]
+    if artifacts_dir is None:
+        return stem
+    if not isinstance(artifacts_dir, (str, os.PathLike)):
+        raise TypeError(f"artifacts_dir must be a folder path, got {type(artifacts_dir).__name__}")
+    if not os.path.isdir(artifacts_dir):
+        raise FileNotFoundError(f"artifacts_dir {os.fspath(artifacts_dir)!r} is not an existing folder")
+    return os.path.join(os.fspath(artifacts_dir), os.path.basename(stem))
+
+
+def _fallback_of(operator_export_type: Any, fallback: str | None) -> str | None:
+    """torch.onnx's legacy ``operator_export_type`` as dynexport's ``fallback``."""
+    types = torch.onnx.OperatorExportTypes
+    if not isinstance(operator_export_type, types):
+        raise TypeError(f"operator_export_type must be a torch.onnx.OperatorExportTypes, got {operator_export_type!r}")
+    if operator_export_type == types.ONNX:
+        return fallback
+    if operator_export_type in (types.ONNX_FALLTHROUGH, types.ONNX_ATEN_FALLBACK):
+        return "custom_domain"
+    raise ValueError(
+        "operator_export_type=ONNX_ATEN (every operator as an ATen node) is not supported; use the "
+        "default ONNX, or fallback='custom_domain' to export only the operators without a translation "
+        "as custom-domain nodes"
+    )
 
 
 def _table(custom: Mapping[Any, Callable[..., Any]] | None) -> TranslationTable:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -163,10 +162,3 @@ def reporting(path: str | None, record: ExportRecord) -> Iterator[ExportRecord]:
         raise
     if path is not None:
         write_report(record, path)
-
-
-def default_report_path(f: Any, model_name: str) -> str:
-    """``model.onnx`` -> ``model.report.md``; with no file, ``<model name>.report.md`` here."""
-    if isinstance(f, (str, os.PathLike)):
-        return os.path.splitext(os.fspath(f))[0] + ".report.md"
-    return f"{model_name}.report.md"

@@ -75,3 +75,48 @@ def test_report_marks_operators_kept_as_custom_domain_nodes(tmp_path):
     assert "status: success" in text
     assert "1 kept as custom-domain nodes" in text
     assert "| dynexport_report_test.mystery.default | 1 | custom domain |" in text
+
+
+def test_torch_onnx_debugging_options_write_their_artifacts(tmp_path):
+    # torch.onnx.export(..., report=True, profile=True, dump_exported_program=True, artifacts_dir=...)
+    artifacts = tmp_path / "debug"
+    artifacts.mkdir()
+    model, x = Small(), torch.randn(2, 4)
+    program = dynexport.export(
+        model, (x,), tmp_path / "small.onnx", report=True, profile=True, dump_exported_program=True,
+        artifacts_dir=artifacts,
+    )
+    assert sorted(p.name for p in artifacts.iterdir()) == ["small.profile.txt", "small.pt2", "small.report.md"]
+    assert program.report_path == str(artifacts / "small.report.md")
+    assert "dynexport/api.py" in (artifacts / "small.profile.txt").read_text()
+    reloaded = torch.export.load(artifacts / "small.pt2")
+    torch.testing.assert_close(reloaded.module()(x), model(x))
+
+
+def test_a_profile_is_written_when_the_export_fails(tmp_path):
+    with pytest.raises(UnsupportedOperatorError):
+        dynexport.export(UsesMystery(), (torch.randn(3, 3),), tmp_path / "m.onnx", profile=True)
+    assert (tmp_path / "m.profile.txt").exists()
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_artifacts_dir_must_exist_before_any_work(tmp_path):
+    with pytest.raises(FileNotFoundError, match="artifacts_dir .* is not an existing folder"):
+        dynexport.export(UsesMystery(), (torch.randn(3, 3),), artifacts_dir=tmp_path / "missing", report=True)
+
+
+@pytest.mark.parametrize(
+    ("operator_export_type", "exported"),
+    [("ONNX_FALLTHROUGH", True), ("ONNX_ATEN_FALLBACK", True), ("ONNX", False), ("ONNX_ATEN", False)],
+)
+def test_legacy_operator_export_types(operator_export_type, exported):
+    # The fallthrough types export an operator with no translation as a custom-domain node.
+    kind = getattr(torch.onnx.OperatorExportTypes, operator_export_type)
+    call = lambda: dynexport.export(UsesMystery(), (torch.randn(3, 3),), operator_export_type=kind)  # noqa: E731
+    if exported:
+        with pytest.warns(UserWarning, match="custom-domain nodes"):
+            program = call()
+        assert "pkg.torch.dynexport_report_test" in {node.domain for node in program.model.graph}
+    else:
+        with pytest.raises(UnsupportedOperatorError if operator_export_type == "ONNX" else ValueError):
+            call()
