@@ -11,9 +11,10 @@ import copy
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import torch
@@ -114,13 +115,13 @@ class ONNXProgram:
         """Initializers without data: weights on the meta device or fake tensors."""
         return files.missing_weights(self.model)
 
-    def apply_weights(self, weights: Mapping[str, torch.Tensor] | str | os.PathLike, *, strict: bool = True) -> list[str]:
+    def apply_weights(self, state_dict: Mapping[str, torch.Tensor] | str | os.PathLike, *, strict: bool = True) -> list[str]:
         """Give the initializers new data, matched by name (the parameter path).
 
         Args:
-            weights: a state dict, or the path of a ``.safetensors`` file (read lazily, one
+            state_dict: a state dict, or the path of a ``.safetensors`` file (read lazily, one
                 tensor at a time when saving) or of a ``torch.save`` checkpoint.
-            strict: raise when an initializer that holds no data is not in ``weights``.
+            strict: raise when an initializer that holds no data is not in ``state_dict``.
 
         Returns:
             The names of the initializers that were replaced. Keys matching no initializer
@@ -130,7 +131,7 @@ class ONNXProgram:
             ValueError: a shape or dtype differs from the exported one, nothing matched, or
                 (with ``strict``) weights the model needs are missing.
         """
-        applied = files.apply_weights(self.model, weights, strict=strict)
+        applied = files.apply_weights(self.model, state_dict, strict=strict)
         self._changed()
         return applied
 
@@ -259,6 +260,59 @@ class ONNXProgram:
             for buffer, output in self.buffer_updates.items():
                 self.buffers[buffer] = by_name[output].clone()
         return self.output_structure(outputs)
+
+    def initialize_inference_session(self, initializer: Callable[[bytes], Any] | None = None) -> None:
+        """Make the onnxruntime session that calls run (torch.onnx's method); ``initializer``
+        makes it from the serialized model (``lambda model: ort.InferenceSession(model,
+        providers=[...])``). Calls make one when none is made."""
+        model = self.model_proto.SerializeToString()
+        self._session = runtime.inference_session(model) if initializer is None else initializer(model)
+
+    def release(self) -> None:
+        """Drop the onnxruntime session and the memory it holds; the next call makes another."""
+        self._session = None
+
+    def call_reference(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model in onnx's reference evaluator (``onnx.reference``) instead of
+        onnxruntime: slow, for checking a runtime's result. Arguments and results as for
+        :meth:`__call__`."""
+        from onnx.reference import ReferenceEvaluator
+
+        feeds = self.input_feeds(*args, **kwargs)
+        feeds.update({name: runtime.to_numpy(value) for name, value in self.buffers.items()})
+        files.require_weights(self.model, "run the reference evaluator")
+        results = ReferenceEvaluator(self.model_proto).run(None, feeds)
+        return self.output_structure([torch.from_numpy(np.asarray(result)) for result in results])
+
+    def compute_values(
+        self, value_names: Sequence[str], args: tuple = (), kwargs: Mapping[str, Any] | None = None
+    ) -> list[torch.Tensor]:
+        """The values of the graph named ``value_names`` (node outputs, inputs, initializers) on
+        the call ``(args, kwargs)``, computed by onnxruntime (torch.onnx's method).
+
+        Raises:
+            ValueError: a name that is no value of the main graph.
+        """
+        graph = self.model.graph
+        values = {value.name: value for node in graph for value in node.outputs}
+        values.update({value.name: value for value in graph.inputs})
+        values.update(graph.initializers)
+        unknown = [name for name in value_names if name not in values]
+        if unknown:
+            raise ValueError(f"compute_values: {unknown} name no value of the graph; its values include {sorted(values)[:10]}")
+        extra = [values[name] for name in dict.fromkeys(value_names) if not values[name].is_graph_output()]
+        graph.outputs.extend(extra)
+        try:
+            files.require_weights(self.model, "compute values")
+            model = ir.serde.serialize_model(self.model).SerializeToString()
+            outputs = list(graph.outputs)
+        finally:
+            del graph.outputs[len(graph.outputs) - len(extra):]
+        feeds = self.input_feeds(*args, **dict(kwargs or {}))
+        feeds.update({name: runtime.to_numpy(value) for name, value in self.buffers.items()})
+        results = runtime.run_session(runtime.inference_session(model), feeds, outputs)
+        by_name = {value.name: result for value, result in zip(outputs, results)}
+        return [by_name[name] for name in value_names]
 
     @functools.cached_property
     def buffer_updates(self) -> dict[str, str]:

@@ -182,3 +182,56 @@ def test_text_form_lists_inputs_then_nodes_with_modules(small, capsys):
     dynexport.export(model, (x,), verbose=True)
     assert "scope: head (Linear)" in capsys.readouterr().out
     assert "ONNXProgram(opset=20" in repr(dynexport.export(model, (x,)))
+
+
+# -- torch.onnx.ONNXProgram's methods ---------------------------------------------------------
+
+
+def test_call_reference_computes_what_onnxruntime_and_eager_compute(small):
+    model, x = small
+    program = dynexport.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    other = torch.randn(5, 8)
+    assert_close(program.call_reference(other), model(other))
+    assert_close(program.call_reference(other), program(other))
+
+
+def test_compute_values_reads_node_outputs_inputs_and_initializers(small):
+    model, x = small
+    program = dynexport.export(model, (x,))
+    hidden = next(node.outputs[0].name for node in program.model.graph if node.op_type == "Relu")
+    outputs_before = [value.name for value in program.model.graph.outputs]
+    relu, given, weight = program.compute_values([hidden, "x", "encoder.weight"], (x,))
+    assert_close(relu, torch.relu(model.encoder(x)))
+    assert_close(given, x)
+    assert_close(weight, model.encoder.weight)
+    assert [value.name for value in program.model.graph.outputs] == outputs_before
+    with pytest.raises(ValueError, match=r"\['encoder'\] name no value of the graph"):
+        program.compute_values(["encoder"], (x,))
+
+
+def test_an_inference_session_of_ones_own_is_used_until_released(small):
+    import onnxruntime
+
+    model, x = small
+    program = dynexport.export(model, (x,))
+    made = []
+
+    def initializer(serialized):
+        made.append(onnxruntime.InferenceSession(serialized, providers=["CPUExecutionProvider"]))
+        return made[-1]
+
+    program.initialize_inference_session(initializer)
+    assert_close(program(x), model(x))
+    assert program._session is made[0]
+    program.release()
+    assert program._session is None
+    assert_close(program(x), model(x))  # a fresh default session
+    assert len(made) == 1
+
+
+def test_apply_weights_takes_torch_onnx_keyword(small):
+    model, x = small
+    program = dynexport.export(model, (x,))
+    zeroed = {name: torch.zeros_like(tensor) for name, tensor in model.state_dict().items()}
+    program.apply_weights(state_dict=zeroed)
+    assert_close(program(x), torch.zeros(3, 4))
