@@ -333,7 +333,7 @@ def _capture_module(
             module.forward, bound, options.example_inputs
         )
     else:
-        dynamic_shapes, string_dims = dim_names.string_dims_as_hints(dynamic_shapes, bound)
+        dynamic_shapes, string_dims = dim_names.string_dims(dynamic_shapes, bound)
         requested_dims = {**dim_names.named_dims(dynamic_shapes, bound), **string_dims}
     if options.dynamic_axes is not None or options.auto_dims:
         dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)

@@ -10,9 +10,10 @@ symbols after them (a dim nobody named is ``<input>_dim_<axis>``) and names the 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -119,8 +120,10 @@ def dynamic_shapes_from_axes(
             continue
         for axis, dim_name in axis_names.items():
             axis = _checked_axis(key, axis, value, "input")
-            dynamic.setdefault(slot, {})[axis] = Dim.DYNAMIC
+            dynamic.setdefault(slot, {})[axis] = dim_name
             requested[(slot, axis)] = dim_name or f"{key}_dim_{axis}"
+    shared = _shared_dims(name for axes in dynamic.values() for name in axes.values())
+    dynamic = {slot: {axis: _dim_of_name(name, shared) for axis, name in axes.items()} for slot, axes in dynamic.items()}
     shapes: dict[str, Any] = {}
     for param, value in bound.items():
         leaves, spec = pytree.tree_flatten_with_path(value)
@@ -200,10 +203,10 @@ def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, in
     }
 
 
-def string_dims_as_hints(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[Any, dict[tuple[str, int], str]]:
-    """torch.onnx's dims given as strings (``{0: "batch"}``): each becomes ``Dim.DYNAMIC``, a
-    hint, and names its ONNX dim, as a ``dynamic_axes`` name does. Returns the dynamic_shapes and
-    those names, keyed by (flat input path, axis).
+def string_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[Any, dict[tuple[str, int], str]]:
+    """torch.onnx's dims given as strings (``{0: "batch"}``), taken as ``dynamic_axes`` names
+    are (:func:`_shared_dims`): each names its ONNX dim. Returns the dynamic_shapes with ``Dim``
+    objects and hints for the strings, and those names, keyed by (flat input path, axis).
 
     Raises:
         ValueError: an empty name.
@@ -216,7 +219,27 @@ def string_dims_as_hints(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[An
             names[(path, axis)] = dim
     if not names:
         return dynamic_shapes, names
-    return pytree.tree_map(lambda dim: Dim.DYNAMIC if isinstance(dim, str) else dim, dynamic_shapes), names
+    shared = _shared_dims(names.values())
+    return pytree.tree_map(lambda dim: _dim_of_name(dim, shared) if isinstance(dim, str) else dim, dynamic_shapes), names
+
+
+def _shared_dims(names: Iterable[str | None]) -> dict[str, Dim]:
+    """One ``Dim`` for each name given to two or more input axes: torch.onnx's names
+    (``dynamic_axes``, strings in ``dynamic_shapes``) say that those axes are one size, as one
+    ``dim_param`` does in ONNX, so the capture declares them equal (one symbol: leaner graphs, and
+    model code may rely on it). A name given once stays a hint (``Dim.DYNAMIC``)."""
+    counts = collections.Counter(name for name in names if name is not None)
+    return {name: Dim(_identifier(name)) for name, count in counts.items() if count > 1}
+
+
+def _dim_of_name(name: str | None, shared: Mapping[str, Dim]) -> Any:
+    return shared.get(name, Dim.DYNAMIC) if name is not None else Dim.DYNAMIC
+
+
+def _identifier(name: str) -> str:
+    """``name`` as a Python identifier, as a ``Dim``'s name must be."""
+    text = "".join(c if c.isalnum() or c == "_" else "_" for c in name.strip())
+    return text if text.isidentifier() else f"_{text}"
 
 
 def dynamic_dims_sized_0_or_1(dynamic_shapes: Any, bound: dict[str, Any]) -> bool:

@@ -288,3 +288,31 @@ def test_dim_names_as_strings_in_dynamic_shapes(dynamic_shapes):
 def test_an_empty_string_dim_name_is_refused_before_capture():
     with pytest.raises(ValueError, match="axis 1 of input 'tokens' with an empty string"):
         dynexport.export(Scorer().eval(), (torch.randn(2, 5, 4), torch.randn(3)), dynamic_shapes=({0: "batch", 1: " "}, None))
+
+
+@pytest.mark.parametrize("form", ["dynamic_axes", "strings"])
+def test_a_name_given_to_several_input_axes_makes_them_one_dim(form):
+    # BERT as torch.onnx's users export it: one name for the batch of both inputs. Captured as
+    # two hints, the mask's batch stayed a symbol of its own (named batch_1, five nodes more);
+    # one name is one size in ONNX, so the axes are declared equal.
+    transformers = pytest.importorskip("transformers")
+    from tests.models.families import VOCAB, text_inputs, tiny
+
+    model = transformers.BertModel(tiny(
+        transformers.BertConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=64,
+    )).eval()
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    options = (
+        {"dynamic_axes": axes, "input_names": ["input_ids", "attention_mask"]} if form == "dynamic_axes"
+        else {"dynamic_shapes": axes}
+    )
+    program = assert_exports_equivalent(
+        model, (), text_inputs(2, 7), resized=[((), text_inputs(3, 11)), ((), text_inputs(1, 2))], **options
+    )
+    assert [dims(value) for value in program.model.graph.inputs] == [["batch", "seq"], ["batch", "seq"]]
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    declared = dynexport.export(
+        model, (), kwargs=text_inputs(2, 7), dynamic_shapes={name: {0: batch, 1: seq} for name in axes}
+    )
+    assert len(program.model.graph) == len(declared.model.graph)
