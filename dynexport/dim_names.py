@@ -95,6 +95,7 @@ def dynamic_shapes_from_axes(
     outputs = list(output_names or ())
     dynamic: dict[str, dict[int, Any]] = {}
     requested: dict[tuple[str, int], str] = {}
+    sizes: list[tuple[str | None, int]] = []
     for key, axes in dynamic_axes.items():
         if key in named:
             slot, value = named[key]
@@ -122,7 +123,8 @@ def dynamic_shapes_from_axes(
             axis = _checked_axis(key, axis, value, "input")
             dynamic.setdefault(slot, {})[axis] = dim_name
             requested[(slot, axis)] = dim_name or f"{key}_dim_{axis}"
-    shared = _shared_dims(name for axes in dynamic.values() for name in axes.values())
+            sizes.append((dim_name, value.shape[axis]))
+    shared = _shared_dims(sizes)
     dynamic = {slot: {axis: _dim_of_name(name, shared) for axis, name in axes.items()} for slot, axes in dynamic.items()}
     shapes: dict[str, Any] = {}
     for param, value in bound.items():
@@ -211,25 +213,33 @@ def string_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[Any, dict[t
     Raises:
         ValueError: an empty name.
     """
-    names = {}
-    for path, axis, dim, _ in declared_dims(dynamic_shapes, bound):
+    names, sizes = {}, []
+    for path, axis, dim, tensor in declared_dims(dynamic_shapes, bound):
         if isinstance(dim, str):
             if not dim.strip():
                 raise ValueError(f"dynamic_shapes names axis {axis} of input {path!r} with an empty string; give it a name")
             names[(path, axis)] = dim
+            sizes.append((dim, tensor.shape[axis]))
     if not names:
         return dynamic_shapes, names
-    shared = _shared_dims(names.values())
+    shared = _shared_dims(sizes)
     return pytree.tree_map(lambda dim: _dim_of_name(dim, shared) if isinstance(dim, str) else dim, dynamic_shapes), names
 
 
-def _shared_dims(names: Iterable[str | None]) -> dict[str, Dim]:
-    """One ``Dim`` for each name given to two or more input axes: torch.onnx's names
-    (``dynamic_axes``, strings in ``dynamic_shapes``) say that those axes are one size, as one
-    ``dim_param`` does in ONNX, so the capture declares them equal (one symbol: leaner graphs, and
-    model code may rely on it). A name given once stays a hint (``Dim.DYNAMIC``)."""
-    counts = collections.Counter(name for name in names if name is not None)
-    return {name: Dim(_identifier(name)) for name, count in counts.items() if count > 1}
+def _shared_dims(sizes: Iterable[tuple[str | None, int]]) -> dict[str, Dim]:
+    """One ``Dim`` for each name given to two or more input axes (``(name, example size)``
+    pairs) of one example size: torch.onnx's names (``dynamic_axes``, strings in
+    ``dynamic_shapes``) say that those axes are one size, as one ``dim_param`` does in ONNX, so
+    the capture declares them equal (one symbol: leaner graphs, and model code may rely on it).
+    A name given once, or to axes of unequal example sizes (a name reused loosely), stays a
+    hint (``Dim.DYNAMIC``) for each axis, as torch.onnx takes it."""
+    examples: dict[str, set[int]] = collections.defaultdict(set)
+    counts = collections.Counter()
+    for name, size in sizes:
+        if name is not None:
+            examples[name].add(size)
+            counts[name] += 1
+    return {name: Dim(_identifier(name)) for name, count in counts.items() if count > 1 and len(examples[name]) == 1}
 
 
 def _dim_of_name(name: str | None, shared: Mapping[str, Dim]) -> Any:

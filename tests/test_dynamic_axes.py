@@ -316,3 +316,14 @@ def test_a_name_given_to_several_input_axes_makes_them_one_dim(form):
         model, (), kwargs=text_inputs(2, 7), dynamic_shapes={name: {0: batch, 1: seq} for name in axes}
     )
     assert len(program.model.graph) == len(declared.model.graph)
+
+
+def test_a_name_reused_for_axes_of_unequal_examples_stays_a_hint_per_axis():
+    # torch.onnx accepts one name reused loosely; the axes cannot be one size, so each stays a
+    # hint of its own (the second named apart).
+    program = assert_exports_equivalent(
+        Scorer().eval(), (torch.randn(2, 5, 4), torch.randn(3)), input_names=["tokens", "bias"],
+        dynamic_axes={"tokens": {1: "length"}, "bias": {0: "length"}},
+        resized=[(torch.randn(2, 7, 4), torch.randn(2),)],
+    )
+    assert [dims(value) for value in program.model.graph.inputs] == [[2, "length", 4], ["length_1"]]
