@@ -29,8 +29,8 @@ def _even_piece(tensor: Any, chunks: Any, dim: Any) -> torch.SymInt | None:
     multiple of ``chunks``; None for every other call."""
     if not (isinstance(tensor, torch.Tensor) and type(chunks) is int and chunks > 1 and type(dim) is int):
         return None
-    if not -tensor.dim() <= dim < max(tensor.dim(), 1):
-        return None  # the original reports the bad dim
+    if not -tensor.dim() <= dim < tensor.dim():
+        return None  # the original reports the bad dim (any dim of a 0-d tensor)
     size = tensor.shape[dim]
     if not isinstance(size, torch.SymInt) or sympy.Mod(size.node.expr, chunks) != 0:
         return None

@@ -207,9 +207,7 @@ class ExportOptions:
 
 def _check_external_data(external_data: Any, f: Any) -> None:
     """``external_data`` is None, a bool or a data file name that fits ``f``."""
-    if external_data is None or isinstance(external_data, bool):
-        pass
-    elif not isinstance(external_data, str) or not external_data:
+    if not (external_data is None or isinstance(external_data, (bool, str))) or external_data == "":
         raise TypeError(f"external_data must be True, False, None or a data file name, got {external_data!r}")
     if not external_data or f is None:
         return
