@@ -226,8 +226,11 @@ def test_encoder():
     assert _graph_facts(program) == _graph_facts(full)
 
 
-def test_decoder_taking_and_returning_its_cache_object():
+@pytest.mark.parametrize("new_tokens", [3, 7])
+def test_decoder_taking_and_returning_its_cache_object(new_tokens):
     # The cache's tensors are the graph's inputs themselves (no per-layer code builds them).
+    # With 7 new tokens torch.export once left one layer's past length a symbol of its own
+    # (the slots declared with one Dim), and the layers were captured in full.
     torch.manual_seed(0)
     model = _DECODERS["llama"]().eval()
 
@@ -244,7 +247,7 @@ def test_decoder_taking_and_returning_its_cache_object():
     slots = [{0: batch, 2: past}] * LAYERS
     dynamic_shapes = {"input_ids": {0: batch, 1: Dim("seq", max=16)}, "attention_mask": {0: batch, 1: Dim.DYNAMIC},
                       "cache": [slots, slots]}
-    program = dynexport.export(model, (), kwargs=call(2, 5, 3), dynamic_shapes=dynamic_shapes)
+    program = dynexport.export(model, (), kwargs=call(2, 5, new_tokens), dynamic_shapes=dynamic_shapes)
     assert _traced_once(program) == "model.layers: 2 of 8 layers traced, 6 copied"
     for sizes in [(2, 5, 3), (3, 9, 1)]:
         with torch.no_grad():
