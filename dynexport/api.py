@@ -38,6 +38,7 @@ from dynexport.passes.fx.fuse_llm import fuse_llm_patterns
 from dynexport.passes.fx.simplify import simplify_program
 from dynexport.passes.onnx import optimize_model
 from dynexport.passes.onnx.naming import unique_name
+from dynexport.passes.onnx.values import values_by_name
 from dynexport.program import ONNXProgram
 from dynexport.quantize import WeightQuantization, quantize_model
 from dynexport.quantize.torchao import store_torchao_weights, torchao_weights
@@ -419,9 +420,7 @@ def _name_parameters(onnx_model: Any, names: dict[str, str]) -> None:
     if not names:
         return
     graph = onnx_model.graph
-    by_name = {value.name: value for node in graph for value in node.outputs}
-    by_name.update({value.name: value for value in graph.inputs})
-    by_name.update(graph.initializers)
+    by_name = values_by_name(graph)
     parameters = {**{value.name: value for value in graph.inputs}, **graph.initializers}
     unused = []
     for key, name in names.items():

@@ -15,7 +15,7 @@ other call runs the original; the eager model, outside capture, is left as it is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sympy
@@ -37,26 +37,26 @@ def _even_piece(tensor: Any, chunks: Any, dim: Any) -> torch.SymInt | None:
     return size // chunks
 
 
-@contextlib.contextmanager
-def even_chunks_as_splits() -> Iterator[None]:
-    """Within the block, ``torch.chunk`` and ``Tensor.chunk`` of a symbolic size that is a
-    multiple of ``chunks`` split into equal pieces without a count guard (module doc)."""
-    original_function, had_method = torch.chunk, "chunk" in vars(torch.Tensor)
-    original_method = torch.Tensor.chunk
+def _evenly(original: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``original`` (``torch.chunk`` or ``Tensor.chunk``, whose self is its input) splitting a
+    symbolic multiple of ``chunks`` into equal pieces."""
 
     def chunk(input: torch.Tensor, chunks: int, dim: int = 0) -> tuple[torch.Tensor, ...]:
         piece = _even_piece(input, chunks, dim)
         if piece is None:
-            return original_function(input, chunks, dim)
+            return original(input, chunks, dim)
         return torch.split(input, [piece] * chunks, dim)
 
-    def chunk_method(self: torch.Tensor, chunks: int, dim: int = 0) -> tuple[torch.Tensor, ...]:
-        piece = _even_piece(self, chunks, dim)
-        if piece is None:
-            return original_method(self, chunks, dim)
-        return torch.split(self, [piece] * chunks, dim)
+    return chunk
 
-    torch.chunk, torch.Tensor.chunk = chunk, chunk_method
+
+@contextlib.contextmanager
+def even_chunks_as_splits() -> Iterator[None]:
+    """Within the block, ``torch.chunk`` and ``Tensor.chunk`` of a symbolic size that is a
+    multiple of ``chunks`` split into equal pieces without a count guard (module doc)."""
+    original_function, original_method = torch.chunk, torch.Tensor.chunk
+    had_method = "chunk" in vars(torch.Tensor)
+    torch.chunk, torch.Tensor.chunk = _evenly(original_function), _evenly(original_method)
     try:
         yield
     finally:

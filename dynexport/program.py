@@ -25,6 +25,7 @@ from dynexport.call_convention import OutputLayout, flatten_call, is_graph_input
 from dynexport.graph_text import format_graph, value_text
 from dynexport.input_guards import InputGuards
 from dynexport.model_caches import caches_flattened
+from dynexport.passes.onnx.values import values_by_name
 from dynexport.quantize import WeightQuantization, quantization_of, quantize_model, verify_quantized
 from dynexport.signature import split_legacy_args
 from dynexport.translate import BUFFER_UPDATES_KEY
@@ -294,9 +295,7 @@ class ONNXProgram:
             ValueError: a name that is no value of the main graph.
         """
         graph = self.model.graph
-        values = {value.name: value for node in graph for value in node.outputs}
-        values.update({value.name: value for value in graph.inputs})
-        values.update(graph.initializers)
+        values = values_by_name(graph)
         unknown = [name for name in value_names if name not in values]
         if unknown:
             raise ValueError(f"compute_values: {unknown} name no value of the graph; its values include {sorted(values)[:10]}")

@@ -54,8 +54,8 @@ def _unify(shape_env: Any, source_pairs: Any) -> None:
     symbol_of = {_name(source): symbol for symbol, sources in shape_env.var_to_sources.items() for source in sources}
     for first, second in source_pairs:
         a, b = symbol_of.get(_name(first)), symbol_of.get(_name(second))
-        if not (isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol)):
-            continue
+        if a is None or b is None:
+            continue  # a static dim
         a, b = shape_env.replace(a), shape_env.replace(b)  # each as the pairs before left it
         if a != b and isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol):
             if _example_size(shape_env, a) == _example_size(shape_env, b):

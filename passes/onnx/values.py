@@ -19,6 +19,7 @@ __all__ = [
     "reduction",
     "replace_value",
     "single_consumer",
+    "values_by_name",
 ]
 
 # onnxruntime's contrib operators, written only for target="onnxruntime".
@@ -129,3 +130,11 @@ def insert_replacement(graph: ir.Graph, anchor: ir.Node, node: ir.Node, old: ir.
         return True
     graph.remove(node)
     return False
+
+
+def values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
+    """Every value of ``graph`` (node outputs, inputs, initializers) by its name."""
+    values = {value.name: value for node in graph for value in node.outputs}
+    values.update({value.name: value for value in graph.inputs})
+    values.update(graph.initializers)
+    return values
