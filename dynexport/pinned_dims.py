@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from types import CodeType
 from typing import Any
 
 import sympy
@@ -32,6 +33,7 @@ def warn_if_dims_pinned(program: torch.export.ExportedProgram, module: torch.nn.
     """Warn when the guards of ``program`` (captured from ``module`` at ``args``/``kwargs``)
     admit a dynamic dim at its example size only."""
     guards = list(getattr(program, "_guards_code", None) or ())
+    checks = [_compiled(guard) for guard in guards]
     leaves, tree = pytree.tree_flatten((tuple(args), dict(kwargs)))
     names, shapes = _leaf_shapes(program, leaves)
     example = _example_values(shapes)
@@ -48,7 +50,7 @@ def warn_if_dims_pinned(program: torch.export.ExportedProgram, module: torch.nn.
             bound = signature.bind(*call_args, **call_kwargs)
         except TypeError:
             return True
-        return all(_guard_holds(guard, bound.arguments) for guard in guards)
+        return all(_guard_holds(check, bound.arguments) for check in checks)
 
     # A dim exported at 0 or 1 is captured size-obliviously, and the rules that depend on its size
     # refuse it themselves, naming the op and its line (squeeze, unbind, chunk).
@@ -130,11 +132,22 @@ def _resized(leaves: list[Any], shapes: list[tuple | None], values: dict[sympy.S
     return resized
 
 
-def _guard_holds(guard: str, arguments: dict[str, Any]) -> bool:
-    """Whether torch's guard ``guard`` (Python over ``L``, the call's arguments) holds; a guard
-    this cannot evaluate counts as holding."""
+def _compiled(guard: str) -> CodeType | None:
+    """torch's guard ``guard`` (a Python expression over ``L``, the call's arguments) compiled once
+    for the many sizes it is evaluated at; None where it does not compile."""
     try:
-        return bool(eval(guard, {"__builtins__": {}, "L": arguments, "torch": torch, "math": math}))  # noqa: S307
+        return compile(guard, "<torch.export guard>", "eval")
+    except SyntaxError:
+        return None
+
+
+def _guard_holds(check: CodeType | None, arguments: dict[str, Any]) -> bool:
+    """Whether a compiled guard holds for the call's ``arguments``; a guard this cannot evaluate
+    counts as holding."""
+    if check is None:
+        return True
+    try:
+        return bool(eval(check, {"__builtins__": {}, "L": arguments, "torch": torch, "math": math}))  # noqa: S307
     except Exception:
         return True
 
