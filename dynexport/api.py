@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import torch
+from torch.export import Dim
 
 from dynexport import capture as capture_stage
 from dynexport import files
@@ -28,7 +29,7 @@ from dynexport.dim_refinement import (
     dims_tied_by_the_model,
     refinements_metadata,
 )
-from dynexport.errors import ExportError
+from dynexport.errors import ExampleCallRefusedError, ExportError
 from dynexport.input_guards import dim_minimums, minimums_while_translating, symbol_minimums
 from dynexport.model_caches import caches_flattened, check_sliding_window_dims
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
@@ -244,6 +245,8 @@ def _export(model: Any, f: Any, options: ExportOptions) -> ONNXProgram:
         )
         result.timings = record.timings
         result.report_path = options.report_file
+        if isinstance(options.dynamic_shapes, torch.export.AdditionalInputs):
+            _check_additional_calls(result, options.example_inputs)
         _finish(result, model, options, timer, record)
         return result
 
@@ -330,8 +333,10 @@ def _capture_module(
             options.dynamic_axes, bound, slots, options.input_names, options.output_names
         )
     elif options.auto_dims:
+        # AdditionalInputs promises that the program runs every call: a dim the model fixes is refused
+        hint = Dim.DYNAMIC if isinstance(dynamic_shapes, torch.export.AdditionalInputs) else Dim.AUTO
         dynamic_shapes, requested_dims = dim_names.dynamic_shapes_from_examples(
-            module.forward, bound, options.example_inputs
+            module.forward, bound, options.example_inputs, hint
         )
     else:
         dynamic_shapes, string_dims = dim_names.string_dims(dynamic_shapes, bound)
@@ -460,6 +465,16 @@ def _check_has_outputs(program: torch.export.ExportedProgram, model_name: str) -
             f"{model_name} returns no tensor (its outputs at export: {returned or 'none'}); an ONNX "
             "model needs at least one output. Return the tensors the model computes."
         )
+
+
+def _check_additional_calls(program: ONNXProgram, calls: Sequence[tuple[tuple, dict]]) -> None:
+    """Refuse the export when a call of its ``torch.export.AdditionalInputs`` is outside the
+    sizes and values the graph accepts, as torch.export refuses such a program."""
+    for index, (args, kwargs) in enumerate(calls):
+        try:
+            program.input_feeds(*args, **kwargs)
+        except ValueError as error:
+            raise ExampleCallRefusedError(index, error) from error
 
 
 def _finish(

@@ -264,6 +264,24 @@ def is_dynamic(dim: Any) -> bool:
     return not isinstance(dim, int) and dim is not Dim.STATIC
 
 
+def _python_value_spec(name: str, value: Any, others: list[Any], hint: Any) -> Any:
+    """The dynamic_shapes entry of a Python number or string the example calls pass: ``hint`` for
+    an int that differs between them (a graph input, as torch.export makes it), None for one
+    that does not. Another value that differs is refused: the graph would hold the export call's
+    value and be wrong at the others."""
+    primitive = (bool, int, float, complex, str)
+    if not isinstance(value, primitive) or all(type(o) is type(value) and o == value for o in others):
+        return None
+    if type(value) is int and all(type(o) is int for o in others):
+        return hint
+    other = next(o for o in others if not (type(o) is type(value) and o == value))
+    raise ValueError(
+        f"{name!r} is {value!r} in the export call and {other!r} in another example call: only tensor "
+        "sizes and ints may differ between the calls (the graph holds any other Python value as a "
+        "constant); pass it as a tensor, or export once per value"
+    )
+
+
 def declared_minimums(dynamic_shapes: Any) -> dict[str, int]:
     """The minimum the user gave each ``Dim(name, min=...)`` in ``dynamic_shapes``, by name."""
     leaves = pytree.tree_leaves(dynamic_shapes, is_leaf=lambda leaf: isinstance(leaf, Dim))
@@ -317,14 +335,15 @@ def _output_dim_names(
 
 
 def dynamic_shapes_from_examples(
-    forward: Any, bound: dict[str, Any], example_inputs: Sequence[Any]
+    forward: Any, bound: dict[str, Any], example_inputs: Sequence[Any], hint: Any = Dim.AUTO
 ) -> tuple[dict[str, Any], dict[tuple[str, int], str]]:
     """``dynamic_shapes`` marking every dim whose size differs between the example calls.
 
     ``bound`` is the export call's arguments by parameter name; ``example_inputs`` further
     calls (see :func:`as_call`). Dims that always have the same sizes share one name: the
     first dim is ``batch``, the second dim of a 2-D tensor (token ids, masks) ``sequence``,
-    any other ``<input>_dim_<axis>``. The dims are ``Dim.AUTO``: torch.export infers their ranges.
+    any other ``<input>_dim_<axis>``. The dims are ``hint``: with ``Dim.AUTO`` torch.export
+    infers their ranges and fixes those the model fixes, with ``Dim.DYNAMIC`` it refuses those.
 
     Returns the dynamic_shapes (keyed by parameter) and the dim names, keyed by (input, axis).
     """
@@ -356,11 +375,11 @@ def dynamic_shapes_from_examples(
             per_call.append(other_leaves)
         leaf_specs = []
         for j, (path, leaf) in enumerate(leaves):
-            if not isinstance(leaf, torch.Tensor):
-                leaf_specs.append(None)
-                continue
             name = leaf_name(param, path)
             others = [leaves_[j] for leaves_ in per_call]
+            if not isinstance(leaf, torch.Tensor):
+                leaf_specs.append(_python_value_spec(name, leaf, others, hint))
+                continue
             for i, other in enumerate(others):
                 if not isinstance(other, torch.Tensor) or other.dim() != leaf.dim():
                     raise ValueError(
@@ -371,7 +390,7 @@ def dynamic_shapes_from_examples(
             for axis in range(leaf.dim()):
                 sizes = (leaf.shape[axis], *(o.shape[axis] for o in others))
                 if len(set(sizes)) > 1:
-                    spec_for_leaf[axis] = Dim.AUTO
+                    spec_for_leaf[axis] = hint
                     groups.setdefault(sizes, []).append((name, axis, leaf))
             leaf_specs.append(spec_for_leaf or None)
         shapes[param] = pytree.tree_unflatten(leaf_specs, spec)

@@ -16,6 +16,7 @@ __all__ = [
     "CaptureError",
     "ComplexTensorError",
     "DimSpecializedError",
+    "ExampleCallRefusedError",
     "ExportError",
     "OpsetTooLowError",
     "TorchScriptConversionError",
@@ -77,6 +78,20 @@ class DimSpecializedError(CaptureError):
             )
         ExportError.__init__(
             self, _located(f"The model fixes dims declared dynamic to the example's sizes: {fixed}", source, hint)
+        )
+
+
+class ExampleCallRefusedError(ExportError):
+    """A further example call the user declared the model runs (``torch.export.AdditionalInputs``)
+    falls outside what the exported graph accepts: ``index`` is its position among the calls."""
+
+    def __init__(self, index: int, reason: BaseException):
+        self.index = index
+        super().__init__(
+            f"Additional input {index} (the calls given to torch.export.AdditionalInputs.add, from 0) is "
+            f"outside what the model was exported for: {reason}\nHint: the model narrows that dim while "
+            "tracing (a slice or an index bounded by another size, a check in its code); export with "
+            "an example call that takes the same path, or leave that call out of the AdditionalInputs."
         )
 
 

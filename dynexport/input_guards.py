@@ -119,7 +119,7 @@ class InputGuards:
                 ]
                 dims.append(_Input(value.name, tensor_dims, is_int=False))
             elif isinstance(val, torch.SymInt):
-                size = _Dim(value.name, None, _expr(val), _dim_name(val, None))
+                size = _Dim(value.name, None, _expr(val), value.name)
                 dims.append(_Input(value.name, [size], is_int=True))
             else:
                 dims.append(None)

@@ -11,6 +11,7 @@ from typing import IO, Any
 import torch
 
 from dynexport import files, signature, torchscript
+from dynexport.capture import as_module
 from dynexport.modes import TrainingMode
 from dynexport.module_functions import module_selector
 from dynexport.quantize.weights import WeightQuantization
@@ -78,8 +79,9 @@ class ExportOptions:
 
     @property
     def auto_dims(self) -> bool:
-        """``dynamic_shapes="auto"``: the dims come from comparing ``example_inputs``."""
-        return isinstance(self.dynamic_shapes, str)
+        """``dynamic_shapes="auto"`` or ``torch.export.AdditionalInputs``: the dims come from
+        comparing ``example_inputs``."""
+        return isinstance(self.dynamic_shapes, (str, torch.export.AdditionalInputs))
 
     @property
     def updates_buffers(self) -> bool:
@@ -145,10 +147,13 @@ class ExportOptions:
                 "dynamic_axes must be a dict {input_or_output_name: {axis: dim_name} or [axes]}, "
                 f"got {type(dynamic_axes).__name__}"
             )
-        if dynamic_shapes is not None and not isinstance(dynamic_shapes, (str, Mapping, tuple, list)):
+        if dynamic_shapes is not None and not isinstance(
+            dynamic_shapes, (str, Mapping, tuple, list, torch.export.ShapesCollection, torch.export.AdditionalInputs)
+        ):
             raise TypeError(
                 "dynamic_shapes must be a dict keyed by argument name, a tuple/list with one entry per "
-                f"argument, or 'auto'; got {type(dynamic_shapes).__name__}"
+                "argument, a torch.export.ShapesCollection or AdditionalInputs, or 'auto'; got "
+                f"{type(dynamic_shapes).__name__}"
             )
         if not isinstance(training, TrainingMode):
             raise TypeError(f"training must be a torch.onnx.TrainingMode, got {training!r}")
@@ -182,6 +187,9 @@ class ExportOptions:
                 "dynamic_shapes to torch.export.export instead of to dynexport.export"
             )
         args, kwargs, example_inputs = _example_calls(args, kwargs, dynamic_shapes, example_inputs, captured)
+        if isinstance(dynamic_shapes, torch.export.ShapesCollection):
+            # keyed by the tensors' identities: read against the call as the user gave it
+            dynamic_shapes = dynamic_shapes.dynamic_shapes(as_module(model, args), args, kwargs)
         translation = TranslationOptions(
             table=_table(custom_translation_table),
             opset=opset,
@@ -253,7 +261,9 @@ def _example_calls(
     An ExportedProgram is called with nothing."""
     if isinstance(dynamic_shapes, str) and dynamic_shapes != "auto":
         raise ValueError(f"dynamic_shapes={dynamic_shapes!r}: the only string accepted is 'auto'")
-    auto_dims = isinstance(dynamic_shapes, str)
+    if isinstance(dynamic_shapes, torch.export.AdditionalInputs):
+        example_inputs = _additional_calls(dynamic_shapes, example_inputs)
+    auto_dims = isinstance(dynamic_shapes, (str, torch.export.AdditionalInputs))
     if auto_dims and captured:
         raise ValueError("dynamic_shapes='auto' needs a model to capture, not an ExportedProgram")
     if example_inputs is not None and not auto_dims:
@@ -271,6 +281,22 @@ def _example_calls(
         if not example_inputs:
             raise ValueError("dynamic_shapes='auto' needs at least two example calls")
     return (*signature.split_legacy_args(args, kwargs), example_inputs)
+
+
+def _additional_calls(additional: torch.export.AdditionalInputs, example_inputs: Any) -> list[tuple[tuple, dict]]:
+    """The ``(args, kwargs)`` calls ``additional.add`` was given: the further example calls of
+    ``dynamic_shapes="auto"``. torch keeps them in ``_examples`` and has no public reader."""
+    if example_inputs is not None:
+        raise ValueError(
+            "pass the further example calls either in torch.export.AdditionalInputs or as example_inputs, not both"
+        )
+    calls = [(args, kwargs or {}) for args, kwargs in additional._examples]
+    if not calls:
+        raise ValueError(
+            "the torch.export.AdditionalInputs given as dynamic_shapes holds no call: add(args, kwargs) "
+            "further inputs whose sizes differ where the model is dynamic"
+        )
+    return calls
 
 
 def _report_file(report: Any, artifacts: str) -> str | None:

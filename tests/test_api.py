@@ -434,6 +434,75 @@ def test_dynamic_shapes_auto_marks_dims_that_differ_between_examples():
         assert_close(program(*call), PrefillDecode()(*call))
 
 
+class ScaledRows(torch.nn.Module):
+    def forward(self, x, weight, rows: int):
+        return (x @ weight)[:, :rows] * rows
+
+
+def test_dynamic_shapes_as_a_shapes_collection_keyed_by_the_input_tensors():
+    x, weight = torch.randn(2, 3, 4), torch.randn(4, 5)
+    shapes = torch.export.ShapesCollection()
+    shapes[x] = {0: Dim("batch"), 1: Dim("seq", min=2)}
+    program = assert_exports_equivalent(
+        ScaledRows(), (x, weight, 2), dynamic_shapes=shapes, resized=[(torch.randn(5, 7, 4), weight, 2)]
+    )
+    inputs = {v.name: [str(d) for d in v.shape] for v in program.model.graph.inputs}
+    assert inputs == {"x": ["batch", "seq", "4"], "weight": ["4", "5"]}
+    with pytest.raises(Exception, match="seq"):
+        program(torch.randn(2, 1, 4), weight, 2)  # below the declared minimum
+    foreign = torch.export.ShapesCollection()
+    foreign[torch.randn(2, 3, 4)] = {0: Dim("batch")}  # a copy of x, not x
+    with pytest.raises(ValueError, match="not found in args"):
+        dynexport.export(ScaledRows(), (x, weight, 2), dynamic_shapes=foreign)
+
+
+def test_dynamic_shapes_as_additional_inputs_marks_what_differs_ints_included(tmp_path):
+    x, weight = torch.randn(2, 3, 4), torch.randn(4, 5)
+    additional = torch.export.AdditionalInputs()
+    additional.add((torch.randn(6, 3, 4), weight, 3))
+    program = dynexport.export(ScaledRows(), (x, weight, 2), dynamic_shapes=additional)
+    inputs = {v.name: [str(d) for d in v.shape] for v in program.model.graph.inputs}
+    assert inputs == {"x": ["batch", "3", "4"], "weight": ["4", "5"], "rows": []}
+    for call in ((x, weight, 2), (torch.randn(6, 3, 4), weight, 3), (torch.randn(1, 3, 4), weight, 1)):
+        assert_close(program(*call), ScaledRows()(*call))
+    # the slice bounds rows by x's 3 rows: a call past them is refused, and no file is written
+    additional.add((torch.randn(6, 3, 4), weight, 4))
+    path = tmp_path / "rows.onnx"
+    with pytest.raises(dynexport.errors.ExampleCallRefusedError, match=r"Additional input 1 .*'rows' is 4, outside"):
+        dynexport.export(ScaledRows(), (x, weight, 2), str(path), dynamic_shapes=additional)
+    assert not path.exists()
+
+
+def test_additional_inputs_the_model_cannot_run_are_refused():
+    class FixedBatch(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(2, -1).sum(0)
+
+    additional = torch.export.AdditionalInputs()
+    additional.add((torch.randn(4, 3),))
+    with pytest.raises(dynexport.errors.DimSpecializedError, match=r"x.shape\[0\] = 2"):
+        dynexport.export(FixedBatch(), (torch.randn(2, 3),), dynamic_shapes=additional)
+    with pytest.raises(ValueError, match="holds no call"):
+        dynexport.export(FixedBatch(), (torch.randn(2, 3),), dynamic_shapes=torch.export.AdditionalInputs())
+    with pytest.raises(ValueError, match="not both"):
+        dynexport.export(
+            FixedBatch(), (torch.randn(2, 3),), dynamic_shapes=additional, example_inputs=[(torch.randn(4, 3),)]
+        )
+
+
+def test_example_calls_may_differ_in_ints_only_among_python_values():
+    class Scaled(torch.nn.Module):
+        def forward(self, x, scale: float):
+            return x * scale
+
+    model = CountingModule()
+    with pytest.raises(ValueError, match=r"'scale' is 3.0 in the export call and 5.0"):
+        dynexport.export(Scaled(), (torch.randn(2), 3.0), dynamic_shapes="auto", example_inputs=[(torch.randn(4), 5.0)])
+    program = dynexport.export(Scaled(), (torch.randn(2), 3.0), dynamic_shapes="auto", example_inputs=[(torch.randn(4), 3.0)])
+    assert [v.name for v in program.model.graph.inputs] == ["x"]
+    assert model.calls == 0
+
+
 def test_dynamic_shapes_auto_arguments_are_checked_before_capture():
     model = CountingModule()
     with pytest.raises(ValueError, match="example_inputs"):
