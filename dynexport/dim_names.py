@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim
+from torch.export.dynamic_shapes import _DerivedDim
 
 from dynexport.call_convention import GraphIO, graph_input_specs, placeholders, user_input_specs
 from dynexport.passes.onnx.naming import unique_name
@@ -213,16 +214,23 @@ def string_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[Any, dict[t
     Raises:
         ValueError: an empty name.
     """
-    names, sizes = {}, []
+    names, sizes, user_dims = {}, [], {}
     for path, axis, dim, tensor in declared_dims(dynamic_shapes, bound):
         if isinstance(dim, str):
             if not dim.strip():
                 raise ValueError(f"dynamic_shapes names axis {axis} of input {path!r} with an empty string; give it a name")
             names[(path, axis)] = dim
             sizes.append((dim, tensor.shape[axis]))
+        elif isinstance(dim, Dim) and not isinstance(dim, _DerivedDim):
+            user_dims.setdefault(dim.__name__, (dim, tensor.shape[axis]))
     if not names:
         return dynamic_shapes, names
     shared = _shared_dims(sizes)
+    # a string that names one of the user's Dims, at its example size, is that Dim
+    examples = collections.defaultdict(set)
+    for name, size in sizes:
+        examples[name].add(size)
+    shared.update({name: dim for name, (dim, size) in user_dims.items() if examples.get(name) == {size}})
     return pytree.tree_map(lambda dim: _dim_of_name(dim, shared) if isinstance(dim, str) else dim, dynamic_shapes), names
 
 

@@ -327,3 +327,35 @@ def test_a_name_reused_for_axes_of_unequal_examples_stays_a_hint_per_axis():
         resized=[(torch.randn(2, 7, 4), torch.randn(2),)],
     )
     assert [dims(value) for value in program.model.graph.inputs] == [[2, "length", 4], ["length_1"]]
+
+
+class StackedHalves(torch.nn.Module):
+    def forward(self, a, b):
+        first, second = torch.cat([a, b]).chunk(2)
+        return first * 2 + second
+
+
+def test_a_string_naming_a_declared_dim_is_that_dim():
+    # {"a": {0: batch}, "b": {0: "batch"}}: the string names the user's Dim, so the axes are one
+    # size (one symbol: cat-then-chunk stays dynamic, no batch_1). At another example size the
+    # string stays a hint of its own.
+    batch = torch.export.Dim("batch")
+    program = assert_exports_equivalent(
+        StackedHalves(), (torch.randn(2, 3), torch.randn(2, 3)), dynamic_shapes={"a": {0: batch}, "b": {0: "batch"}},
+        resized=[(torch.randn(5, 3), torch.randn(5, 3)), (torch.randn(1, 3), torch.randn(1, 3))],
+    )
+    assert [dims(value) for value in program.model.graph.inputs] == [["batch", 3], ["batch", 3]]
+    declared = dynexport.export(
+        StackedHalves(), (torch.randn(2, 3), torch.randn(2, 3)), dynamic_shapes={"a": {0: batch}, "b": {0: batch}}
+    )
+    assert len(program.model.graph) == len(declared.model.graph)
+
+    class Summed(torch.nn.Module):
+        def forward(self, a, b):
+            return a.sum(0) + b.sum(0)
+
+    loose = assert_exports_equivalent(
+        Summed(), (torch.randn(2, 3), torch.randn(4, 3)), dynamic_shapes={"a": {0: batch}, "b": {0: "batch"}},
+        resized=[(torch.randn(5, 3), torch.randn(1, 3))],
+    )
+    assert [dims(value) for value in loose.model.graph.inputs] == [["batch", 3], ["batch_1", 3]]
