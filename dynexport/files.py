@@ -20,6 +20,8 @@ import onnx_ir as ir
 import torch
 from onnx_ir.tensor_adapters import TorchTensor
 
+from dynexport import runtime
+
 __all__ = [
     "check_destination",
     "data_location",
@@ -122,10 +124,7 @@ def as_torch(tensor: ir.TensorProtocol) -> torch.Tensor:
     """A torch tensor of ``tensor`` (itself when it came from torch)."""
     if isinstance(tensor, TorchTensor):
         return tensor.raw
-    array = tensor.numpy()
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view("uint16")).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    return runtime.from_numpy(tensor.numpy())
 
 
 def _nbytes(tensor: ir.TensorProtocol | None) -> int:

@@ -14,7 +14,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 import torch
@@ -283,7 +282,7 @@ class ONNXProgram:
         feeds.update({name: runtime.to_numpy(value) for name, value in self.buffers.items()})
         files.require_weights(self.model, "run the reference evaluator")
         results = ReferenceEvaluator(self.model_proto).run(None, feeds)
-        return self.output_structure([torch.from_numpy(np.asarray(result)) for result in results])
+        return self.output_structure([runtime.from_numpy(result) for result in results])
 
     def compute_values(
         self, value_names: Sequence[str], args: tuple = (), kwargs: Mapping[str, Any] | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 import torch
 
@@ -17,6 +18,7 @@ from dynexport.dtypes import to_torch_dtype
 __all__ = [
     "fed_inputs",
     "feeds",
+    "from_numpy",
     "inference_session",
     "ort_values_to_torch",
     "run_session",
@@ -33,7 +35,18 @@ def inference_session(model: bytes | str, options: Any = None, providers: Sequen
     if options is None:
         options = ort.SessionOptions()
         options.log_severity_level = 3
-    return ort.InferenceSession(model, options, providers=list(providers))
+    try:
+        return ort.InferenceSession(model, options, providers=list(providers))
+    except Exception as error:
+        if "NOT_IMPLEMENTED" in str(error):
+            error.add_note(
+                f"onnxruntime ({', '.join(map(str, providers))}) has no kernel for that operator at the "
+                "dtype the graph computes it in (its CPU provider has almost none for bfloat16); the "
+                "ONNX model itself is valid. Run it where the kernels exist (CUDA), export the model in "
+                "float32 (model.float()), or check it with program.call_reference(...) (onnx's "
+                "reference evaluator)."
+            )
+        raise
 
 
 def fed_inputs(graph: ir.Graph) -> list[ir.Value]:
@@ -75,7 +88,7 @@ def run_session(session: Any, arrays: dict[str, Any], outputs: Sequence[ir.Value
     if any(isinstance(value.type, ir.SequenceType) for value in outputs):
         # An OrtValue holding a sequence does not hand its tensors over: numpy does.
         results = session.run(None, arrays)
-        return [[torch.from_numpy(a) for a in r] if isinstance(r, list) else torch.from_numpy(r) for r in results]
+        return [[from_numpy(a) for a in r] if isinstance(r, list) else from_numpy(r) for r in results]
     results = session.run_with_ort_values(None, {name: to_ort_value(a) for name, a in arrays.items()})
     return ort_values_to_torch(results, [v.dtype for v in outputs])
 
@@ -98,6 +111,14 @@ def to_numpy(tensor: torch.Tensor):
 
         return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
+
+
+def from_numpy(array) -> torch.Tensor:
+    """A torch tensor of a numpy array's data (ml_dtypes.bfloat16 as bfloat16): to_numpy's inverse."""
+    array = np.asarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view("uint16")).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def to_ort_value(array):

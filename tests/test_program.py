@@ -187,6 +187,24 @@ def test_text_form_lists_inputs_then_nodes_with_modules(small, capsys):
 # -- torch.onnx.ONNXProgram's methods ---------------------------------------------------------
 
 
+def test_a_bfloat16_model_onnxruntime_has_no_kernels_for_says_where_it_runs():
+    # onnxruntime's CPU provider has almost no bfloat16 kernels: the session refuses the graph
+    # (NOT_IMPLEMENTED), and the error says the model is valid and where to run it; onnx's
+    # reference evaluator runs it and gives bfloat16 tensors back.
+    x = torch.randn(2, 3, dtype=torch.bfloat16)
+    program = dynexport.export(lambda a: a * a + 1, (x,))
+    try:
+        result = program(x)
+    except Exception as error:
+        assert "NOT_IMPLEMENTED" in str(error)
+        assert any("program.call_reference" in note for note in error.__notes__)
+    else:  # an onnxruntime with bfloat16 kernels
+        torch.testing.assert_close(result, x * x + 1)
+    reference = program.call_reference(x)
+    assert reference.dtype == torch.bfloat16
+    torch.testing.assert_close(reference, x * x + 1)
+
+
 def test_call_reference_computes_what_onnxruntime_and_eager_compute(small):
     model, x = small
     program = dynexport.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
