@@ -227,10 +227,9 @@ def string_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[Any, dict[t
         return dynamic_shapes, names
     shared = _shared_dims(sizes)
     # a string that names one of the user's Dims, at its example size, is that Dim
-    examples = collections.defaultdict(set)
-    for name, size in sizes:
-        examples[name].add(size)
-    shared.update({name: dim for name, (dim, size) in user_dims.items() if examples.get(name) == {size}})
+    shared.update(
+        {name: dim for name, (dim, size) in user_dims.items() if {s for n, s in sizes if n == name} == {size}}
+    )
     return pytree.tree_map(lambda dim: _dim_of_name(dim, shared) if isinstance(dim, str) else dim, dynamic_shapes), names
 
 
