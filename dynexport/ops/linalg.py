@@ -1,5 +1,6 @@
 """Matrix products: matmul and its BLAS-style variants (mm, bmm, addmm, ...), linear, einsum,
-bilinear's _trilinear, and transformers' grouped product of mixture-of-experts layers."""
+bilinear's _trilinear, and transformers' grouped product of mixture-of-experts layers; the
+determinant. (The inverse and solve are in linalg_solve.py.)"""
 
 from __future__ import annotations
 
@@ -64,11 +65,11 @@ def _matmul(ctx, a: ir.Value, b: ir.Value) -> ir.Value:
         return _product(ctx, a, b)
     if rank(a) == 1:
         row = ctx.op.Unsqueeze(a, ints(ctx, [0]))
-        return ctx.op.Squeeze(_product(ctx, *_equal_batches(ctx, row, b)), ints(ctx, [-2]))
-    return _product(ctx, *_equal_batches(ctx, a, b))
+        return ctx.op.Squeeze(_product(ctx, *equal_batches(ctx, row, b)), ints(ctx, [-2]))
+    return _product(ctx, *equal_batches(ctx, a, b))
 
 
-def _equal_batches(ctx, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
+def equal_batches(ctx, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
     """``a`` and ``b`` with their batch dims (all but the last two) broadcast to each other's."""
     return tuple(
         ctx.op.Expand(x, ctx.op.Concat(shape_of(ctx, other, end=-2), ints(ctx, [1, 1]), axis=0))
@@ -270,6 +271,12 @@ def bilinear(ctx, input1, input2, weight, bias=None):
 @translates(aten.linalg_det.default, aten.det.default)
 def linalg_det(ctx, A):
     return ctx.op.Det(A)
+
+
+@translates(aten.logdet.default)
+def logdet(ctx, self):
+    # log of a negative determinant is NaN and of 0 -inf, as PyTorch's logdet.
+    return ctx.op.Log(ctx.op.Det(self))
 
 
 def _sign_and_log_only(node: torch.fx.Node) -> bool:

@@ -1,4 +1,5 @@
-"""Matrix product rules (matmul, mm, bmm, addmm, linear, baddbmm, einsum, ...) against onnxruntime."""
+"""Matrix product rules (matmul, mm, bmm, addmm, linear, baddbmm, einsum, ...), det, inverse and
+solve against onnxruntime."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import dynexport
 from tests.equivalence import (
     assert_batch_dynamic_equivalent,
+    assert_close,
     assert_exports_equivalent,
     op_histogram,
 )
@@ -277,6 +280,16 @@ def test_slogdet_and_logdet():
     assert op_histogram(program)["Det"] == 2
 
 
+def test_logdet_is_the_log_of_the_determinant():
+    # Negative determinants give NaN and singular matrices -inf, as in PyTorch: Log(Det), where
+    # the slogdet route took Sign, Abs, Equal and Where too.
+    a = torch.randn(4, 3, 3)
+    a[1] = -a[1].abs().diag().diag()  # determinant < 0
+    a[2, 2] = 0  # singular (a zero row: a determinant of exactly 0 in LAPACK and in onnxruntime)
+    program = assert_batch_dynamic_equivalent(torch.logdet, a, atol=1e-5)
+    assert op_histogram(program) == {"Det": 1, "Log": 1}
+
+
 @pytest.mark.parametrize("ord", ["fro", 1, -1, math.inf, -math.inf])
 def test_matrix_norm(ord):
     assert_exports_equivalent(lambda a: torch.linalg.matrix_norm(a, ord, keepdim=ord == 1), (torch.randn(2, 3, 4),))
@@ -390,4 +403,176 @@ def test_grouped_mm_fallback_of_routed_tokens():
         experts, (torch.randn(5, 8), torch.randint(0, 3, (5, 2))), dynamic_shapes=({0: tokens}, {0: tokens}),
         resized=[(torch.randn(9, 8), torch.randint(0, 3, (9, 2))), (torch.randn(2, 8), torch.tensor([[2, 2], [2, 2]]))],
         atol=1e-5,
+    )
+
+
+# -- inverse and solve (Gauss-Jordan in a Loop) ----------------------------------------------
+
+
+def _invertible(*shape, dtype=torch.float32, pivoting=False):
+    """Well-conditioned matrices; with ``pivoting``, rows reversed so that the diagonal holds
+    small or zero entries and elimination must swap rows."""
+    n = shape[-1]
+    a = torch.randn(shape, dtype=dtype) + n * torch.eye(n, dtype=dtype)
+    return a.flip(-2) if pivoting else a
+
+
+def _square(name, batch=None):
+    # min=2: a dim that could be 1 would broadcast.
+    n = torch.export.Dim(name, min=2)
+    return {0: batch, 1: n, 2: n} if batch is not None else {0: n, 1: n}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_inverse_dynamic_batch_and_size(dtype):
+    torch.manual_seed(0)
+    a, b = _invertible(3, 4, 4, dtype=dtype), _invertible(4, 4, dtype=dtype, pivoting=True)
+    exact = torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 4.0], [1.0, 0.0, 0.0]], dtype=dtype)  # zero diagonal
+    program = assert_exports_equivalent(
+        lambda a, b, exact: (
+            torch.linalg.inv(a), torch.inverse(b), torch.linalg.inv_ex(b).inverse, torch.linalg.inv(exact),
+        ),
+        (a, b, exact),
+        dynamic_shapes=(_square("n", torch.export.Dim("batch")), _square("m"), None),
+        resized=[(_invertible(5, 7, 7, dtype=dtype, pivoting=True), _invertible(2, 2, dtype=dtype), exact)],
+    )
+    assert op_histogram(program)["Loop"] == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "shapes, left",
+    [
+        (((3, 4, 4), (3, 4, 2)), True),
+        (((3, 4, 4), (3, 4)), True),  # a batch of vectors
+        (((3, 4, 4), (4,)), True),
+        (((3, 2, 4, 4), (4, 2)), True),
+        (((4, 4), (3, 4, 2)), True),
+        (((3, 1, 4, 4), (1, 5, 4, 2)), True),
+        (((3, 4, 4), (3, 2, 4)), False),
+        (((3, 2, 4, 4), (5, 4)), False),
+    ],
+    ids=lambda case: "@".join("x".join(map(str, s)) for s in case) if isinstance(case, tuple) else f"left={case}",
+)
+def test_solve_broadcasts_like_pytorch(shapes, left, dtype):
+    # PyTorch takes B [*, n] as vectors where it is A's shape without the last dim: a B of rank
+    # rank(A) - 1 asks whether the batch equals a size, which torch.export guards.
+    torch.manual_seed(0)
+    a = _invertible(*shapes[0], dtype=dtype, pivoting=True)
+    b = torch.randn(shapes[1], dtype=dtype)
+    program = _batch_dynamic(
+        lambda a, b: torch.linalg.solve(a, b, left=left), a, b, batched=[len(s) > 1 and s[0] == 3 for s in shapes]
+    )
+    assert op_histogram(program)["Loop"] == 1
+
+
+def test_solve_dynamic_size():
+    torch.manual_seed(0)
+    a, b = _invertible(2, 3, 3, pivoting=True), torch.randn(2, 3, 5)
+    batch, n = torch.export.Dim("batch"), torch.export.Dim("n", min=2)
+    assert_exports_equivalent(
+        lambda a, b: (torch.linalg.solve(a, b), torch.linalg.solve(a, b[..., 0]), torch.linalg.solve_ex(a, b).result),
+        (a, b),
+        dynamic_shapes=({0: batch, 1: n, 2: n}, {0: batch, 1: n}),
+        resized=[
+            (_invertible(4, 6, 6), torch.randn(4, 6, 5)), (_invertible(1, 2, 2, pivoting=True), torch.randn(1, 2, 5)),
+        ],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_solve_in_half_precision_computes_in_float32(dtype):
+    # PyTorch's CPU kernels refuse them (and torch.export refuses inv of them).
+    torch.manual_seed(0)
+    a, b = _invertible(3, 4, 4, pivoting=True).to(dtype), torch.randn(3, 4).to(dtype)
+    program = dynexport.export(torch.linalg.solve, (a, b))
+    expected = torch.linalg.solve(a.float(), b.float()).to(dtype)
+    assert_close(program(a, b), expected)
+
+
+def test_singular_matrix_gives_non_finite_values():
+    # PyTorch raises; the graph divides by a zero pivot.
+    program = dynexport.export(torch.linalg.inv, (_invertible(3, 3),))
+    assert not program(torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]])).isfinite().all()
+
+
+def test_inverse_graph_is_one_loop():
+    # 16 ops per column (and an Identity of the loop's condition), 8 around the loop.
+    program = dynexport.export(torch.linalg.inv, (_invertible(2, 3, 3),))
+    around = {"Concat": 1, "Loop": 1, "Slice": 1, "Reshape": 2, "Transpose": 2, "GatherND": 1, "Div": 1}
+    assert op_histogram(program) == around
+    (loop,) = (node for node in program.model.graph if node.op_type == "Loop")
+    assert len(loop.attributes["body"].as_graph()) <= 17
+
+
+def test_empty_matrices():
+    # A Loop of no iteration stacks its steps' outputs in whatever shape: they are reshaped.
+    assert_exports_equivalent(
+        lambda a, b, c: (
+            torch.linalg.inv_ex(a), torch.linalg.solve_ex(a, b), torch.linalg.inv(c), torch.linalg.solve(c, c),
+        ),
+        (torch.randn(2, 0, 0), torch.randn(0, 3), torch.randn(0, 3, 3)),
+    )
+
+
+def _singular_at(a, columns):
+    """``a`` with matrix i's column ``columns[i]`` zero (None: kept): LU's pivot there is exactly
+    0, whatever the order of its arithmetic, and info is that column + 1."""
+    a = a.clone()
+    for i, column in enumerate(columns):
+        if column is not None:
+            a[i, ..., column] = 0
+    return a
+
+
+def test_info_marks_singular_matrices():
+    # kornia's safe_inverse_with_mask: inv_ex's info says which inverses hold.
+    # solve_ex's info has A's batch, whatever B's broadcasts it to.
+    def safe_inverse_and_solve(a, b, c):
+        inverse, info = torch.linalg.inv_ex(a)
+        ok = (info == 0)[..., None, None]
+        x, solved = torch.linalg.solve_ex(a, b)
+        y, also_solved = torch.linalg.solve_ex(a[:, 0], c)
+        masked = torch.where(ok, inverse, 0), torch.where(ok, x, 0), torch.where(ok[:, 0], y, 0)
+        return info, solved, also_solved, *masked
+
+    torch.manual_seed(0)
+    a = _singular_at(_invertible(4, 1, 4, 4, pivoting=True), [None, 0, 1, 3])
+    b, c = torch.randn(1, 3, 4, 2), torch.randn(2, 1, 4, 3)
+    _batch_dynamic(safe_inverse_and_solve, a, b, c, batched=[True, False, False])
+
+
+class _PinholeCamera(torch.nn.Module):
+    """Pixels (u, v) at depth d back to camera coordinates: d * K^-1 [u, v, 1]^T."""
+
+    def forward(self, intrinsics, pixels, depth):
+        homogeneous = torch.cat([pixels, torch.ones_like(pixels[..., :1])], dim=-1)  # [B, N, 3]
+        rays = homogeneous @ torch.linalg.inv(intrinsics).transpose(-1, -2)
+        return rays * depth.unsqueeze(-1)
+
+
+def test_camera_unprojection_and_jacobian_inverse():
+    # A camera model's intrinsics and a First-Order-Motion-style keypoint Jacobian [B, K, 2, 2].
+    torch.manual_seed(0)
+
+    def intrinsics(batch):
+        k = torch.zeros(batch, 3, 3)
+        k[:, 0, 0], k[:, 1, 1] = 500 + 100 * torch.rand(batch), 500 + 100 * torch.rand(batch)
+        k[:, :2, 2], k[:, 2, 2] = 320 * torch.rand(batch, 2), 1
+        return k
+
+    camera = _PinholeCamera().eval()
+
+    def model(k, pixels, depth, jacobian):
+        return camera(k, pixels, depth), torch.matmul(jacobian, torch.inverse(jacobian.flip(-1)))
+
+    def inputs(batch, points):
+        pixels, depth = 640 * torch.rand(batch, points, 2), 1 + 10 * torch.rand(batch, points)
+        return intrinsics(batch), pixels, depth, torch.eye(2) + 0.3 * torch.randn(batch, 10, 2, 2)
+
+    batch, points = torch.export.Dim("batch"), torch.export.Dim("points")
+    assert_exports_equivalent(
+        model, inputs(2, 5),
+        dynamic_shapes=({0: batch}, {0: batch, 1: points}, {0: batch, 1: points}, {0: batch}),
+        resized=[inputs(4, 9)],
     )
