@@ -304,8 +304,9 @@ def _capture(model: Any, options: ExportOptions, timer: PhaseTimer, record: repo
     """Capture ``model`` (or take the ExportedProgram given) and refuse a program with no output."""
     if isinstance(model, torch.export.ExportedProgram):
         capture_stage.check_given(model)
-        input_names, parameter_names = signature.program_input_names(options.input_names, model)
-        captured = _Captured(model, "given ExportedProgram", input_names, {}, parameter_names)
+        program = capture_stage.without_effect_tokens(model)
+        input_names, parameter_names = signature.program_input_names(options.input_names, program)
+        captured = _Captured(program, "given ExportedProgram", input_names, {}, parameter_names)
     else:
         captured = _capture_module(model, options, timer, record)
     record.strategy, record.exported_program = captured.strategy, captured.program

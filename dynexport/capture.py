@@ -30,6 +30,7 @@ compilations.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -296,6 +297,20 @@ def check_given(program: torch.export.ExportedProgram) -> None:
     report = getattr(program, "_report", None)  # set by torch.export.draft_export only
     if report is not None and report.failures:
         raise _capture_error({"given ExportedProgram (draft_export)": UnsoundCapture(report)}, oblivious=False)
+
+
+def without_effect_tokens(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` with its effect tokens taken out: ``run_decompositions()`` threads a token
+    through ops with side effects (``with_effects(token, aten._linalg_check_errors, ...)`` from
+    inv and solve), which ONNX has no counterpart for; each becomes a plain call of its op, and
+    the token inputs and outputs go. The user's program is left as it was (a copy of its graph
+    and signature, sharing its weights)."""
+    if not any(node.target is torch.ops.higher_order.with_effects for node in program.graph.nodes):
+        return program
+    from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+
+    copied = program._update(copy.deepcopy(program.graph_module), copy.deepcopy(program.graph_signature))
+    return _remove_effect_tokens(copied)
 
 
 class UnsoundCapture(Exception):

@@ -320,6 +320,26 @@ def test_exported_program_is_accepted_and_not_recaptured():
         dynexport.export(ep, (), dynamic_shapes=({0: Dim("n")},))
 
 
+def test_a_decomposed_exported_program_with_effect_tokens_exports():
+    # run_decompositions() threads an effect token through inv's error check
+    # (with_effects(token, aten._linalg_check_errors, ...)): the check goes, the user's program stays.
+    class Unproject(torch.nn.Module):
+        def forward(self, intrinsics, pixels):
+            return pixels @ torch.linalg.inv(intrinsics).transpose(-1, -2)
+
+    intrinsics = torch.tensor([[500.0, 0, 32], [0, 500, 24], [0, 0, 1]]).repeat(2, 1, 1)
+    pixels = torch.rand(2, 5, 3) * 64
+    ep = torch.export.export(Unproject(), (intrinsics, pixels), dynamic_shapes=({0: Dim("batch")}, {0: Dim("batch")}))
+    ep = ep.run_decompositions()
+    effects = [n for n in ep.graph.nodes if n.target is torch.ops.higher_order.with_effects]
+    assert effects
+    program = dynexport.export(ep)
+    assert [v.name for v in program.model.graph.inputs] == ["intrinsics", "pixels"]
+    other = (torch.tensor([[300.0, 0, 16], [0, 320, 16], [0, 0, 1]]).repeat(3, 1, 1), torch.rand(3, 5, 3) * 32)
+    assert_close(program(*other), Unproject()(*other))
+    assert [n for n in ep.graph.nodes if n.target is torch.ops.higher_order.with_effects] == effects
+
+
 def test_export_params_false_makes_weights_inputs():
     program = dynexport.export(TwoLayer().eval(), (torch.randn(2, 4),), export_params=False)
     graph = program.model.graph
