@@ -107,6 +107,42 @@ def _info(ctx, pivots: ir.Value, n: int | ir.Value) -> ir.Value:
     return ctx.op.Squeeze(ctx.op.Mul(found, ctx.op.Add(first, ctx.constant(1, _INT32))), ints(ctx, [-1]))
 
 
+# Cofactor i, j of a 3x3 matrix is A[i+1, j+1] A[i+2, j+2] - A[i+1, j+2] A[i+2, j+1], indices
+# mod 3 (the signs come out of the cyclic order); of a 2x2 one, the opposite corner, signed.
+_NEXT, _AFTER_NEXT = [1, 2, 0], [2, 0, 1]
+_CLOSED_FORM_UP_TO = 3
+
+
+def _cofactors(ctx, A: ir.Value, n: int) -> ir.Value:
+    """The cofactor matrix of each [n, n] matrix of ``A`` (n 2 or 3)."""
+    if n == 2:
+        swapped = ctx.constant([1, 0], _INT64)
+        corners = ctx.op.Gather(ctx.op.Gather(A, swapped, axis=-2), swapped, axis=-1)
+        return ctx.op.Mul(corners, ctx.constant(torch.tensor([[1.0, -1.0], [-1.0, 1.0]]), A.dtype))
+    rows = [ctx.op.Gather(A, ctx.constant(order, _INT64), axis=-2) for order in (_NEXT, _AFTER_NEXT)]
+
+    def columns(x: ir.Value, order: list[int]) -> ir.Value:
+        return ctx.op.Gather(x, ctx.constant(order, _INT64), axis=-1)
+
+    return ctx.op.Sub(
+        ctx.op.Mul(columns(rows[0], _NEXT), columns(rows[1], _AFTER_NEXT)),
+        ctx.op.Mul(columns(rows[0], _AFTER_NEXT), columns(rows[1], _NEXT)),
+    )
+
+
+def _closed_form_inverse(ctx, A: ir.Value, n: int) -> ir.Value:
+    """The adjugate over the determinant, for static n up to 3: no Loop, a dozen nodes (the
+    cofactor form of small inverses, as Eigen's). Its error is Gauss-Jordan's there."""
+    if n == 1:
+        return ctx.op.Reciprocal(A)
+    cofactors = _cofactors(ctx, A, n)
+    # Laplace's expansion along the first row (onnxruntime has no float64 Det).
+    first_row = ctx.op.Slice(ctx.op.Mul(A, cofactors), ints(ctx, [0]), ints(ctx, [1]), ints(ctx, [-2]))
+    determinant = reduce(ctx, "ReduceSum", first_row, [-1], keepdims=True)
+    adjugate = ctx.op.Transpose(cofactors, perm=[*range(rank(A) - 2), rank(A) - 1, rank(A) - 2])
+    return ctx.op.Div(adjugate, determinant)
+
+
 def _in_solved_dtype(ctx, solve, *operands: ir.Value) -> tuple[ir.Value, ir.Value | None]:
     """``solve(*operands)``, (X, pivots), computed in float32 or float64; X cast back."""
     dtype = operands[0].dtype
@@ -185,6 +221,9 @@ def _solution_and_info_only(node: torch.fx.Node) -> bool:
 
 @translates(aten.linalg_inv.default, aten.inverse.default)
 def linalg_inv(ctx, A):
+    n = size_of(ctx, A, -1)
+    if isinstance(n, int) and 1 <= n <= _CLOSED_FORM_UP_TO:
+        return _in_solved_dtype(ctx, lambda A: (_closed_form_inverse(ctx, A, n), None), A)[0]
     return _in_solved_dtype(ctx, lambda A: _inverse(ctx, A, pivots=False), A)[0]
 
 
