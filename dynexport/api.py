@@ -245,7 +245,7 @@ def _export(model: Any, f: Any, options: ExportOptions) -> ONNXProgram:
         )
         result.timings = record.timings
         result.report_path = options.report_file
-        if isinstance(options.dynamic_shapes, torch.export.AdditionalInputs):
+        if options.example_calls_must_run:
             _check_additional_calls(result, options.example_inputs)
         _finish(result, model, options, timer, record)
         return result
@@ -334,8 +334,7 @@ def _capture_module(
             options.dynamic_axes, bound, slots, options.input_names, options.output_names
         )
     elif options.auto_dims:
-        # AdditionalInputs promises that the program runs every call: a dim the model fixes is refused
-        hint = Dim.DYNAMIC if isinstance(dynamic_shapes, torch.export.AdditionalInputs) else Dim.AUTO
+        hint = Dim.DYNAMIC if options.example_calls_must_run else Dim.AUTO
         dynamic_shapes, requested_dims = dim_names.dynamic_shapes_from_examples(
             module.forward, bound, options.example_inputs, hint
         )

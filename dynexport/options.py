@@ -84,6 +84,12 @@ class ExportOptions:
         return isinstance(self.dynamic_shapes, (str, torch.export.AdditionalInputs))
 
     @property
+    def example_calls_must_run(self) -> bool:
+        """``torch.export.AdditionalInputs``: the program must run every example call, so a dim
+        the model fixes or a call outside the proved ranges is refused, not warned about."""
+        return isinstance(self.dynamic_shapes, torch.export.AdditionalInputs)
+
+    @property
     def updates_buffers(self) -> bool:
         return self.training is TrainingMode.TRAINING
 
