@@ -9,7 +9,8 @@ nodes, and the registration is undone afterwards, so dynexport leaves pytree as 
   ``[[key specs per layer], [value specs per layer]]``. Its layers may mix full attention and
   sliding windows (Gemma 2 and 3, GPT-OSS): a sliding-window layer's tensors hold its last
   ``min(seen, window - 1)`` tokens, and the count of tokens it has seen, which transformers keeps
-  in a Python int, is a full-attention layer's past length (:func:`sliding_windows_sized_by_keys`).
+  in a Python int, is a full-attention layer's past length (:func:`sliding_windows_sized_by_keys`);
+  in a cache of sliding-window layers alone, the layer's own (:func:`check_sliding_window_dims`).
 - ``StaticCache``: ``key_cache``, ``value_cache`` (``[batch, heads, max_cache_len, head_dim]``)
   and ``cumulative_length`` (one 0-d int64 tensor per layer: the tokens written so far);
   ``dynamic_shapes`` is ``[[keys], [values], [lengths]]``.
@@ -153,22 +154,32 @@ def _layer_methods_replaced(
 
 
 def check_sliding_window_dims(declared: Iterable[tuple[str, int, Any, Any]], values: Any) -> None:
-    """Refuse a past-length dim shared by a ``DynamicCache``'s sliding-window and full-attention
-    layers. ``declared`` is ``(path, axis, dim, tensor)`` per declared axis of ``values``' tensors.
+    """Refuse the past lengths of a ``DynamicCache``'s sliding-window layers the graph cannot be
+    right at. ``declared`` is ``(path, axis, dim, tensor)`` per declared axis of ``values``' tensors.
 
     A sliding-window layer holds ``min(seen, window - 1)`` past tokens, a full-attention layer all
     ``seen``: one dim for both would declare the graph valid only while ``seen < window``, and
-    capture would read the sliding window's past position as 0.
+    capture would read the sliding window's past position as 0. A cache of sliding-window layers
+    alone (Mistral's default) has no length to read ``seen`` from: the graph takes it to be the
+    tokens held, which is right only while the window is not full, so the past length must stay
+    below ``window - 1``.
 
     Raises:
-        ValueError: a sliding-window layer's axis 2 has the dim of a full-attention layer's.
+        ValueError: a sliding-window layer's axis 2 has the dim of a full-attention layer's, or,
+            in a cache without full-attention layers, may reach ``window - 1``.
     """
+    declared = list(declared)
     windows: dict[int, int | None] = {}  # id of a layer's keys or values: the layer's window
+    alone: dict[int, int] = {}  # the same, in a cache of sliding-window layers alone: its past length
     for cache in pytree.tree_leaves(values, is_leaf=is_cache):
         parts = [cache.self_attention_cache, cache.cross_attention_cache] if hasattr(cache, "self_attention_cache") else [cache]
-        for layer in (layer for part in parts for layer in getattr(part, "layers", ())):
-            window = getattr(layer, "sliding_window", None) if type(layer).__name__ == "DynamicSlidingWindowLayer" else None
-            windows[id(layer.keys)] = windows[id(layer.values)] = window
+        for part in parts:
+            layers = getattr(part, "layers", ())
+            part_windows = [_sliding_window(layer) for layer in layers]
+            for layer, window in zip(layers, part_windows):
+                windows[id(layer.keys)] = windows[id(layer.values)] = window
+                if part_windows and all(part_windows) and isinstance(layer.keys, torch.Tensor):
+                    alone[id(layer.keys)] = alone[id(layer.values)] = layer.keys.shape[-2]
     past = [(dim, windows[id(tensor)]) for _, axis, dim, tensor in declared
             if axis == 2 and id(tensor) in windows and isinstance(dim, torch.export.Dim)]
     full = {dim.__name__ for dim, window in past if window is None}
@@ -180,6 +191,27 @@ def check_sliding_window_dims(declared: Iterable[tuple[str, int, Any, Any]], val
                 "(the model drops older ones) where a full-attention layer holds them all. Give the sliding-window "
                 f"layers' keys and values a dim of their own: Dim('{dim.__name__}_window', min=0, max={window - 1})"
             )
+    declared_past = {id(tensor): dim for _, axis, dim, tensor in declared if axis == 2}
+    for tensor_id, held in alone.items():
+        window, dim = windows[tensor_id], declared_past.get(tensor_id)
+        if dim is None or isinstance(dim, int):
+            too_long = held > window - 2
+        else:
+            too_long = not isinstance(dim, torch.export.Dim) or dim.max > window - 2
+        if too_long:
+            name = getattr(dim, "__name__", "past")
+            raise ValueError(
+                f"a DynamicCache whose layers all keep a sliding window ({window} tokens) counts the tokens it has "
+                "seen in a Python int, which its tensors do not carry: the graph takes them to be the tokens held, "
+                f"right only while the window is not full, at a past length of at most {window - 2}. Declare the "
+                f"past length Dim('{name}', min=0, max={window - 2})"
+                + ("" if dim is None or isinstance(dim, int) else f" (it is {dim!r})")
+                + f", with an example past of at most {window - 2}"
+            )
+
+
+def _sliding_window(layer: Any) -> int | None:
+    return getattr(layer, "sliding_window", None) if type(layer).__name__ == "DynamicSlidingWindowLayer" else None
 
 
 def is_cache(value: Any) -> bool:
@@ -299,13 +331,6 @@ def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[
     windows = tuple(layer.sliding_window if type(layer) is sliding_type else None for layer in layers)
     if not any(windows):
         return children, None
-    if all(windows):
-        raise TypeError(
-            f"dynexport flattens a DynamicCache of sliding-window layers only next to a full-attention layer: a "
-            "sliding-window layer keeps at most its window of past keys and counts the tokens seen in a Python "
-            "int, which the graph reads from a full-attention layer's past length. This cache has no such layer "
-            f"(windows {sorted(set(windows))}). Export the model without a cache: use_cache=False, and no cache argument"
-        )
     if any(layer.record_past for layer, window in zip(layers, windows) if window):
         raise TypeError(
             "a DynamicCache recording its sliding-window layers' past (activate_past_recording, for assisted "
@@ -338,11 +363,14 @@ def _unflatten_layers(cache_type: type, layer_type: type, children: list[list[An
             layer.v_head_dim = layer.values.shape[-1]
         layers.append(layer)
     if any(windows):
-        # A sliding-window layer has seen as many tokens as a full-attention layer holds.
-        seen = next(layer.keys for layer, window in zip(layers, windows) if not window)
+        # A sliding-window layer has seen as many tokens as a full-attention layer holds; with
+        # no such layer, as many as it holds itself (check_sliding_window_dims: while its
+        # window is not full).
+        seen = next((layer.keys for layer, window in zip(layers, windows) if not window), None)
         for layer, window in zip(layers, windows):
             if window:
-                layer.cumulative_length = seen.shape[-2] if isinstance(seen, torch.Tensor) else 0
+                held = layer.keys if seen is None else seen
+                layer.cumulative_length = held.shape[-2] if isinstance(held, torch.Tensor) else 0
     if layers:
         super(cache_type, cache).__init__(layers=layers)
     else:  # a DynamicCache that holds no layer yet adds them as the model fills it

@@ -280,19 +280,76 @@ def test_a_sliding_window_layer_given_the_full_attention_layers_past_is_refused(
         dynexport.export(model, (), kwargs=_cache_call(model, 2, 2, 3), dynamic_shapes=dynamic_shapes)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "lfm2"])
-def test_a_dynamic_cache_with_layers_of_other_kinds_is_refused(family):
-    # Sliding-window layers alone (Gemma 3 text's two): the tokens seen, a Python int, are read
-    # from a full-attention layer. LFM2's convolution states are no past keys and values.
-    model = WINDOWED_DECODERS[family](True).eval()
+def test_a_dynamic_cache_with_layers_of_other_kinds_is_refused():
+    # LFM2's convolution states are no past keys and values.
+    model = WINDOWED_DECODERS["lfm2"](True).eval()
     call = _cache_call(model, 2, 5, 3)
     dynamic_shapes = {
         "input_ids": {0: Dim("batch"), 1: Dim("seq")}, "attention_mask": {0: Dim("batch"), 1: Dim("total")},
         "cache": [[{0: Dim("batch"), 2: Dim("past")}] * 2] * 2,
     }
-    refusal = "next to a full-attention layer" if family == "gemma3" else r"full-attention and sliding-window layers only"
-    with pytest.raises(TypeError, match=rf"{refusal}.*use_cache=False"):
+    with pytest.raises(TypeError, match=r"full-attention and sliding-window layers only.*use_cache=False"):
         dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
+
+
+def _sliding_window_mistral(window: int):
+    """Mistral as its first release is configured (Phi-3-mini and Starcoder2 alike): every layer
+    keeps a sliding window, 4096 tokens there."""
+    return transformers.MistralForCausalLM(tiny(transformers.MistralConfig, **_TEXT, num_key_value_heads=2, sliding_window=window)).eval()
+
+
+def test_a_decoder_of_sliding_window_layers_alone_called_without_a_cache():
+    # The plain call, use_cache left True: the model makes a cache of sliding-window layers and
+    # returns it. transformers keeps the last window - 1 keys by a negative slice, so the graph
+    # holds the example's side of the window: prompts up to window - 2 tokens.
+    model = _sliding_window_mistral(window=32)
+    calls = [text_inputs(b, s) for b, s in TEXT_SIZES]
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: seq: max=30"):
+        program = dynexport.export(model, (), kwargs=calls[0], dynamic_shapes=_text_dims("input_ids", "attention_mask"))
+    assert [o.name for o in program.model.graph.outputs[1:3]] == ["present.0.key", "present.1.key"]
+    for call in calls:
+        with torch.no_grad():
+            expected = model(**call)
+        actual = program(**call)
+        where = f"at {tuple(call['input_ids'].shape)}"
+        assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
+        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
+            assert type(got) is type(want)
+            assert got.get_seq_length() == want.get_seq_length()
+            assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache {where}")
+
+
+def _sliding_window_cache_dims(past) -> dict[str, Any]:
+    batch = Dim("batch")
+    return {"input_ids": {0: batch, 1: Dim("seq")}, "attention_mask": {0: batch, 1: Dim.DYNAMIC}, "cache": [[{0: batch, 2: past}] * 2] * 2}
+
+
+def test_a_cache_of_sliding_window_layers_alone_may_not_reach_a_full_window():
+    # Its count of tokens seen is a Python int no tensor carries: the graph takes it to be the
+    # tokens held, which a full window (window - 1 held) no longer tells.
+    model = _sliding_window_mistral(window=6)
+    for past in (Dim("past"), Dim("past", min=0, max=5)):
+        with pytest.raises(ValueError, match=r"sliding window \(6 tokens\).*at most 4.*Dim\('past', min=0, max=4\)"):
+            dynexport.export(model, (), kwargs=_cache_call(model, 2, 3, 2), dynamic_shapes=_sliding_window_cache_dims(past))
+
+
+@slow
+def test_a_cache_of_sliding_window_layers_alone_is_read_until_its_window_fills():
+    model = _sliding_window_mistral(window=6)
+    program = dynexport.export(
+        model, (), kwargs=_cache_call(model, 2, 3, 2), dynamic_shapes=_sliding_window_cache_dims(Dim("past", min=0, max=4))
+    )
+    for batch, past, seq in [(2, 0, 3), (1, 0, 1), (3, 1, 1), (1, 4, 1), (2, 4, 3)]:  # the last fills the window
+        call = _cache_call(model, batch, past, seq) if past else _empty_cache_call(model, batch, seq)
+        with torch.no_grad():
+            expected = model(**copy.deepcopy(call))
+        actual = program(**call)
+        where = f"at batch {batch}, past {past}, new {seq}"
+        assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
+        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
+            assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache {where}")
+    with pytest.raises(ValueError, match=r"'past_key_values.0.key' dim 2 is 5, outside the range past \[0, 4\]"):
+        program(**_cache_call(model, 1, 5, 1))
 
 
 @slow
