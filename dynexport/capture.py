@@ -53,7 +53,7 @@ from dynexport.detection import detection_code_capturable
 from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError
 from dynexport.even_chunks import even_chunks_as_splits
-from dynexport.grouped_attention import grouped_attention_whole
+from dynexport.grouped_attention import causality_decided, grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from dynexport.model_caches import first_fills_kept, sliding_windows_sized_by_keys
 from dynexport.modes import attributes_added_removed
@@ -215,6 +215,7 @@ def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]
         recurrent_ops_kept_whole(),
         detection_code_capturable(),
         grouped_attention_whole(),
+        causality_decided(),
         shared_dims_traced_as_one(),
         even_chunks_as_splits(),
         affine_grids_of_symbolic_sizes(),

@@ -10,17 +10,25 @@ tracing the 30 layers of a LLaMA-shaped decoder with 3 key-value heads for 9 que
 takes about a third less time (``repeat_kv``'s symbolic reshapes were the costliest ops traced),
 and the graph is the same or one node smaller (the opset-23 attention fusion reads both forms).
 The eager model, outside capture, is left as it is.
+
+The same integration decides causality as ``q_length > 1 and attention_mask is None and
+is_causal``; where the example's new tokens are one (a decode step) and the sizes are reasoned
+about size-obliviously, Python's ``and`` hands SDPA the false ``SymBool`` itself, which SDPA
+refuses with a ``TypeError``. :func:`causality_decided` makes SDPA take it as the bool it was
+decided to be (the guard on the new tokens is recorded as for any branch), so that the export
+reports the dim the model fixes instead of the ``TypeError``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["grouped_attention_whole"]
+__all__ = ["causality_decided", "grouped_attention_whole"]
 
 _SDPA_INTEGRATION = "transformers.integrations.sdpa_attention"
 
@@ -43,3 +51,24 @@ def grouped_attention_whole() -> Iterator[None]:
         yield
     finally:
         module.use_gqa_in_sdpa = original
+
+
+@contextlib.contextmanager
+def causality_decided() -> Iterator[None]:
+    """Within the block, ``torch.nn.functional.scaled_dot_product_attention`` takes a ``SymBool``
+    ``is_causal`` as the bool it evaluates to (module doc)."""
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    @functools.wraps(original)
+    def attention(*args, **kwargs):
+        if len(args) > 5 and isinstance(args[5], torch.SymBool):
+            args = (*args[:5], bool(args[5]), *args[6:])
+        if isinstance(kwargs.get("is_causal"), torch.SymBool):
+            kwargs["is_causal"] = bool(kwargs["is_causal"])
+        return original(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original

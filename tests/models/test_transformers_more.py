@@ -660,3 +660,19 @@ def test_speech_encoder(family, padding_mask):
     dynamic_shapes = {name: {0: batch, 1: samples} for name in calls[0]}
     with pytest.warns(UserWarning, match="dynamic_shapes refined: samples: min=60"):
         _check(model, calls, dynamic_shapes=dynamic_shapes)
+
+
+def test_a_decode_step_example_is_refused_with_the_dims_it_fixes():
+    # One new token and a mask of ones: transformers' SDPA integration drops the mask and decides
+    # causality by `q_length > 1` (a SymBool, which SDPA refused with a TypeError), fixing the
+    # new tokens to 1. The refusal names the dims and asks for a larger example.
+    model = DECODERS["qwen3"](True).eval()
+    call = _cache_call(model, 1, 5, 1)
+    call["attention_mask"] = torch.ones_like(call["attention_mask"])
+    batch = Dim("batch")
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: Dim("seq")}, "attention_mask": {0: batch, 1: Dim.DYNAMIC},
+        "cache": [[{0: batch, 2: Dim("past", min=0)}] * 2] * 2,
+    }
+    with pytest.raises(DimSpecializedError, match=r"seq = 1(.|\n)*example size of 2 or more"):
+        dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
