@@ -533,6 +533,21 @@ def test_image_model_with_dynamic_batch(family):
     _check(model, calls, dynamic_shapes={"pixel_values": {0: Dim("batch")}})
 
 
+
+def test_a_position_embedding_shortcut_at_the_example_sides_is_refused_under_dynamic_axes():
+    # DINOv2 (ViT with interpolate_pos_encoding alike) skips interpolating its position
+    # embeddings when the image has the config's size: `(h // 4) ** 2 == 16` is then in the graph,
+    # which torch.export checks for a named Dim (DimSpecializedError) but not for dynamic_axes'
+    # hints; exported, the graph failed in onnxruntime at every other side.
+    model = IMAGE_MODELS["dinov2"][0]().eval()
+    side = model.config.image_size
+    with pytest.raises(dynexport.errors.CaptureError, match=r"pixel_values.shape\[2\] // 4\)\*\(pixel_values.shape\[2\] // 4\) == 16"):
+        dynexport.export(
+            model, (torch.randn(2, 3, side, side),), input_names=["pixel_values"],
+            dynamic_axes={"pixel_values": {0: "batch", 2: "height", 3: "width"}},
+        )
+
+
 # Backbones whose image sides are dynamic too: (factory, sides at the export size and three
 # others). Each model's refinements (a minimum side) are warned about.
 SIDES_MODELS: dict[str, tuple[Callable[[], Any], list[tuple[int, int]]]] = {
