@@ -250,6 +250,20 @@ def sliding_window_cache_dims(model) -> dict[str, Any]:
     return {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim.DYNAMIC}, "cache": [layers] * 2}
 
 
+def _assert_runs_as_eager(program, model, call: dict[str, Any], where: str, *, counts: bool = True) -> None:
+    """The program's logits and returned cache (its layer kinds, their counts of tokens seen
+    unless not ``counts``, keys and values) against the model's on ``call``."""
+    with torch.no_grad():
+        expected = model(**copy.deepcopy(call))  # the model appends to the cache it is given
+    actual = program(**call)
+    assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
+    for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
+        assert type(got) is type(want)
+        if counts:
+            assert got.get_seq_length() == want.get_seq_length()
+        assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache {where}")
+
+
 @pytest.mark.parametrize("family", _params(SLIDING_WINDOW_DECODERS, {"gemma2"}))
 def test_decoder_lm_with_a_sliding_window_cache(family):
     # Windows of 4 tokens: calls before the window fills (past 0 to 2), as it fills, and after,
@@ -259,15 +273,7 @@ def test_decoder_lm_with_a_sliding_window_cache(family):
     assert str(program.model.graph.outputs[1].shape[2]) == "Min(3, past_window + seq)"
     for batch, past, seq in [(2, 0, 6), (1, 0, 1), (3, 1, 1), (2, 2, 2), *CACHE_SIZES]:
         call = _cache_call(model, batch, past, seq) if past else _empty_cache_call(model, batch, seq)
-        with torch.no_grad():
-            expected = model(**copy.deepcopy(call))
-        actual = program(**call)
-        where = f"at batch {batch}, past {past}, new {seq}"
-        assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
-        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
-            assert type(got) is type(want)
-            assert got.get_seq_length() == want.get_seq_length()
-            assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache {where}")
+        _assert_runs_as_eager(program, model, call, f"at batch {batch}, past {past}, new {seq}")
 
 
 def test_a_sliding_window_layer_given_the_full_attention_layers_past_is_refused():
@@ -308,15 +314,7 @@ def test_a_decoder_of_sliding_window_layers_alone_called_without_a_cache():
         program = dynexport.export(model, (), kwargs=calls[0], dynamic_shapes=_text_dims("input_ids", "attention_mask"))
     assert [o.name for o in program.model.graph.outputs[1:3]] == ["present.0.key", "present.1.key"]
     for call in calls:
-        with torch.no_grad():
-            expected = model(**call)
-        actual = program(**call)
-        where = f"at {tuple(call['input_ids'].shape)}"
-        assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
-        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
-            assert type(got) is type(want)
-            assert got.get_seq_length() == want.get_seq_length()
-            assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache {where}")
+        _assert_runs_as_eager(program, model, call, f"at {tuple(call['input_ids'].shape)}")
 
 
 def _sliding_window_cache_dims(past) -> dict[str, Any]:
@@ -341,13 +339,8 @@ def test_a_cache_of_sliding_window_layers_alone_is_read_until_its_window_fills()
     )
     for batch, past, seq in [(2, 0, 3), (1, 0, 1), (3, 1, 1), (1, 4, 1), (2, 4, 3)]:  # the last fills the window
         call = _cache_call(model, batch, past, seq) if past else _empty_cache_call(model, batch, seq)
-        with torch.no_grad():
-            expected = model(**copy.deepcopy(call))
-        actual = program(**call)
-        where = f"at batch {batch}, past {past}, new {seq}"
-        assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
-        for got, want in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
-            assert_close((got.keys, got.values), (want.keys, want.values), atol=ATOL, where=f"cache {where}")
+        # Returned, a cache counts the tokens it holds: 5 where eager's has seen 7 at the last.
+        _assert_runs_as_eager(program, model, call, f"at batch {batch}, past {past}, new {seq}", counts=past + seq <= 5)
     with pytest.raises(ValueError, match=r"'past_key_values.0.key' dim 2 is 5, outside the range past \[0, 4\]"):
         program(**_cache_call(model, 1, 5, 1))
 
