@@ -351,7 +351,10 @@ def _capture_module(
             torchscript.check_trace_holds_at_other_sizes(
                 model, options.args, options.kwargs, dynamic_shapes, bound, requested_dims
             )
-    with timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training):
+    with (
+        timer.phase("capture"), exporting(), select_model_mode_for_export(module, options.training),
+        capture_stage.keyword_arguments_named(module, kwargs),
+    ):
         program, strategy, record.dim_refinements, dynamic_shapes = capture_refining_dims(
             capture, module, args, kwargs, dynamic_shapes, requested_dims
         )

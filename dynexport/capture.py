@@ -63,7 +63,7 @@ from dynexport.repeated_layers import layers_traced_once, repeated_layers, repli
 from dynexport.shared_dims import shared_dims_traced_as_one
 from dynexport.signature import bind_arguments
 
-__all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "serialized"]
+__all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "keyword_arguments_named", "serialized"]
 
 
 def as_module(model: Any, args: tuple = ()) -> torch.nn.Module:
@@ -96,6 +96,36 @@ def as_module(model: Any, args: tuple = ()) -> torch.nn.Module:
     FunctionModule.forward.__signature__ = inspect.Signature([self_param, *parameters])
     FunctionModule.__name__ = FunctionModule.__qualname__ = getattr(model, "__name__", "function")
     return FunctionModule()
+
+
+@contextlib.contextmanager
+def keyword_arguments_named(module: torch.nn.Module, kwargs: dict) -> Iterator[None]:
+    """Within the block, ``module.forward`` names each keyword argument its ``**kwargs`` takes
+    (transformers 5 takes a ``past_key_values=`` cache so): torch.export reads dynamic_shapes
+    by those names then, where it fails on a ``**kwargs`` entry (``Must provide a tree_name``).
+    The module's class is not changed: its instance gets a ``forward`` of that signature."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    keywords = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
+    named = {p.name for p in parameters}
+    taken = [name for name in kwargs if name not in named]
+    if not keywords or not taken or "forward" in vars(module):
+        yield
+        return
+    original = module.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs)
+
+    explicit = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in taken]
+    forward.__signature__ = inspect.Signature([p for p in parameters if p not in keywords] + explicit)
+    module.forward = forward
+    try:
+        yield
+    finally:
+        del module.forward
 
 
 def _non_strict(module, args, kwargs, dynamic_shapes):

@@ -684,3 +684,26 @@ def test_a_decode_step_example_is_refused_with_the_dims_it_fixes():
     }
     with pytest.raises(DimSpecializedError, match=r"seq = 1(.|\n)*example size of 2 or more"):
         dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
+
+
+def test_a_cache_passed_as_past_key_values_through_the_models_kwargs():
+    # transformers 5 names the argument `cache` and takes the older `past_key_values=` through
+    # `**kwargs`, where torch.export cannot read dynamic_shapes (it failed: "Must provide a
+    # tree_name"); the tutorials' call keeps working.
+    model = DECODERS["qwen3"](True).eval()
+    batch = Dim("batch")
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: Dim("seq")}, "attention_mask": {0: batch, 1: Dim.DYNAMIC},
+        "past_key_values": [[{0: batch, 2: Dim("past", min=0)}] * 2] * 2,
+    }
+
+    def call(batch: int, past: int, seq: int) -> dict[str, Any]:
+        call = _cache_call(model, batch, past, seq)
+        call["past_key_values"] = call.pop("cache")
+        return call
+
+    program = dynexport.export(model, (), kwargs=call(2, 5, 3), dynamic_shapes=dynamic_shapes)
+    assert [value.name for value in program.model.graph.inputs][2:4] == ["past_key_values.0.key", "past_key_values.1.key"]
+    assert "forward" not in vars(model)
+    for batch_, past, seq in [(3, 2, 1), (1, 9, 4)]:
+        _assert_runs_as_eager(program, model, call(batch_, past, seq), f"at batch {batch_}, past {past}, new {seq}")
