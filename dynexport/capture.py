@@ -19,7 +19,8 @@ dynamic has such an example size, capture runs with size-oblivious reasoning for
 torch.export does not specialise a batch of 1. Only then: size-oblivious reasoning turns some
 models' ``== 1`` checks into guards that would otherwise not exist, and turned on by a static
 dim of size 1 (a multi-query attention's one key-value head) it bounded a cached decoder's new
-tokens to 2 and more (Falcon, GPT-BigCode, DeepSeek-V3).
+tokens to 2 and more (Falcon, GPT-BigCode, DeepSeek-V3). The ``min=2`` torch then asks for is
+captured with but not enforced (:mod:`dynexport.dim_refinement`), as any capture assumes it.
 
 Tracing is not thread-safe in torch: torch.export, make_fx and Dynamo share process-wide state
 (the FX tracing flag, Dynamo's config and caches). :func:`exclusive_tracing` serializes every

@@ -43,7 +43,9 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
 
+from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError, DimSpecializedError
+from dynexport.signature import bind_arguments
 from dynexport.guard_audit import SizeFix, UncheckedGuards
 
 __all__ = [
@@ -164,8 +166,25 @@ def capture_refining_dims(
                 dynamic_shapes = _refined(message, dynamic_shapes)
             except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
                 raise error from None
-            refinements += _warned([_describe(name, fix) for name, fix in fixes.items()])
+            described = [_describe(name, fix) for name, fix in fixes.items()]
+            refinements += _warned(_kept_refinements(described, module, args, kwargs, dynamic_shapes))
     raise unrefined
+
+
+def _kept_refinements(
+    refinements: list[DimRefinement], module: Any, args: tuple, kwargs: dict, dynamic_shapes: Any
+) -> list[DimRefinement]:
+    """``refinements`` less the ``min=2`` ones of a size-oblivious capture (a dim declared
+    dynamic has example size 0 or 1: an empty cache, a batch of 1). Size-obliviously, torch's
+    kernels ask ``seq != 1`` about the other dims too (the path of a reshape, a matmul's
+    decomposition), which torch.export otherwise answers by its assumption that sizes are at
+    least 2, enforcing nothing: the capture takes the minimum, the program does not, as for any
+    capture (a Falcon exported from an empty cache refused its one-token steps)."""
+    if not any(r.change == "min=2" for r in refinements):
+        return refinements
+    if not dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs)):
+        return refinements
+    return [r for r in refinements if r.change != "min=2"]
 
 
 def _warned(refinements: list[DimRefinement]) -> list[DimRefinement]:

@@ -707,3 +707,31 @@ def test_a_cache_passed_as_past_key_values_through_the_models_kwargs():
     assert "forward" not in vars(model)
     for batch_, past, seq in [(3, 2, 1), (1, 9, 4)]:
         _assert_runs_as_eager(program, model, call(batch_, past, seq), f"at batch {batch_}, past {past}, new {seq}")
+
+
+def test_a_decoder_exported_from_an_empty_cache_takes_one_token_steps():
+    # An empty cache (past 0) makes capture reason size-obliviously, where Falcon's attention
+    # reshape asks torch whether the new tokens are 1: the export refined them to 2 and more,
+    # and the program refused every decode step.
+    model = transformers.FalconForCausalLM(tiny(
+        transformers.FalconConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_kv_heads=2, new_decoder_architecture=True,
+    )).eval()
+
+    def call(batch: int, past: int, seq: int) -> dict[str, Any]:
+        generator = torch.Generator().manual_seed(batch * 100 + past * 10 + seq)
+        mask = torch.ones(batch, past + seq, dtype=torch.int64)
+        cache = [tuple(torch.randn(batch, 4, past, 8, generator=generator) for _ in "kv") for _ in range(2)]
+        return {
+            "input_ids": torch.randint(1, VOCAB, (batch, seq), generator=generator), "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1)[:, past:].contiguous(), "cache": transformers.DynamicCache(cache),
+        }
+
+    batch, seq = Dim("batch"), Dim("seq")
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim.DYNAMIC}, "position_ids": {0: batch, 1: seq},
+        "cache": [[{0: batch, 2: Dim("past", min=0)}] * 2] * 2,
+    }
+    program = dynexport.export(model, (), kwargs=call(2, 0, 4), dynamic_shapes=dynamic_shapes)
+    for sizes in [(1, 5, 1), (2, 0, 1), (3, 3, 3)]:
+        _assert_runs_as_eager(program, model, call(*sizes), f"at batch, past, new {sizes}")
