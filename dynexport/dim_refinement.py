@@ -45,8 +45,8 @@ from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _get_dim_name_map
 
 from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError, DimSpecializedError
-from dynexport.signature import bind_arguments
 from dynexport.guard_audit import SizeFix, UncheckedGuards
+from dynexport.signature import bind_arguments
 
 __all__ = [
     "DIM_REFINEMENTS_KEY",
