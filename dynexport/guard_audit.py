@@ -172,7 +172,7 @@ def _guards_on(shape_env: Any, roots: set[sympy.Symbol]) -> list[_Guard]:
             condition in seen
             or not _fixes_a_size(condition)
             or not condition.free_symbols <= roots
-            or not (_asked_by_the_model(guard) or _size_fixed_to_a_number(condition))
+            or not _asked_by_the_model(guard)
         ):
             continue
         seen.add(condition)
@@ -217,17 +217,6 @@ def _asked_by_the_model(guard: Any) -> bool:
     if "/torch/" not in filename:
         return True
     return "/torch/_dynamo/" in filename or filename.endswith("/torch/_export/non_strict_utils.py")
-
-
-def _size_fixed_to_a_number(condition: sympy.Basic) -> bool:
-    """Whether ``condition`` says a size is 0 or 1 (``Eq((h // 32 - 1) // 4 + 1, 1)``): whoever
-    asked it, even a contiguity check in torch's kernels, torch then writes that number for the
-    size in every later shape, so the graph holds it (RetinaNet's smallest anchor grid, one row
-    high at the example, was a Reshape to a constant [1, 1]). Remainders are left out: those
-    are kernels' checks that a view fits (``numel % size == 0``), false only where eager fails too."""
-    if not isinstance(condition, sympy.Eq) or condition.has(_functions.Mod, _functions.PythonMod, sympy.Mod):
-        return False
-    return any(side.is_number and side in (0, 1) for side in condition.args)
 
 
 def _size_or_branch(condition: sympy.Basic) -> bool:

@@ -282,17 +282,3 @@ def test_capture_leaves_torchvision_as_it_was(torchvision):
     with pytest.raises(CaptureError, match="kept"):
         dynexport.export(FailsAfterNMS(), (torch.rand(4, 4), torch.rand(4)))
     assert state() == before
-
-
-@pytest.mark.slow  # about 120 s: two refused captures of RetinaNet
-def test_an_anchor_grid_one_row_high_at_the_example_is_refused(torchvision):
-    # At 120x150 resized to 128 px, the coarsest pyramid level is one row high: a contiguity
-    # check in torch's kernels asks whether that size is 1, and torch then writes 1 for it in
-    # every later shape (the anchor grid's Reshape to [1, 1]): the graph failed in onnxruntime
-    # at 200x170. Refused now, naming the condition.
-    model = torchvision.models.detection.retinanet_resnet50_fpn(
-        weights=None, weights_backbone=None, num_classes=5, min_size=128, max_size=160, score_thresh=0.0
-    ).eval()
-    dims = ([{1: torch.export.Dim("height"), 2: torch.export.Dim("width")}],)
-    with pytest.raises(CaptureError, match=r"UncheckedGuards(.|\n)*is false at images_0"):
-        dynexport.export(model, ([torch.rand(3, 120, 150)],), dynamic_shapes=dims)
