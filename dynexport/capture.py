@@ -56,7 +56,7 @@ from dynexport.errors import CaptureError
 from dynexport.even_chunks import even_chunks_as_splits
 from dynexport.grouped_attention import causality_decided, grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
-from dynexport.model_caches import first_fills_kept, sliding_windows_sized_by_keys
+from dynexport.model_caches import UnflattenableCache, first_fills_kept, sliding_windows_sized_by_keys
 from dynexport.modes import attributes_added_removed
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
@@ -213,7 +213,7 @@ def capture(
             check_guards_hold(program)
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
-            if _is_user_error(error) or isinstance(error, QuantizedCaptureError):
+            if _fails_every_strategy(error):
                 break
         else:
             warn_if_dims_pinned(program, module, args, kwargs)
@@ -273,7 +273,9 @@ def _captured_tracing_layers_once(
             program = _non_strict(module, args, kwargs, dynamic_shapes)
         program = replicated(program, calls)
         check_guards_hold(program)
-    except Exception as error:  # every reason, the model's own included, is found again by the full capture
+    except UnflattenableCache as error:
+        raise _capture_error({_NON_STRICT: error}, oblivious) from error
+    except Exception as error:  # every other reason, the model's own included, is found again by the full capture
         logging.getLogger(__name__).debug("layers captured in full: %s", error)
         return None
     warn_if_dims_pinned(program, module, args, kwargs)
@@ -492,6 +494,10 @@ def _first_line(error: BaseException) -> str:
 
 # torch's data-dependent guard errors say which function needed the number ("Caused by: ...").
 _SPLIT_INTO_UNKNOWN_COUNT = re.compile(r"Caused by: \(.* in (split|unbind|chunk|tensor_split|split_with_sizes)\)")
+
+
+def _fails_every_strategy(error: BaseException) -> bool:
+    return _is_user_error(error) or isinstance(error, (QuantizedCaptureError, UnflattenableCache))
 
 
 def _is_user_error(error: BaseException, *kinds: UserErrorType) -> bool:

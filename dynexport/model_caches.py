@@ -38,8 +38,8 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 
 __all__ = [
-    "CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "cache_leaf_names", "caches_flattened", "check_sliding_window_dims",
-    "first_fills_kept", "is_cache", "sliding_windows_sized_by_keys",
+    "CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "UnflattenableCache", "cache_leaf_names", "caches_flattened",
+    "check_sliding_window_dims", "first_fills_kept", "is_cache", "sliding_windows_sized_by_keys",
 ]
 
 CACHE_INPUT_PREFIX = "past_key_values"
@@ -52,6 +52,11 @@ _LAYER_TYPE = {"DynamicCache": "DynamicLayer", "StaticCache": "StaticLayer"}
 # The part of an encoder-decoder cache each child is, in the ecosystem's names.
 _ENCODER_DECODER_PARTS = {"self_attention_cache": "decoder", "cross_attention_cache": "encoder"}
 _TENSOR_KINDS = {"key_cache": "key", "value_cache": "value"}
+
+
+class UnflattenableCache(TypeError):
+    """A cache object dynexport cannot make graph inputs or outputs of: every capture strategy
+    meets it alike, so capture stops at the first."""
 
 
 @contextlib.contextmanager
@@ -312,7 +317,7 @@ def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[
     accepted = (layer_type, sliding_type)
     if any(type(layer) not in accepted for layer in layers):
         kinds = "full-attention and sliding-window" if sliding_type else "full-attention"
-        raise TypeError(
+        raise UnflattenableCache(
             f"dynexport flattens a {name} of {kinds} layers only; this one holds "
             f"{sorted({type(layer).__name__ for layer in layers})}. Export the model without a cache: "
             "use_cache=False, and no cache argument"
@@ -332,7 +337,7 @@ def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[
     if not any(windows):
         return children, None
     if any(layer.record_past for layer, window in zip(layers, windows) if window):
-        raise TypeError(
+        raise UnflattenableCache(
             "a DynamicCache recording its sliding-window layers' past (activate_past_recording, for assisted "
             "decoding) cannot be an export input: pass one that does not record"
         )

@@ -45,6 +45,7 @@ __all__ = [
     "output_values",
     "parameter_names",
     "split_legacy_args",
+    "undeclared_arguments_static",
 ]
 
 _LEAF_TYPES = (torch.Tensor, int, float, bool, type(None))
@@ -126,6 +127,20 @@ def keyed_as_torch_export(forward: Any, shapes: dict[str, Any]) -> dict[str, Any
         else:
             regrouped[key] = value
     return regrouped
+
+
+def undeclared_arguments_static(forward: Any, bound: dict[str, Any], shapes: Any) -> Any:
+    """A dynamic_shapes dict that names some of the arguments passed, with every other one
+    passed given ``None`` (static), as torch.export wants each named; a dict naming something
+    else, or any other form, as it is (torch.export's error then lists the names)."""
+    if not isinstance(shapes, dict) or not shapes or not set(shapes) <= set(bound):
+        return shapes
+    try:
+        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(forward).parameters.values()):
+            return shapes  # torch.export keys ``*t`` as one entry, bound as t_0, t_1, ...
+    except (TypeError, ValueError):
+        return shapes
+    return {name: shapes.get(name) for name in bound}
 
 
 def _bind(forward: Any, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -139,6 +139,23 @@ def test_kwargs_argument_and_python_scalars_are_baked_in():
     assert_close(program(x, scale=3.0), x * 3.0)
 
 
+def test_dynamic_shapes_dict_naming_some_arguments_leaves_the_others_static():
+    # torch.export (and torch.onnx) want every argument passed named, `scale` too
+    x, shift = torch.randn(2, 3), torch.randn(3)
+    program = dynexport.export(
+        WithOptions(), (x,), kwargs={"scale": 3.0, "shift": shift}, dynamic_shapes={"x": {0: Dim("batch")}}
+    )
+    assert [str(d) for d in program.model.graph.inputs[0].shape] == ["batch", "3"]
+    assert [d for d in program.model.graph.inputs[1].shape] == [3]
+    resized = torch.randn(5, 3)
+    assert_close(program(resized, scale=3.0, shift=shift), resized * 3.0 - shift)
+
+
+def test_dynamic_shapes_dict_naming_an_unknown_argument_is_refused_with_the_names():
+    with pytest.raises(dynexport.errors.CaptureError, match=r"arg names \['x', 'scale'\]"):
+        dynexport.export(WithOptions(), (torch.randn(2, 3),), kwargs={"scale": 3.0}, dynamic_shapes={"X": {0: Dim("b")}})
+
+
 def test_string_argument_gets_an_error_naming_it():
     with pytest.raises(TypeError, match=r"argument args\[1\] is a str"):
         dynexport.export(WithOptions(), (torch.randn(2), "fast"))

@@ -118,6 +118,25 @@ def test_a_cache_without_tensors_yet_is_refused_with_the_fix():
         pytree.tree_flatten(transformers.DynamicCache(config=model.config))
 
 
+class _PagedLayer(transformers.cache_utils.DynamicLayer):
+    """A cache layer of a kind dynexport does not flatten."""
+
+
+class _ReturnsAnUnflattenableCache(torch.nn.Module):
+    def forward(self, x):
+        cache = transformers.DynamicCache()
+        cache.layers.append(_PagedLayer())
+        cache.update(x, x + 1, 0)
+        return x * 2, cache
+
+
+def test_an_unflattenable_cache_stops_capture_at_the_first_strategy():
+    # every strategy would meet the cache alike: the others are not run (a minute on a decoder)
+    with pytest.raises(dynexport.errors.CaptureError, match=r"flattens a DynamicCache .* holds \['_PagedLayer'\]") as caught:
+        dynexport.export(_ReturnsAnUnflattenableCache(), (torch.randn(1, 2, 3, 4),))
+    assert list(caught.value.reasons) == ["torch.export(strict=False)"]
+
+
 def test_the_registration_is_undone_and_the_users_kept():
     # A registration of the user's own stays as it was: dynexport registers only what is missing.
     before = _registered()
