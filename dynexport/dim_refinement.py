@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import re
+import sys
 import sysconfig
 import traceback
 import warnings
@@ -639,17 +640,51 @@ _FIXED_TO_CONSTANT = re.compile(r"(?:set_replacement (\S+) = (-?\d+) |eval Eq\((
 
 class _SpecializationLines(logging.Handler):
     """Records the model line that is running when torch's shape environment fixes a symbol to a
-    constant (the Python stack at the time of its log call)."""
+    constant, and the first one running when it adds a guard that fails at another size the
+    symbols' ranges allow (the Python stack at the time of its log call)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.lines: list[tuple[int, str]] = []  # (constant, model line)
+        self.first_narrowing: str | None = None  # a model line whose guard holds at some sizes only
 
     def emit(self, record: logging.LogRecord) -> None:
-        fixed = _FIXED_TO_CONSTANT.match(record.getMessage())
+        message = record.getMessage()
+        fixed = _FIXED_TO_CONSTANT.match(message)
         line = _model_line(traceback.extract_stack()) if fixed else None
         if line is not None:
             self.lines.append((int(fixed.group(2) or fixed.group(4)), line))
+        if self.first_narrowing is None and "[guard added]" in message and _guard_narrows(sys._getframe()):
+            self.first_narrowing = _model_line(traceback.extract_stack())
+
+
+def _guard_narrows(frame: Any) -> bool:
+    """Whether the guard that torch's ``ShapeEnv._log_guard`` (a caller of ``frame``) is adding
+    fails at a size its symbols' ranges allow: ``seq // 64 == 1`` (a Python loop over chunks)
+    does, ``seq % 64 < 64`` does not. Each symbol is tried alone at a few sizes around its
+    example."""
+    while frame is not None and frame.f_code.co_name != "_log_guard":
+        frame = frame.f_back
+    if frame is None:
+        return False
+    guard, shape_env = frame.f_locals.get("g"), frame.f_locals.get("self")
+    examples = getattr(shape_env, "backed_var_to_val", None) or getattr(shape_env, "var_to_val", {})
+    if not isinstance(guard, sympy.Basic) or not guard.free_symbols <= set(examples):
+        return False
+    at_example = {symbol: sympy.Integer(examples[symbol]) for symbol in guard.free_symbols}
+    for symbol in guard.free_symbols:
+        bounds = shape_env.var_to_range.get(symbol)
+        example = int(examples[symbol])
+        for size in {example - 1, example + 1, 2 * example, example + 63, example + 64, 3 * example + 129}:
+            if bounds is not None and not (bounds.lower <= size <= bounds.upper):
+                continue
+            try:
+                holds = guard.xreplace({**at_example, symbol: sympy.Integer(size)})
+            except Exception:  # a function of sizes sympy cannot evaluate there
+                continue
+            if holds is sympy.false:
+                return True
+    return False
 
 
 def _model_line(stack: traceback.StackSummary) -> str | None:
@@ -687,8 +722,10 @@ def _specializations_recorded() -> Iterator[_SpecializationLines]:
 def _specializing_line(
     sizes: set[int], capture: Callable[..., Any], module, args, kwargs, dynamic_shapes
 ) -> str | None:
-    """The model line that fixes a dim to one of ``sizes``: capture runs once more (only on this
-    error path) with torch's shape log recorded, which costs a stack walk per guard."""
+    """The model line that fixes a dim to one of ``sizes``, or else the first whose guard fails at
+    other sizes (Qwen3-Next's Python loop over ``seq`` in chunks of 64 fixes their count, and so
+    ``seq``): capture runs once more (only on this error path) with torch's shape log recorded,
+    which costs a stack walk per guard."""
     with _specializations_recorded() as recorded, contextlib.suppress(Exception):
         capture(module, args, kwargs, dynamic_shapes)
-    return next((line for size, line in recorded.lines if size in sizes), None)
+    return next((line for size, line in recorded.lines if size in sizes), recorded.first_narrowing)

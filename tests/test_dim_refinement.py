@@ -221,6 +221,27 @@ def test_dim_a_size_test_fixes_at_an_example_of_one_is_refused():
     assert "x.shape[0] == 1" in error.value.source
 
 
+class _LoopOverChunks(torch.nn.Module):
+    """A Python loop over ``seq`` in chunks of 4 (Qwen3-Next's gated delta rule, in 64s): torch
+    fixes the count of chunks, and with it ``seq``, through a guard on a computed size."""
+
+    def forward(self, x):
+        padded = torch.nn.functional.pad(x, (0, 0, 0, (4 - x.shape[1] % 4) % 4))
+        chunks = padded.reshape(x.shape[0], -1, 4, x.shape[-1])
+        total = chunks[:, 0]
+        for i in range(1, chunks.shape[1]):
+            total = total + chunks[:, i]
+        return total
+
+
+@pytest.mark.parametrize(("seq", "fixing_code"), [(9, "for i in range("), (3, "padded.reshape(")])
+def test_dim_fixed_through_a_computed_size_is_refused_with_the_model_line(seq, fixing_code):
+    # at 3 the single chunk's contiguity question fixes the count first, in the reshape
+    with pytest.raises(DimSpecializedError, match=rf"seq = {seq}") as error:
+        dynexport.export(_LoopOverChunks(), (torch.randn(2, seq, 3),), dynamic_shapes=({1: Dim("seq")},))
+    assert fixing_code in error.value.source and "test_dim_refinement.py" in error.value.source
+
+
 def test_static_dim_of_one_does_not_blame_the_example_size():
     # A static size-1 dim is no reason for the "example size of 2 or more" hint, nor for
     # size-oblivious capture.
