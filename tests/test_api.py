@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 
@@ -154,6 +155,21 @@ def test_dynamic_shapes_dict_naming_some_arguments_leaves_the_others_static():
 def test_dynamic_shapes_dict_naming_an_unknown_argument_is_refused_with_the_names():
     with pytest.raises(dynexport.errors.CaptureError, match=r"arg names \['x', 'scale'\]"):
         dynexport.export(WithOptions(), (torch.randn(2, 3),), kwargs={"scale": 3.0}, dynamic_shapes={"X": {0: Dim("b")}})
+
+
+def test_the_heap_is_frozen_during_the_export_only_and_a_users_freeze_is_kept():
+    seen = []
+    dynexport.export(lambda x: seen.append(gc.get_freeze_count()) or x + 1, (torch.randn(2),))
+    assert seen[0] > 0 and gc.get_freeze_count() == 0
+    gc.freeze()  # as a server does before forking its workers
+    try:
+        frozen = gc.get_freeze_count()
+        made_since = [[] for _ in range(10_000)]  # frozen too if dynexport froze the heap again
+        seen.clear()
+        dynexport.export(lambda x: seen.append(gc.get_freeze_count()) or x + 1, (torch.randn(2),))
+        assert 0 < seen[0] <= frozen and 0 < gc.get_freeze_count() <= frozen, len(made_since)
+    finally:
+        gc.unfreeze()
 
 
 def test_string_argument_gets_an_error_naming_it():
