@@ -124,7 +124,7 @@ class _CallConvention:
         self.cache_argument = cache_argument
         self.cache_kind = cache_kind  # the class name of the cache the program takes
         self.cache_spec = cache_spec  # a DynamicCache's, with its layers' kinds (full attention, sliding window)
-        self.cache_leaves = cache_leaves  # a DynamicCache's (heads, head_dim, dtype) per tensor, keys then values
+        self.cache_leaves = cache_leaves  # a DynamicCache's (size past batch, dtype) per tensor at past 0
         self.encoder_input = next((n for n in _ENCODER_INPUTS if n in names), None) if "decoder_input_ids" in names else None
 
     @classmethod
@@ -149,7 +149,8 @@ class _CallConvention:
                 cache_argument, cache_kind = name, getattr(child.type, "__name__", None)
                 if cache_kind == "DynamicCache":
                     cache_spec = child
-                    cache_leaves = _cache_leaves([nodes[s.arg.name].meta.get("val") for s in leaf_specs])
+                    attention = sum(part.num_leaves for part in child.children()[:2])  # keys and values first
+                    cache_leaves = _cache_leaves([nodes[s.arg.name].meta.get("val") for s in leaf_specs], attention)
                 elif cache_kind != "EncoderDecoderCache":
                     raise TypeError(
                         f"greedy_generate feeds {name!r} a DynamicCache (an EncoderDecoderCache for an "
@@ -175,7 +176,7 @@ class _CallConvention:
 
         if self.cache_kind == "EncoderDecoderCache":
             return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
-        empty = [torch.zeros(batch, heads, 0, size, dtype=dtype) for heads, size, dtype in self.cache_leaves]
+        empty = [torch.zeros(batch, *size, dtype=dtype) for size, dtype in self.cache_leaves]
         with caches_flattened():
             return pytree.tree_unflatten(empty, self.cache_spec)
 
@@ -193,15 +194,20 @@ class _CallConvention:
         return {name: given.get(name) for name in self.names}
 
 
-def _cache_leaves(values: list[Any]) -> list[tuple]:
+def _cache_leaves(values: list[Any], attention: int) -> list[tuple]:
+    """Each cache tensor's size past the batch when nothing was seen, and its dtype: the first
+    ``attention`` (keys and values) hold 0 past tokens, the others (an LFM2 or Qwen3-Next layer's
+    conv and recurrent states) are zeros of their static size, which a model reads as no past."""
     described = []
-    for tensor in values:
-        heads, size = tensor.shape[1], tensor.shape[3]
-        if not isinstance(heads, int) or not isinstance(size, int):  # a symbolic size
+    for position, tensor in enumerate(values):
+        size = list(tensor.shape[1:])
+        if position < attention:
+            size[1] = 0
+        if not all(isinstance(s, int) for s in size):  # a symbolic size
             raise ValueError(  # noqa: TRY004
-                f"the cache's heads and head size must be static; the program has {list(tensor.shape)}"
+                f"the cache's sizes other than batch and past must be static; the program has {list(tensor.shape)}"
             )
-        described.append((heads, size, tensor.dtype))
+        described.append((tuple(size), tensor.dtype))
     return described
 
 

@@ -11,6 +11,14 @@ nodes, and the registration is undone afterwards, so dynexport leaves pytree as 
   ``min(seen, window - 1)`` tokens, and the count of tokens it has seen, which transformers keeps
   in a Python int, is a full-attention layer's past length (:func:`sliding_windows_sized_by_keys`);
   in a cache of sliding-window layers alone, the layer's own (:func:`check_sliding_window_dims`).
+- a hybrid decoder's ``DynamicCache``, whose layers also keep states of a fixed size
+  (``LinearAttentionLayer``: LFM2's convolutions, Qwen3-Next's linear attention;
+  ``LinearAttentionAndFullAttentionLayer``; ``DummyLayer``, holding nothing): four children,
+  ``key_cache`` and ``value_cache`` of its attention layers, ``conv_states`` and
+  ``recurrent_states`` of the others (one tensor per state held); ``dynamic_shapes`` is
+  ``[[keys], [values], [conv states], [recurrent states]]``. Whether a layer has a previous state,
+  on which the model branches between a prompt and a step, is kept in the tree spec with the
+  layer kinds (:func:`_flatten_state_layers`).
 - ``StaticCache``: ``key_cache``, ``value_cache`` (``[batch, heads, max_cache_len, head_dim]``)
   and ``cumulative_length`` (one 0-d int64 tensor per layer: the tokens written so far);
   ``dynamic_shapes`` is ``[[keys], [values], [lengths]]``.
@@ -23,7 +31,8 @@ values it is given instead of concatenating them to an empty tensor, as transfor
 The ONNX graph names a cache's tensors as onnxruntime-genai and optimum do
 (:func:`cache_leaf_names`): ``past_key_values.<layer>.key`` / ``.value`` for a cache among the
 inputs, ``present.<layer>.key`` / ``.value`` for one among the outputs, with ``.decoder`` /
-``.encoder`` before ``.key`` in an encoder-decoder cache.
+``.encoder`` before ``.key`` in an encoder-decoder cache; a hybrid decoder's states are
+``<prefix>.<layer>.conv_state`` and ``.recurrent_state``, as onnxruntime-genai names them.
 """
 
 from __future__ import annotations
@@ -182,6 +191,8 @@ def check_sliding_window_dims(declared: Iterable[tuple[str, int, Any, Any]], val
             layers = getattr(part, "layers", ())
             part_windows = [_sliding_window(layer) for layer in layers]
             for layer, window in zip(layers, part_windows):
+                if not isinstance(getattr(layer, "keys", None), torch.Tensor):
+                    continue  # a layer of states (LinearAttentionLayer), or a DummyLayer
                 windows[id(layer.keys)] = windows[id(layer.values)] = window
                 if part_windows and all(part_windows) and isinstance(layer.keys, torch.Tensor):
                     alone[id(layer.keys)] = alone[id(layer.values)] = layer.keys.shape[-2]
@@ -258,6 +269,12 @@ def _name_cache(spec: pytree.TreeSpec, kind: str, first_leaf: int, prefix: str, 
                 _name_cache(child, child_kind, position, prefix, f".{_ENCODER_DECODER_PARTS[child_name]}", names)
             position += child.num_leaves
         return
+    if kind == "DynamicCache" and spec.num_children == len(_STATE_CHILDREN):
+        for child, layer_names in zip(spec.children(), _state_layer_names(spec.context).values()):
+            for offset, layer_name in enumerate(layer_names):
+                names[position + offset] = f"{prefix}.{layer_name}"
+            position += child.num_leaves
+        return
     for child_name, child in zip(_LAYER_CHILDREN[kind], spec.children()):
         tensor = _TENSOR_KINDS.get(child_name, child_name)
         for layer in range(child.num_leaves):
@@ -301,7 +318,8 @@ def _register(name: str, cache_type: type) -> None:
 
     def flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], Any]:
         children, context = flatten(cache)
-        return [(pytree.MappingKey(key), child) for key, child in zip(children_names, children)], context
+        keys = _STATE_CHILDREN if len(children) == len(_STATE_CHILDREN) else children_names
+        return [(pytree.MappingKey(key), child) for key, child in zip(keys, children)], context
 
     pytree._private_register_pytree_node(
         cache_type, flatten, unflatten,
@@ -313,15 +331,12 @@ def _register(name: str, cache_type: type) -> None:
 
 def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[Any]], Any]:
     layers = cache.layers
+    if name == "DynamicCache" and any(type(layer).__name__ in _STATE_LAYERS for layer in layers):
+        return _flatten_state_layers(cache)
     sliding_type = _sliding_layer_type(layer_type) if name == "DynamicCache" else None
     accepted = (layer_type, sliding_type)
     if any(type(layer) not in accepted for layer in layers):
-        kinds = "full-attention and sliding-window" if sliding_type else "full-attention"
-        raise UnflattenableCache(
-            f"dynexport flattens a {name} of {kinds} layers only; this one holds "
-            f"{sorted({type(layer).__name__ for layer in layers})}. Export the model without a cache: "
-            "use_cache=False, and no cache argument"
-        )
+        raise _unflattenable(name, layers)
     if any(not layer.is_initialized for layer in layers):
         raise ValueError(
             f"a {name} whose layers hold no tensors yet cannot be an export input or output: fill it "
@@ -347,6 +362,8 @@ def _flatten_layers(cache: Any, name: str, layer_type: type) -> tuple[list[list[
 def _unflatten_layers(cache_type: type, layer_type: type, children: list[list[Any]], context: Any) -> Any:
     # The layers take the leaves as they are (the constructor would allocate or concatenate
     # tensors): naming outputs unflattens placeholders that are no tensors.
+    if len(children) == len(_STATE_CHILDREN):
+        return _unflatten_state_layers(cache_type, children, context)
     cache = cache_type.__new__(cache_type)
     static = len(children) == 3
     windows = context if not static and context is not None else (None,) * len(children[0])
@@ -385,6 +402,108 @@ def _unflatten_layers(cache_type: type, layer_type: type, children: list[list[An
 
 def _sliding_layer_type(layer_type: type) -> type | None:
     return getattr(sys.modules[layer_type.__module__], "DynamicSlidingWindowLayer", None)
+
+
+# A DynamicCache holding layers of these kinds (hybrid decoders: LFM2's convolutions, Qwen3-Next's
+# linear attention, Mamba's state spaces) flattens to four lists: the keys and values of its
+# attention layers, then the conv states and recurrent states of its other layers.
+_STATE_LAYERS = ("LinearAttentionLayer", "LinearAttentionAndFullAttentionLayer", "DummyLayer")
+_ATTENTION_LAYERS = ("DynamicLayer", "LinearAttentionAndFullAttentionLayer")
+_STATE_CHILDREN = ("key_cache", "value_cache", "conv_states", "recurrent_states")
+
+
+def _unflattenable(name: str, layers: list[Any]) -> UnflattenableCache:
+    kinds = ("full-attention and sliding-window layers, or of full-attention layers and layers of states "
+             f"({', '.join(_STATE_LAYERS)})" if name == "DynamicCache" else "full-attention layers")
+    return UnflattenableCache(
+        f"dynexport flattens a {name} of {kinds} only; this one holds "
+        f"{sorted({type(layer).__name__ for layer in layers})}. Export the model without a cache: "
+        "use_cache=False, and no cache argument"
+    )
+
+
+def _flatten_state_layers(cache: Any) -> tuple[list[list[Any]], tuple]:
+    """The four lists of a DynamicCache with state layers, and per layer ``(kind, conv kernel
+    size or None per state, recurrent state held per state, has_previous_state per state)``:
+    what the model branches on (a prompt or a step), kept in the tree spec."""
+    layers = cache.layers
+    if {type(layer).__name__ for layer in layers} - {*_STATE_LAYERS, *_ATTENTION_LAYERS}:
+        raise _unflattenable("DynamicCache", layers)
+    keys, values, convs, recurrents, layout = [], [], [], [], []
+    for layer in layers:
+        kind = type(layer).__name__
+        if kind in _ATTENTION_LAYERS:
+            if not layer.is_initialized:
+                raise ValueError(
+                    "a DynamicCache whose attention layers hold no tensors yet cannot be an export input or output: "
+                    "fill it (a prompt's cache, as the model returns it)"
+                )
+            keys.append(layer.keys)
+            values.append(layer.values)
+        if kind == "DummyLayer" or not hasattr(layer, "conv_states"):
+            layout.append((kind, (), (), ()))
+            continue
+        if layer.record_past:
+            raise UnflattenableCache(
+                "a DynamicCache recording its linear-attention layers' past (activate_past_recording, for assisted "
+                "decoding) cannot be an export input: pass one that does not record"
+            )
+        states = range(layer.number_of_states)
+        conv_sizes = tuple(layer.conv_kernel_size[i] if layer.is_conv_states_initialized[i] else None for i in states)
+        recurrent = tuple(bool(layer.is_recurrent_states_initialized[i]) for i in states)
+        convs += [layer.conv_states[i] for i in states if conv_sizes[i] is not None]
+        recurrents += [layer.recurrent_states[i] for i in states if recurrent[i]]
+        layout.append((kind, conv_sizes, recurrent, tuple(bool(layer.has_previous_state[i]) for i in states)))
+    return [keys, values, convs, recurrents], tuple(layout)
+
+
+def _unflatten_state_layers(cache_type: type, children: list[list[Any]], layout: tuple) -> Any:
+    cache_utils = sys.modules[cache_type.__module__]
+    keys, values, convs, recurrents = (iter(child) for child in children)
+    layers = []
+    for kind, conv_sizes, recurrent, previous in layout:
+        layer_class = getattr(cache_utils, kind)
+        layer = layer_class() if not conv_sizes else layer_class(number_of_states=len(conv_sizes))
+        if kind in _ATTENTION_LAYERS:
+            layer.keys, layer.values = next(keys), next(values)
+            layer.is_initialized = True
+            layer.device = getattr(layer.keys, "device", None)
+        for state, size in enumerate(conv_sizes):
+            if size is not None:
+                layer.conv_states[state] = next(convs)
+                layer.conv_kernel_size[state] = size
+                layer.is_conv_states_initialized[state] = True
+            if recurrent[state]:
+                layer.recurrent_states[state] = next(recurrents)
+                layer.is_recurrent_states_initialized[state] = True
+            layer.has_previous_state[state] = previous[state]
+        held = [*layer.conv_states.values(), *layer.recurrent_states.values()] if conv_sizes else []
+        first = next((state for state in held if isinstance(state, torch.Tensor)), None)
+        if first is not None:
+            layer.dtype, layer.device = first.dtype, first.device
+        layers.append(layer)
+    cache = cache_type.__new__(cache_type)
+    super(cache_type, cache).__init__(layers=layers)
+    return cache
+
+
+def _state_layer_names(layout: tuple) -> dict[str, list[str]]:
+    """Per child of a DynamicCache with state layers, the name of each of its tensors after the
+    prefix: ``<layer>.key``, ``<layer>.conv_state`` (``<layer>.conv_state.<state>`` where a layer
+    holds several)."""
+    names: dict[str, list[str]] = {child: [] for child in _STATE_CHILDREN}
+    for index, (kind, conv_sizes, recurrent, _) in enumerate(layout):
+        if kind in _ATTENTION_LAYERS:
+            names["key_cache"].append(f"{index}.key")
+            names["value_cache"].append(f"{index}.value")
+        several = len(conv_sizes) > 1
+        for state, size in enumerate(conv_sizes):
+            suffix = f".{state}" if several else ""
+            if size is not None:
+                names["conv_states"].append(f"{index}.conv_state{suffix}")
+            if recurrent[state]:
+                names["recurrent_states"].append(f"{index}.recurrent_state{suffix}")
+    return names
 
 
 def _flatten_encoder_decoder(cache: Any) -> tuple[list[Any], None]:

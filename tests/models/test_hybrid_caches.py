@@ -1,0 +1,188 @@
+"""Hybrid decoders' DynamicCache as export input and output: LFM2's convolution layers and
+Qwen3-Next's linear attention keep conv and recurrent states in their cache beside the
+attention layers' keys and values (dynexport.model_caches). Tiny random-weight models, checked
+in onnxruntime against eager at other batch, sequence and past sizes, and LFM2's greedy
+generation token for token."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import dynexport
+from dynexport.generation import greedy_generate
+from dynexport.model_caches import UnflattenableCache, cache_leaf_names, caches_flattened
+from tests.equivalence import assert_close
+from tests.models.families import VOCAB, tiny, transformers
+
+Dim = torch.export.Dim
+ATOL = 1e-4
+
+_TEXT = {"vocab_size": VOCAB, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "num_key_value_heads": 2}
+
+
+def _lfm2():
+    """Convolution layers around a full-attention layer; a convolution keeps 3 positions."""
+    return transformers.Lfm2ForCausalLM(tiny(
+        transformers.Lfm2Config, **_TEXT, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+    )).eval()
+
+
+def _qwen3_next():
+    """A linear-attention (gated delta rule) layer and a full-attention layer, 4 experts."""
+    return transformers.Qwen3NextForCausalLM(tiny(
+        transformers.Qwen3NextConfig, **_TEXT, num_hidden_layers=2, head_dim=8,
+        layer_types=["linear_attention", "full_attention"], linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+    )).eval()
+
+
+def _step_call(model, batch: int, past: int, seq: int) -> dict[str, Any]:
+    """A decode step: new tokens, a mask over past and new tokens, and the cache the model
+    filled with ``past`` tokens; at past 0, a cache of no keys and zero states (no past)."""
+    generator = torch.Generator().manual_seed(batch * 100 + past * 10 + seq)
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(1, VOCAB, (batch, past or 4), generator=generator)).past_key_values
+    if past == 0:
+        for layer in cache.layers:
+            if hasattr(layer, "keys"):
+                layer.keys, layer.values = layer.keys[:, :, :0].clone(), layer.values[:, :, :0].clone()
+            for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+                for state in states.values():
+                    if state is not None:
+                        state.zero_()
+    return {
+        "input_ids": torch.randint(1, VOCAB, (batch, seq), generator=generator),
+        "attention_mask": torch.ones(batch, past + seq, dtype=torch.int64),
+        "past_key_values": cache,
+    }
+
+
+def _step_dims(model, *, seq: Any, batch: Any = None) -> dict[str, Any]:
+    """The attention layers' past from 0; the states' sizes fixed but for the batch."""
+    batch, past = batch or Dim("batch"), Dim("past", min=0)
+    kinds = model.config.layer_types
+    attention = [{0: batch, 2: past} for kind in kinds if kind == "full_attention"]
+    states = [{0: batch} for kind in kinds if kind != "full_attention"]
+    recurrent = states if "linear_attention" in kinds else []
+    return {
+        "input_ids": {0: batch} if seq is None else {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: Dim.DYNAMIC},  # past + seq
+        "past_key_values": [attention, attention, states, recurrent],
+    }
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    tensors = []
+    for layer in cache.layers:
+        if hasattr(layer, "keys"):
+            tensors += [layer.keys, layer.values]
+        for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+            tensors += [state for state in states.values() if state is not None]
+    return tensors
+
+
+def _assert_runs_as_eager(program, model, call: dict[str, Any], where: str, args: tuple = ()) -> None:
+    with torch.no_grad():
+        expected = model(*args, **copy.deepcopy(call))  # eager updates the states it is given in place
+    actual = program(*args, **call)
+    assert_close(actual.logits, expected.logits, atol=ATOL, where=f"logits {where}")
+    got, want = actual.past_key_values, expected.past_key_values
+    assert [type(layer) for layer in got.layers] == [type(layer) for layer in want.layers]
+    assert_close(_cache_tensors(got), _cache_tensors(want), atol=ATOL, where=f"cache {where}")
+
+
+def test_a_hybrid_cache_flattens_to_named_tensors_and_back():
+    model = _lfm2()
+    cache = _step_call(model, 2, 5, 1)["past_key_values"]
+    with caches_flattened():
+        leaves, spec = pytree.tree_flatten({"past_key_values": cache})
+        rebuilt = pytree.tree_unflatten(leaves, spec)["past_key_values"]
+    assert list(cache_leaf_names(spec, "past_key_values").values()) == [
+        "past_key_values.1.key", "past_key_values.1.value", "past_key_values.0.conv_state", "past_key_values.2.conv_state",
+    ]
+    assert [type(layer) for layer in rebuilt.layers] == [type(layer) for layer in cache.layers]
+    assert all(a is b for a, b in zip(_cache_tensors(rebuilt), _cache_tensors(cache), strict=True))
+    conv = rebuilt.layers[0]
+    assert conv.has_previous_state == {0: True} and conv.conv_kernel_size == {0: 3} and conv.recurrent_states == {0: None}
+    assert rebuilt.get_seq_length() == 5 and rebuilt.get_conv_state(2) is cache.layers[2].conv_states[0]
+
+
+def test_lfm2_called_plainly_returns_its_cache_as_eager():
+    # use_cache left True: the model makes its hybrid cache and returns it. A prompt shorter
+    # than the convolution (3) takes transformers' padding branch, so the graph holds from 3.
+    model = _lfm2()
+    batch, seq = Dim("batch"), Dim("seq")
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: seq: min=3"):
+        program = dynexport.export(model, (torch.randint(1, VOCAB, (2, 5)),), dynamic_shapes={"input_ids": {0: batch, 1: seq}})
+    assert [o.name for o in program.model.graph.outputs] == [
+        "logits", "present.1.key", "present.1.value", "present.0.conv_state", "present.2.conv_state",
+    ]
+    for sizes in [(2, 5), (3, 9), (1, 16), (4, 3)]:
+        ids = torch.randint(1, VOCAB, sizes, generator=torch.Generator().manual_seed(sum(sizes)))
+        _assert_runs_as_eager(program, model, {}, f"at {sizes}", args=(ids,))
+
+
+def test_lfm2_decode_step_runs_as_eager_from_past_0():
+    model = _lfm2()
+    program = dynexport.export(model, (), kwargs=_step_call(model, 2, 5, 3), dynamic_shapes=_step_dims(model, seq=Dim("seq")))
+    inputs = [i.name for i in program.model.graph.inputs]
+    assert inputs[2:] == ["past_key_values.1.key", "past_key_values.1.value", "past_key_values.0.conv_state", "past_key_values.2.conv_state"]
+    for batch, past, seq in [(2, 5, 3), (3, 9, 1), (1, 2, 6), (4, 12, 2), (2, 0, 4), (1, 0, 1)]:
+        _assert_runs_as_eager(program, model, _step_call(model, batch, past, seq), f"at batch {batch}, past {past}, new {seq}")
+    # past 0 (no keys, zero states) is the prompt run without a cache
+    call = _step_call(model, 2, 0, 4)
+    with torch.no_grad():
+        assert_close(program(**call).logits, model(input_ids=call["input_ids"]).logits, atol=ATOL, where="prompt")
+
+
+def test_lfm2_generates_as_eager():
+    # One graph from past 0: the prompt (left-padded at batch 2) and every step.
+    model = _lfm2()
+    batch, seq = Dim("batch"), Dim("seq")
+    call = _step_call(model, 2, 0, 4)
+    call["position_ids"] = torch.arange(4).expand(2, 4).contiguous()
+    dynamic_shapes = {**_step_dims(model, seq=seq, batch=batch), "position_ids": {0: batch, 1: seq}}
+    program = dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
+    for rows in (1, 2):
+        ids = torch.randint(3, VOCAB, (rows, 6), generator=torch.Generator().manual_seed(rows))
+        mask = torch.ones(rows, 6, dtype=torch.int64)
+        if rows > 1:
+            ids[-1, :3], mask[-1, :3] = 0, 0
+        with torch.no_grad():
+            expected = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, pad_token_id=0)
+        actual = greedy_generate(program, ids, mask, max_new_tokens=8, eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)
+        assert actual.tolist() == expected.tolist(), f"batch {rows}"
+
+
+@pytest.mark.slow
+def test_qwen3_next_decode_step_runs_as_eager():
+    # One new token (the prompt's chunked gated-delta rule loops over seq // 64 chunks in
+    # Python: torch fixes their count), the attention layer's past from 0.
+    model = _qwen3_next()
+    program = dynexport.export(model, (), kwargs=_step_call(model, 2, 5, 1), dynamic_shapes=_step_dims(model, seq=None))
+    inputs = [i.name for i in program.model.graph.inputs]
+    assert inputs[2:] == ["past_key_values.1.key", "past_key_values.1.value", "past_key_values.0.conv_state", "past_key_values.0.recurrent_state"]
+    for batch, past in [(2, 5), (3, 9), (1, 2), (4, 70), (2, 0)]:
+        _assert_runs_as_eager(program, model, _step_call(model, batch, past, 1), f"at batch {batch}, past {past}")
+
+
+class _PagedLayer(transformers.cache_utils.DynamicLayer):
+    """A cache layer of a kind dynexport does not flatten."""
+
+
+def test_state_layers_beside_other_kinds_or_recording_their_past_are_refused():
+    model = _lfm2()
+    cache = _step_call(model, 2, 5, 1)["past_key_values"]
+    cache.layers[1] = _PagedLayer()
+    with caches_flattened(), pytest.raises(UnflattenableCache, match=r"holds \['LinearAttentionLayer', '_PagedLayer'\].*use_cache=False"):
+        pytree.tree_flatten(cache)
+    cache = _step_call(model, 2, 5, 1)["past_key_values"]
+    cache.activate_past_recording()
+    with caches_flattened(), pytest.raises(UnflattenableCache, match="activate_past_recording"):
+        pytree.tree_flatten(cache)
