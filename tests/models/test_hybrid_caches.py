@@ -63,17 +63,19 @@ def _step_call(model, batch: int, past: int, seq: int) -> dict[str, Any]:
     }
 
 
-def _step_dims(model, *, seq: Any, batch: Any = None) -> dict[str, Any]:
+def _step_dims(call: dict[str, Any], *, seq: Any, batch: Any = None) -> dict[str, Any]:
     """The attention layers' past from 0; the states' sizes fixed but for the batch."""
     batch, past = batch or Dim("batch"), Dim("past", min=0)
-    kinds = model.config.layer_types
-    attention = [{0: batch, 2: past} for kind in kinds if kind == "full_attention"]
-    states = [{0: batch} for kind in kinds if kind != "full_attention"]
-    recurrent = states if "linear_attention" in kinds else []
+    layers = call["past_key_values"].layers
+    attention = [{0: batch, 2: past} for layer in layers if hasattr(layer, "keys")]
+    convs, recurrents = (
+        [{0: batch} for layer in layers for state in getattr(layer, kind, {}).values() if state is not None]
+        for kind in ("conv_states", "recurrent_states")
+    )
     return {
         "input_ids": {0: batch} if seq is None else {0: batch, 1: seq},
         "attention_mask": {0: batch, 1: Dim.DYNAMIC},  # past + seq
-        "past_key_values": [attention, attention, states, recurrent],
+        "past_key_values": [attention, attention, convs, recurrents],
     }
 
 
@@ -130,7 +132,8 @@ def test_lfm2_called_plainly_returns_its_cache_as_eager():
 
 def test_lfm2_decode_step_runs_as_eager_from_past_0():
     model = _lfm2()
-    program = dynexport.export(model, (), kwargs=_step_call(model, 2, 5, 3), dynamic_shapes=_step_dims(model, seq=Dim("seq")))
+    call = _step_call(model, 2, 5, 3)
+    program = dynexport.export(model, (), kwargs=call, dynamic_shapes=_step_dims(call, seq=Dim("seq")))
     inputs = [i.name for i in program.model.graph.inputs]
     assert inputs[2:] == ["past_key_values.1.key", "past_key_values.1.value", "past_key_values.0.conv_state", "past_key_values.2.conv_state"]
     for batch, past, seq in [(2, 5, 3), (3, 9, 1), (1, 2, 6), (4, 12, 2), (2, 0, 4), (1, 0, 1)]:
@@ -147,7 +150,7 @@ def test_lfm2_generates_as_eager():
     batch, seq = Dim("batch"), Dim("seq")
     call = _step_call(model, 2, 0, 4)
     call["position_ids"] = torch.arange(4).expand(2, 4).contiguous()
-    dynamic_shapes = {**_step_dims(model, seq=seq, batch=batch), "position_ids": {0: batch, 1: seq}}
+    dynamic_shapes = {**_step_dims(call, seq=seq, batch=batch), "position_ids": {0: batch, 1: seq}}
     program = dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
     for rows in (1, 2):
         ids = torch.randint(3, VOCAB, (rows, 6), generator=torch.Generator().manual_seed(rows))
@@ -165,10 +168,56 @@ def test_qwen3_next_decode_step_runs_as_eager():
     # One new token (the prompt's chunked gated-delta rule loops over seq // 64 chunks in
     # Python: torch fixes their count), the attention layer's past from 0.
     model = _qwen3_next()
-    program = dynexport.export(model, (), kwargs=_step_call(model, 2, 5, 1), dynamic_shapes=_step_dims(model, seq=None))
+    call = _step_call(model, 2, 5, 1)
+    program = dynexport.export(model, (), kwargs=call, dynamic_shapes=_step_dims(call, seq=None))
     inputs = [i.name for i in program.model.graph.inputs]
     assert inputs[2:] == ["past_key_values.1.key", "past_key_values.1.value", "past_key_values.0.conv_state", "past_key_values.0.recurrent_state"]
     for batch, past in [(2, 5), (3, 9), (1, 2), (4, 70), (2, 0)]:
+        _assert_runs_as_eager(program, model, _step_call(model, batch, past, 1), f"at batch {batch}, past {past}")
+
+
+# Other families whose cache holds LinearAttentionLayers: Mamba-2 mixers beside attention
+# (Bamba, Granite MoE hybrid) or within the attention layers (Falcon-H1's
+# LinearAttentionAndFullAttentionLayer), Mamba beside attention (Jamba), Mamba-2 alone, Qwen3.5's
+# gated delta rule. Each exports its one-token step.
+STATE_DECODERS = {
+    "bamba": lambda: transformers.BambaForCausalLM(tiny(
+        transformers.BambaConfig, **_TEXT, num_hidden_layers=2, attn_layer_indices=[1], mamba_n_heads=4,
+        mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16, mamba_expand=2,
+    )),
+    "falcon_h1": lambda: transformers.FalconH1ForCausalLM(tiny(  # attention and Mamba-2 in each layer
+        transformers.FalconH1Config, **_TEXT, num_hidden_layers=2, head_dim=8, mamba_d_ssm=64, mamba_n_heads=4,
+        mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16, mamba_expand=2,
+    )),
+    "granitemoehybrid": lambda: transformers.GraniteMoeHybridForCausalLM(tiny(
+        transformers.GraniteMoeHybridConfig, **_TEXT, num_hidden_layers=2, layer_types=["mamba", "attention"],
+        mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16, mamba_expand=2,
+        num_local_experts=4, num_experts_per_tok=2,
+    )),
+    "jamba": lambda: transformers.JambaForCausalLM(tiny(
+        transformers.JambaConfig, **_TEXT, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_dt_rank=4,
+        use_mamba_kernels=False,
+    )),
+    "mamba2": lambda: transformers.Mamba2ForCausalLM(tiny(
+        transformers.Mamba2Config, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
+        state_size=8, n_groups=1, chunk_size=16, expand=2,
+    )),
+    "qwen3_5": lambda: transformers.Qwen3_5ForCausalLM(tiny(
+        transformers.Qwen3_5TextConfig, **_TEXT, num_hidden_layers=2, head_dim=8,
+        layer_types=["linear_attention", "full_attention"], linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+    )),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", STATE_DECODERS)
+def test_a_state_space_decode_step_runs_as_eager(family):
+    model = STATE_DECODERS[family]().eval()
+    call = _step_call(model, 2, 5, 1)
+    program = dynexport.export(model, (), kwargs=call, dynamic_shapes=_step_dims(call, seq=None))
+    for batch, past in [(2, 5), (3, 9), (1, 2), (2, 0)]:
         _assert_runs_as_eager(program, model, _step_call(model, batch, past, 1), f"at batch {batch}, past {past}")
 
 
