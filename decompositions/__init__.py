@@ -5,8 +5,9 @@ whose operator has a rule straight to the table; only a node without a rule (or 
 declines it) is decomposed, here, by tracing its decomposition under the program's own fake mode.
 Operators inside that decomposition that have rules stay whole; the others decompose further.
 
-The decompositions used are torch's core-ATen table, then torch's wider table, then the
-operator's own CompositeImplicitAutograd kernel. An operator that has a rule is never
+The decompositions used are torch's core-ATen table, then torch's wider table (then dynexport's
+fused ops' and ``torch.onnx.ops``' ATen references), then the operator's own
+CompositeImplicitAutograd kernel. An operator that has a rule is never
 decomposed, even where torch has a decomposition for it (``tests/preserved_ops.py`` lists the
 ones that matter most and checks each has a rule).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -44,11 +46,21 @@ def _core_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
     return dict(core_aten_decompositions().items())
 
 
+def _onnx_ops_table() -> dict[torch._ops.OpOverload, Callable[..., Any]]:
+    """torch.onnx.ops' ONNX operators (RotaryEmbedding-23, Attention-23) as their ATen
+    reference, for opsets before theirs; empty until a model has imported torch.onnx.ops."""
+    ops = sys.modules.get("torch.onnx.ops")
+    return ops.aten_decompositions() if ops is not None else {}
+
+
 def decomposition_for(target: Any) -> Callable[..., Any] | None:
     """The function that decomposes ``target``, or None when it has none."""
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    fn = _core_table().get(target) or torch_decompositions.get(target) or FUSED_DECOMPOSITIONS.get(target)
+    fn = (
+        _core_table().get(target) or torch_decompositions.get(target) or FUSED_DECOMPOSITIONS.get(target)
+        or _onnx_ops_table().get(target)
+    )
     if fn is not None:
         return fn
     if torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"):

@@ -794,7 +794,8 @@ class TranslationPlan:
 
 def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int], written_for: dict[str, set[int]]) -> None:
     """Declare every domain the nodes use: at ``custom_opsets``' version, else the version the
-    rules' onnxscript Opsets name (``written_for``), else 1."""
+    rules' onnxscript Opsets name (``written_for``), else the first node's own (``_version=``),
+    else 1."""
     for domain, versions in written_for.items():
         if domain not in custom_opsets and len(versions) > 1:
             raise ExportError(
@@ -803,7 +804,7 @@ def _import_custom_domains(graph: ir.Graph, custom_opsets: dict[str, int], writt
             )
     for node in graph.all_nodes():
         if node.domain not in graph.opset_imports:
-            default = min(written_for.get(node.domain, {1}))
+            default = min(written_for.get(node.domain, {node.version or 1}))
             graph.opset_imports[node.domain] = custom_opsets.get(node.domain, default)
     for domain, version in custom_opsets.items():
         graph.opset_imports.setdefault(domain, version)

@@ -13,6 +13,7 @@ from dynexport.ops import (  # noqa: F401
     linalg_solve,
     llm,
     normalization,
+    onnx_ops,
     padding,
     pooling,
     quantization,

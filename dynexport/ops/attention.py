@@ -104,9 +104,11 @@ def scaled_dot_product_attention(
 def scaled_dot_product_flash_attention_for_cpu(
     ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
 ):
-    scores = _scores(ctx, query, key, attn_mask, is_causal, scale)
+    # The kernel reads grouped key-value heads as SDPA's enable_gqa does (what that call decomposes to).
+    scores = _scores(ctx, query, key, attn_mask, is_causal, scale, enable_gqa=True)
     logsumexp = reduce(ctx, "ReduceLogSumExp", scores, [-1], keepdims=False)
-    return _attend(ctx, scores, value, masked=attn_mask is not None), cast(ctx, logsumexp, ir.DataType.FLOAT)
+    attended = _attend(ctx, scores, _repeat_heads(ctx, value, query), masked=attn_mask is not None)
+    return attended, cast(ctx, logsumexp, ir.DataType.FLOAT)
 
 
 def _scores(ctx, query, key, attn_mask, is_causal: bool, scale, enable_gqa: bool = False):
