@@ -115,6 +115,22 @@ def test_a_hybrid_cache_flattens_to_named_tensors_and_back():
     assert rebuilt.get_seq_length() == 5 and rebuilt.get_conv_state(2) is cache.layers[2].conv_states[0]
 
 
+def test_a_layer_of_several_states_names_each():
+    layer = transformers.cache_utils.LinearAttentionLayer(number_of_states=2)
+    for state in (0, 1):
+        layer.update_conv_state(torch.randn(2, 8, 4), state_idx=state)
+        layer.update_recurrent_state(torch.randn(2, 2, 4, 4), state_idx=state)
+    cache = transformers.DynamicCache()
+    cache.layers = [transformers.cache_utils.DynamicLayer(), layer]
+    cache.layers[0].update(torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4))
+    with caches_flattened():
+        spec = pytree.tree_flatten(cache)[1]
+    assert list(cache_leaf_names(spec, "present").values()) == [
+        "present.0.key", "present.0.value", "present.1.conv_state.0", "present.1.conv_state.1",
+        "present.1.recurrent_state.0", "present.1.recurrent_state.1",
+    ]
+
+
 def test_lfm2_called_plainly_returns_its_cache_as_eager():
     # use_cache left True: the model makes its hybrid cache and returns it. A prompt shorter
     # than the convolution (3) takes transformers' padding branch, so the graph holds from 3.
