@@ -200,9 +200,14 @@ def save_model(
     *,
     external_data: bool | str | None = None,
     include_initializers: bool = True,
+    keep_initializers_as_inputs: bool = False,
     progress: ProgressCallback | None = None,
 ) -> None:
     """Write ``model`` to a path or a binary file object; see :meth:`dynexport.ONNXProgram.save`."""
+    if keep_initializers_as_inputs:
+        with _initializers_listed_as_inputs(model):
+            save_model(model, destination, external_data=external_data, include_initializers=include_initializers, progress=progress)
+        return
     initializers = list(model.graph.initializers.values()) if include_initializers else []
     if include_initializers:
         require_weights(model, "save the weights")
@@ -330,6 +335,20 @@ def _initializers_left_out(model: ir.Model, leave_out: bool) -> Iterator[None]:
     finally:
         for value in kept:
             graph.register_initializer(value)
+
+
+@contextlib.contextmanager
+def _initializers_listed_as_inputs(model: ir.Model) -> Iterator[None]:
+    """Within the block the graph lists as inputs too the initializers it does not list yet (a
+    runtime may then be fed other weights)."""
+    listed = set(model.graph.inputs)
+    added = [value for value in model.graph.initializers.values() if value not in listed]
+    model.graph.inputs.extend(added)
+    try:
+        yield
+    finally:
+        for value in added:
+            model.graph.inputs.remove(value)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import contextvars
 import dataclasses
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import onnx_ir as ir
@@ -137,6 +137,15 @@ class InputGuards:
             if not is_graph_input(spec)
         }
         return cls(dims, ranges, baked)
+
+    def renamed(self, rename: Callable[[str], str]) -> InputGuards:
+        """The same guards with each dim's name passed through ``rename``."""
+        dims = [
+            entry if entry is None or entry.is_int  # an int input's "dim" is named after the input
+            else dataclasses.replace(entry, dims=[dataclasses.replace(d, name=rename(d.name)) for d in entry.dims])
+            for entry in self.dims
+        ]
+        return InputGuards(dims, self.ranges, self.baked)
 
     def metadata(self) -> dict[str, str]:
         """The guards as ONNX ``metadata_props``."""

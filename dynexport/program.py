@@ -22,15 +22,40 @@ import torch.utils._pytree as pytree
 from dynexport import files, runtime
 from dynexport.call_convention import OutputLayout, flatten_call, is_graph_input, user_input_specs
 from dynexport.graph_text import format_graph, value_text
+from dynexport.dim_refinement import DIM_REFINEMENTS_KEY
 from dynexport.input_guards import InputGuards
 from dynexport.model_caches import caches_flattened
 from dynexport.passes.onnx.values import values_by_name
 from dynexport.quantize import WeightQuantization, quantization_of, quantize_model, verify_quantized
 from dynexport.signature import split_legacy_args
-from dynexport.translate import BUFFER_UPDATES_KEY
+from dynexport.passes.onnx.rename_dims import dim_names, rename_dims, renamed
+from dynexport.translate import BUFFER_UPDATES_KEY, OUTPUT_DIMS_KEY
 from dynexport.verification import VerificationReport, verify_program
 
 __all__ = ["ONNXProgram"]
+
+
+def _dim_renaming(rename_mapping: Mapping[Any, Any], names: set[str]) -> dict[str, str]:
+    """``rename_axes``' mapping as old name to new name, checked."""
+    if not isinstance(rename_mapping, Mapping):
+        raise TypeError(f"rename_axes takes a dict of old dims to new names, got {type(rename_mapping).__name__}")
+    mapping: dict[str, str] = {}
+    for key, new in rename_mapping.items():
+        old = key.value if isinstance(key, ir.SymbolicDim) else key
+        if not isinstance(old, str):
+            raise TypeError(f"rename_axes: {key!r} is not a dim name (str) or a named SymbolicDim of the model")
+        if not isinstance(new, str) or not new.strip():
+            raise TypeError(f"rename_axes: the new name of {old!r} must be a non-empty str, got {new!r}")
+        mapping[old] = new
+    kept = names - set(mapping)
+    taken = {old: new for old, new in mapping.items() if new in kept and new != old}
+    if taken:
+        old, new = next(iter(taken.items()))
+        raise ValueError(
+            f"rename_axes: {new!r}, the new name of {old!r}, already names another dim of the model; two dims of "
+            "one name are one size in ONNX. Choose another name, or rename that dim too"
+        )
+    return mapping
 
 
 class ONNXProgram:
@@ -104,6 +129,34 @@ class ONNXProgram:
             for name, value in self.model.graph.initializers.items()
             if value.const_value is not None
         }
+
+    def rename_axes(self, rename_mapping: Mapping[str | ir.SymbolicDim, str]) -> None:
+        """Rename symbolic dims, as torch.onnx's ``ONNXProgram.rename_axes`` does: keys are dim
+        names (``"seq"``) or the ``SymbolicDim`` objects of the model's shapes, values the new
+        names. Every value's shape changes, expressions of a renamed name too (``past + seq``),
+        and so do the input checks and the metadata that name dims.
+
+        Raises:
+            TypeError: a key or a new name of another type.
+            ValueError: an empty new name, or one the model already gives another dim (two dims
+                of one name are one size in ONNX).
+        """
+        mapping = _dim_renaming(rename_mapping, dim_names(self.model))
+        rename_dims(self.model, mapping)
+        rename = functools.partial(renamed, mapping=mapping)
+        if self.input_guards is not None:
+            self.input_guards = self.input_guards.renamed(rename)
+            self.model.metadata_props.update(self.input_guards.metadata())
+        metadata = self.model.metadata_props
+        if OUTPUT_DIMS_KEY in metadata:  # {output: {axis: size in dim names}}
+            sizes = json.loads(metadata[OUTPUT_DIMS_KEY])
+            metadata[OUTPUT_DIMS_KEY] = json.dumps(
+                {output: {axis: rename(size) for axis, size in dims.items()} for output, dims in sizes.items()}
+            )
+        if DIM_REFINEMENTS_KEY in metadata:  # {dim: change}
+            changes = json.loads(metadata[DIM_REFINEMENTS_KEY])
+            metadata[DIM_REFINEMENTS_KEY] = json.dumps({rename(dim): rename(change) for dim, change in changes.items()})
+        self._changed()
 
     def _changed(self) -> None:
         self._proto = None
@@ -216,6 +269,7 @@ class ONNXProgram:
         *,
         external_data: bool | str | None = None,
         include_initializers: bool = True,
+        keep_initializers_as_inputs: bool = False,
         progress: files.ProgressCallback | None = None,
     ) -> None:
         """Write the model to a path or a binary file object.
@@ -229,11 +283,14 @@ class ONNXProgram:
                 :mod:`dynexport.files`). Tensors are streamed to that file one at a time;
                 tensors under ``EXTERNAL_DATA_MIN_TENSOR_BYTES`` stay in the model file.
             include_initializers: False leaves the initializers out of the file altogether.
+            keep_initializers_as_inputs: the file lists the initializers among the graph's inputs
+                too (after the model's own), as torch.onnx's option does; the program is unchanged.
             progress: called as ``progress(bytes_written, total_bytes)`` while writing weights.
         """
         files.save_model(
             self.model, destination, external_data=external_data,
-            include_initializers=include_initializers, progress=progress,
+            include_initializers=include_initializers, keep_initializers_as_inputs=keep_initializers_as_inputs,
+            progress=progress,
         )
 
     # -- running ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import gc
 import io
 import os
 
+import numpy as np
 import onnx
 import onnxruntime
 import pytest
@@ -382,6 +383,24 @@ def test_export_params_false_makes_weights_inputs():
     assert [v.name for v in graph.inputs] == [
         "x", "encoder.0.weight", "encoder.0.bias", "head.weight", "head.bias",
     ]
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_save_keeps_initializers_as_inputs_as_torch_onnx_saves(tmp_path, external_data):
+    model, x = TwoLayer().eval(), torch.randn(2, 4)
+    program = dynexport.export(model, (x,))
+    path = tmp_path / "model.onnx"
+    program.save(path, keep_initializers_as_inputs=True, external_data=external_data)
+    assert [v.name for v in program.model.graph.inputs] == ["x"]  # the program is unchanged
+    saved = onnx.load(path)
+    onnx.checker.check_model(saved, full_check=True)
+    assert [v.name for v in saved.graph.input] == ["x", "encoder.0.weight", "encoder.0.bias", "head.weight", "head.bias"]
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (result,) = session.run(None, {"x": x.numpy()})
+    assert_close(torch.from_numpy(result), model(x))
+    zeroed = {"head.weight": np.zeros((2, 8), np.float32), "head.bias": np.ones(2, np.float32)}
+    (fed,) = session.run(None, {"x": x.numpy(), **zeroed})  # weights fed replace the stored ones
+    assert_close(torch.from_numpy(fed), torch.ones(2, 2))
 
 
 def test_keep_initializers_as_inputs():

@@ -253,3 +253,54 @@ def test_apply_weights_takes_torch_onnx_keyword(small):
     zeroed = {name: torch.zeros_like(tensor) for name, tensor in model.state_dict().items()}
     program.apply_weights(state_dict=zeroed)
     assert_close(program(x), torch.zeros(3, 4))
+
+
+class _AppendsToPast(torch.nn.Module):
+    def forward(self, x, past):
+        return torch.cat([past, x], 1).relu()
+
+
+def _appends_to_past() -> dynexport.ONNXProgram:
+    Dim = torch.export.Dim
+    batch = Dim("batch")
+    return dynexport.export(
+        _AppendsToPast(), (torch.randn(2, 3, 4), torch.randn(2, 5, 4)),
+        dynamic_shapes=({0: batch, 1: Dim("seq")}, {0: batch, 1: Dim("past")}),
+    )
+
+
+def test_rename_axes_takes_torch_onnx_keys_and_renames_expressions_checks_and_metadata():
+    program = _appends_to_past()
+    batch = program.model.graph.inputs[0].shape[0]
+    program.rename_axes({batch: "B", "seq": "new_tokens"})
+    assert [str(v.shape) for v in program.model.graph.inputs] == ["[B,new_tokens,4]", "[B,past,4]"]
+    assert str(program.model.graph.outputs[0].shape) == "[B,past + new_tokens,4]"
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    assert '"x": ["B", "new_tokens", 4]' in program.model.metadata_props["pkg.dynexport.input_dims"]
+    x, past = torch.randn(3, 2, 4), torch.randn(3, 7, 4)
+    assert_close(program(x, past), torch.cat([past, x], 1).relu())
+    with pytest.raises(ValueError, match=r"input 'past' dim 0 is 4 but input 'x' dim 0 is 3: .* \(both B\)"):
+        program(x, torch.randn(4, 7, 4))
+
+
+def test_rename_axes_refuses_a_name_another_dim_has_and_bad_keys():
+    program = _appends_to_past()
+    with pytest.raises(ValueError, match=r"'past', the new name of 'batch', already names another dim"):
+        program.rename_axes({"batch": "past"})
+    program.rename_axes({"batch": "past", "past": "history"})  # a swap of names is no merge
+    assert [str(v.shape) for v in program.model.graph.inputs] == ["[past,seq,4]", "[past,history,4]"]
+    with pytest.raises(TypeError, match="not a dim name"):
+        program.rename_axes({0: "batch"})
+    with pytest.raises(TypeError, match="non-empty str"):
+        program.rename_axes({"seq": ""})
+
+
+def test_rename_axes_renames_the_sizes_output_dims_stand_for():
+    program = dynexport.export(
+        lambda x: x.flatten(), (torch.randn(2, 3),), input_names=["x"], output_names=["flat"],
+        dynamic_axes={"x": {0: "rows"}, "flat": {0: "values"}},
+    )
+    assert "rows" in program.model.metadata_props["pkg.dynexport.output_dims"]
+    program.rename_axes({"rows": "lines"})
+    sizes = program.model.metadata_props["pkg.dynexport.output_dims"]
+    assert "lines" in sizes and "rows" not in sizes
