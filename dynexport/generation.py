@@ -13,6 +13,11 @@ The program is an export of the model's forward called with keyword arguments, t
   an empty cache: ``prompt_program``) or read from the cache (every later step: ``program``);
 - any model exported without a cache: every step runs the whole sequence so far.
 
+A decoder whose program takes one token at a time (a linear-attention model's step: Qwen3-Next
+loops over chunks of its prompt in Python, so only ``seq`` 1 exports) runs the prompt token by
+token from zero states; a padded prompt is refused there, since transformers masks padding out of
+the recurrent state only in forwards of several tokens.
+
 Other keyword arguments of the export call that were baked in as constants (``use_cache=True``)
 are passed again as they were. Position ids follow ``generate``: the count of attended tokens
 before each one (0 at padding), so left-padded rows decode as if unpadded.
@@ -69,8 +74,9 @@ def greedy_generate(
         on the device of ``input_ids``.
 
     Raises:
-        ValueError: the program takes arguments this loop cannot give, or a needed token id
-            or the prompt program is missing.
+        ValueError: the program takes arguments this loop cannot give, a needed token id or
+            the prompt program is missing, or a program of one token at a time is given
+            padded prompts.
         TypeError: the program takes a cache other than a DynamicCache or EncoderDecoderCache.
     """
     call = _CallConvention.of(program)
@@ -97,9 +103,12 @@ def greedy_generate(
         tokens = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
     cache = first_call.empty_cache(batch)
+    if first_call.one_token and first_call.cache_kind is not None and call.encoder_input is None:
+        cache = _prompt_token_by_token(prompt_program or program, first_call, tokens, attention_mask, cache)
     for step in range(max_new_tokens):
         step_call, step_program = (first_call, prompt_program or program) if step == 0 else (call, program)
-        new_tokens = tokens if step == 0 or step_call.cache_kind is None else tokens[:, -1:]
+        whole = step == 0 and not step_call.one_token
+        new_tokens = tokens if whole or step_call.cache_kind is None else tokens[:, -1:]
         result = step_program(**step_call.arguments(input_ids, attention_mask, tokens, new_tokens, cache))
         logits, cache = _logits_and_cache(result, cached=step_call.cache_kind is not None)
         next_tokens = logits[:, -1].argmax(-1)
@@ -118,8 +127,10 @@ class _CallConvention:
     """Which keyword arguments an exported forward takes, and how each step fills them."""
 
     def __init__(self, names: list[str], baked: dict[str, Any], cache_argument: str | None,
-                 cache_kind: str | None, cache_spec: pytree.TreeSpec | None, cache_leaves: list[tuple]):
+                 cache_kind: str | None, cache_spec: pytree.TreeSpec | None, cache_leaves: list[tuple],
+                 one_token: bool = False):
         self.names = names
+        self.one_token = one_token  # input_ids is [batch, 1]
         self.baked = baked
         self.cache_argument = cache_argument
         self.cache_kind = cache_kind  # the class name of the cache the program takes
@@ -141,6 +152,7 @@ class _CallConvention:
         nodes = placeholders(exported)
         baked: dict[str, Any] = {}
         cache_argument, cache_kind, cache_spec, cache_leaves = None, None, None, []
+        one_token = False
         position = 0
         for name, child in zip(names, kwargs_spec.children()):
             leaf_specs = specs[position:position + child.num_leaves]
@@ -156,6 +168,9 @@ class _CallConvention:
                         f"greedy_generate feeds {name!r} a DynamicCache (an EncoderDecoderCache for an "
                         f"encoder-decoder); the program was exported with a {cache_kind}"
                     )
+            elif name == "input_ids" and child.num_leaves == 1 and not isinstance(leaf_specs[0].arg, ConstantArgument):
+                ids = nodes[leaf_specs[0].arg.name].meta.get("val")
+                one_token = ids is not None and ids.dim() == 2 and isinstance(ids.shape[1], int) and ids.shape[1] == 1
             elif child.num_leaves == 1 and isinstance(leaf_specs[0].arg, ConstantArgument):
                 baked[name] = leaf_specs[0].arg.value
         known = {"input_ids", "attention_mask", "position_ids", "decoder_input_ids", *_ENCODER_INPUTS, *_CACHE_ARGUMENTS, *baked}
@@ -165,7 +180,7 @@ class _CallConvention:
                 f"greedy_generate gives input_ids, attention_mask, position_ids, decoder_input_ids and the cache; "
                 f"the program also takes {unknown}"
             )
-        return cls(names, baked, cache_argument, cache_kind, cache_spec, cache_leaves)
+        return cls(names, baked, cache_argument, cache_kind, cache_spec, cache_leaves, one_token)
 
     def empty_cache(self, batch: int) -> Any:
         """The cache of the first step: a DynamicCache of past length 0, or an
@@ -192,6 +207,20 @@ class _CallConvention:
         if self.cache_argument is not None:
             given[self.cache_argument] = cache
         return {name: given.get(name) for name in self.names}
+
+
+def _prompt_token_by_token(program: Any, call: _CallConvention, tokens: torch.Tensor, mask: torch.Tensor, cache: Any) -> Any:
+    """The cache after all but the last prompt token, fed one at a time to a program that takes
+    one token (module doc)."""
+    if not bool(mask.all()):
+        raise ValueError(
+            "the program takes one token at a time, so the prompt runs token by token, and a one-token forward does not "
+            "mask padding out of a linear-attention or convolution state: pass prompts without padding"
+        )
+    for position in range(tokens.shape[1] - 1):
+        result = program(**call.arguments(None, mask[:, :position + 1], tokens, tokens[:, position:position + 1], cache))
+        cache = _logits_and_cache(result, cached=True)[1]
+    return cache
 
 
 def _cache_leaves(values: list[Any], attention: int) -> list[tuple]:

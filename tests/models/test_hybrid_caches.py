@@ -192,6 +192,26 @@ def test_qwen3_next_decode_step_runs_as_eager():
         _assert_runs_as_eager(program, model, _step_call(model, batch, past, 1), f"at batch {batch}, past {past}")
 
 
+@pytest.mark.slow
+def test_qwen3_next_generates_as_eager_token_by_token():
+    # The one-token step runs the prompt token by token from zero states; eager chunk-scans it.
+    model = _qwen3_next()
+    batch = Dim("batch")
+    call = _step_call(model, 2, 3, 1)
+    call["position_ids"] = torch.tensor([[3], [3]])
+    program = dynexport.export(model, (), kwargs=call, dynamic_shapes={**_step_dims(call, seq=None, batch=batch), "position_ids": {0: batch}})
+    eos = model.generation_config.eos_token_id
+    for rows in (1, 2):
+        ids = torch.randint(3, VOCAB, (rows, 6), generator=torch.Generator().manual_seed(rows))
+        with torch.no_grad():
+            expected = model.generate(input_ids=ids, do_sample=False, max_new_tokens=8, pad_token_id=0)
+        assert greedy_generate(program, ids, max_new_tokens=8, eos_token_id=eos, pad_token_id=0).tolist() == expected.tolist()
+    mask = torch.ones(2, 6, dtype=torch.int64)
+    mask[-1, :3] = 0
+    with pytest.raises(ValueError, match="one token at a time.*without padding"):
+        greedy_generate(program, ids, mask, max_new_tokens=2, eos_token_id=eos, pad_token_id=0)
+
+
 # Other families whose cache holds LinearAttentionLayers: Mamba-2 mixers beside attention
 # (Bamba, Granite MoE hybrid) or within the attention layers (Falcon-H1's
 # LinearAttentionAndFullAttentionLayer), Mamba beside attention (Jamba), Mamba-2 alone, Qwen3.5's
