@@ -92,12 +92,21 @@ def caches_flattened(values: Any = None) -> Iterator[None]:
             fx_pytree._deregister_pytree_flatten_spec(cache_type)
 
 
-def first_fills_kept() -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def first_fills_kept() -> Iterator[None]:
     """Within the block (a capture), a ``DynamicLayer``'s first update keeps the keys and values
     it is given rather than concatenating them to the empty tensor it starts with: the same
     values, without one traced concatenation per layer and tensor on symbolic shapes (about a
-    second for a 30-layer ``DynamicCache`` built from key/value pairs). The eager model is left
-    as it is."""
+    second for a 30-layer ``DynamicCache`` built from key/value pairs). And a
+    ``LinearAttentionLayer``'s first conv fill (a prompt) keeps the last ``kernel`` positions of
+    its inputs after ``kernel`` zeros, without transformers' branch on a prompt shorter than the
+    kernel, which fixed LFM2's plain call to ``seq >= 3`` (:func:`_conv_fills_unpadded`). The
+    eager model is left as it is."""
+    with _dynamic_first_fills_kept(), _conv_fills_unpadded():
+        yield
+
+
+def _dynamic_first_fills_kept() -> contextlib.AbstractContextManager[None]:
 
     def replacements(layer_type: type) -> dict[str, Any]:
         original = layer_type.update
@@ -112,6 +121,34 @@ def first_fills_kept() -> contextlib.AbstractContextManager[None]:
         return {"update": update}
 
     return _layer_methods_replaced("DynamicLayer", ("update",), replacements)
+
+
+def _conv_fills_unpadded() -> contextlib.AbstractContextManager[None]:
+    """Within the block, a ``LinearAttentionLayer``'s first ``update_conv_state`` of a known
+    kernel stores the last ``kernel`` positions of ``zeros(kernel) + inputs`` (what transformers
+    stores on either side of its branch on ``inputs < kernel``) and returns the inputs as given:
+    transformers returns them left-padded to the kernel when shorter, which the models' causal
+    convolutions (LFM2's, Qwen3-Next's: zero padding of ``kernel - 1``, the last ``seq`` outputs
+    kept) read alike."""
+
+    def replacements(layer_type: type) -> dict[str, Any]:
+        original = layer_type.update_conv_state
+
+        def update_conv_state(self: Any, conv_states: torch.Tensor, state_idx: int = 0,
+                              conv_kernel_size: int | None = None, **kwargs: Any) -> torch.Tensor:
+            size = conv_kernel_size if conv_kernel_size is not None else self.conv_kernel_size[state_idx]
+            if self.record_past or self.has_previous_state[state_idx] or size is None:
+                return original(self, conv_states, state_idx, conv_kernel_size=conv_kernel_size, **kwargs)
+            if not self.is_conv_states_initialized[state_idx]:
+                self.lazy_initialization(conv_states=conv_states, state_idx=state_idx, conv_kernel_size=size)
+            self.has_previous_state[state_idx] = True
+            zeros = conv_states.new_zeros(*conv_states.shape[:-1], size)
+            self.conv_states[state_idx].copy_(torch.cat([zeros, conv_states], dim=-1)[..., -size:])
+            return conv_states
+
+        return {"update_conv_state": update_conv_state}
+
+    return _layer_methods_replaced("LinearAttentionLayer", ("update_conv_state",), replacements)
 
 
 def sliding_windows_sized_by_keys() -> contextlib.AbstractContextManager[None]:
