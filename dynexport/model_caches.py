@@ -26,7 +26,9 @@ nodes, and the registration is undone afterwards, so dynexport leaves pytree as 
   the above; ``dynamic_shapes`` is ``[self-attention specs, cross-attention specs]``.
 
 While capturing (:func:`first_fills_kept`), a ``DynamicLayer``'s first update keeps the keys and
-values it is given instead of concatenating them to an empty tensor, as transformers does.
+values it is given instead of concatenating them to an empty tensor, as transformers does, and a
+``LinearAttentionLayer``'s first conv fill does without transformers' branch on a prompt shorter
+than the convolution.
 
 The ONNX graph names a cache's tensors as onnxruntime-genai and optimum do
 (:func:`cache_leaf_names`): ``past_key_values.<layer>.key`` / ``.value`` for a cache among the
