@@ -260,6 +260,23 @@ def test_a_state_space_decode_step_runs_as_eager(family):
         _assert_runs_as_eager(program, model, _step_call(model, batch, past, 1), f"at batch {batch}, past {past}")
 
 
+@pytest.mark.slow
+def test_a_mamba_decode_step_without_a_mask_runs_as_eager():
+    # Given attention_mask, Mamba's step fixed its length to the example's; it needs none.
+    model = transformers.MambaForCausalLM(tiny(
+        transformers.MambaConfig, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
+        use_mambapy=False,
+    )).eval()
+
+    def call(batch: int, past: int) -> dict[str, Any]:
+        return {name: value for name, value in _step_call(model, batch, past, 1).items() if name != "attention_mask"}
+
+    dynamic_shapes = {name: dims for name, dims in _step_dims(call(2, 5), seq=None).items() if name != "attention_mask"}
+    program = dynexport.export(model, (), kwargs=call(2, 5), dynamic_shapes=dynamic_shapes)
+    for batch, past in [(2, 5), (3, 9), (1, 2), (2, 0)]:
+        _assert_runs_as_eager(program, model, call(batch, past), f"at batch {batch}, past {past}")
+
+
 class _PagedLayer(transformers.cache_utils.DynamicLayer):
     """A cache layer of a kind dynexport does not flatten."""
 
