@@ -32,7 +32,7 @@ from dynexport.dim_refinement import (
 )
 from dynexport.errors import ExampleCallRefusedError, ExportError
 from dynexport.input_guards import dim_minimums, minimums_while_translating, symbol_minimums
-from dynexport.model_caches import caches_flattened, check_sliding_window_dims
+from dynexport.model_caches import caches_flattened, check_cache_shapes, check_sliding_window_dims
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
 from dynexport.options import DEFAULT_OPSET, SUPPORTED_OPSETS, ExportOptions
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
@@ -364,6 +364,7 @@ def _capture_module(
         dynamic_shapes = signature.keyed_as_torch_export(module.forward, dynamic_shapes)
     input_names = signature.graph_input_names(options.input_names, slots)
     parameter_names = signature.parameter_names(options.input_names, slots, module)
+    check_cache_shapes(dynamic_shapes, bound)
     check_sliding_window_dims(dim_names.declared_dims(dynamic_shapes, bound), bound)
     if options.from_torchscript(model) and not torchscript.is_torchscript(model):
         with timer.phase("torchscript"), exporting(), select_model_mode_for_export(model, options.training):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -50,7 +50,7 @@ import torch.utils._pytree as pytree
 
 __all__ = [
     "CACHE_INPUT_PREFIX", "CACHE_OUTPUT_PREFIX", "UnflattenableCache", "cache_leaf_names", "caches_flattened",
-    "check_sliding_window_dims", "first_fills_kept", "is_cache", "sliding_windows_sized_by_keys",
+    "check_cache_shapes", "check_sliding_window_dims", "first_fills_kept", "is_cache", "sliding_windows_sized_by_keys",
 ]
 
 CACHE_INPUT_PREFIX = "past_key_values"
@@ -204,6 +204,34 @@ def _layer_methods_replaced(
     finally:
         for name, method in originals.items():
             setattr(layer_type, name, method)
+
+
+def check_cache_shapes(dynamic_shapes: Any, bound: Mapping[str, Any]) -> None:
+    """Refuse a ``dynamic_shapes`` entry of a cache argument that gives another number of lists
+    than the cache flattens to (torch.export's own message, ``Node arity mismatch``, names
+    neither the argument nor the lists).
+
+    Raises:
+        ValueError: the entry's lists, and the ones the cache holds.
+    """
+    if isinstance(dynamic_shapes, Mapping):
+        pairs = [(name, dynamic_shapes.get(name), value) for name, value in bound.items()]
+    elif isinstance(dynamic_shapes, (list, tuple)):
+        pairs = [(name, spec, value) for (name, value), spec in zip(bound.items(), dynamic_shapes)]
+    else:
+        return
+    for name, spec, value in pairs:
+        if not is_cache(value) or not isinstance(spec, (list, tuple)):
+            continue
+        with caches_flattened(value):
+            keyed, _ = pytree.SUPPORTED_NODES[type(value)].flatten_with_keys_fn(value)
+        children = [key.key for key, _ in keyed]
+        if len(spec) != len(children):
+            lists = ", ".join(f"[{child}]" for child in children)
+            raise ValueError(
+                f"dynamic_shapes[{name!r}] gives {len(spec)} lists for a {type(value).__name__} that flattens to "
+                f"{len(children)}: [{lists}], each with one spec per layer that holds it (docs/llm.md)"
+            )
 
 
 def check_sliding_window_dims(declared: Iterable[tuple[str, int, Any, Any]], values: Any) -> None:

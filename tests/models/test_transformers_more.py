@@ -286,15 +286,17 @@ def test_a_sliding_window_layer_given_the_full_attention_layers_past_is_refused(
         dynexport.export(model, (), kwargs=_cache_call(model, 2, 2, 3), dynamic_shapes=dynamic_shapes)
 
 
-def test_a_dynamic_cache_with_layers_of_other_kinds_is_refused():
-    # LFM2's convolution states are no past keys and values.
+def test_a_hybrid_cache_given_the_key_value_form_of_dynamic_shapes_is_refused_naming_its_lists():
+    # LFM2's cache holds convolution states besides keys and values: four lists, not two
+    # (tests/models/test_hybrid_caches.py exports it).
     model = WINDOWED_DECODERS["lfm2"](True).eval()
     call = _cache_call(model, 2, 5, 3)
     dynamic_shapes = {
         "input_ids": {0: Dim("batch"), 1: Dim("seq")}, "attention_mask": {0: Dim("batch"), 1: Dim("total")},
         "cache": [[{0: Dim("batch"), 2: Dim("past")}] * 2] * 2,
     }
-    with pytest.raises(TypeError, match=r"full-attention and sliding-window layers only.*use_cache=False"):
+    lists = r"\[\[key_cache\], \[value_cache\], \[conv_states\], \[recurrent_states\]\]"
+    with pytest.raises(ValueError, match=rf"dynamic_shapes\['cache'\] gives 2 lists for a DynamicCache that flattens to 4: {lists}"):
         dynexport.export(model, (), kwargs=call, dynamic_shapes=dynamic_shapes)
 
 
