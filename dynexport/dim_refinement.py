@@ -669,11 +669,12 @@ def _guard_narrows(frame: Any) -> bool:
         return False
     guard, shape_env = frame.f_locals.get("g"), frame.f_locals.get("self")
     examples = getattr(shape_env, "backed_var_to_val", None) or getattr(shape_env, "var_to_val", {})
+    ranges = getattr(shape_env, "var_to_range", {})
     if not isinstance(guard, sympy.Basic) or not guard.free_symbols <= set(examples):
         return False
     at_example = {symbol: sympy.Integer(examples[symbol]) for symbol in guard.free_symbols}
     for symbol in guard.free_symbols:
-        bounds = shape_env.var_to_range.get(symbol)
+        bounds = ranges.get(symbol)
         example = int(examples[symbol])
         for size in {example - 1, example + 1, 2 * example, example + 63, example + 64, 3 * example + 129}:
             if bounds is not None and not (bounds.lower <= size <= bounds.upper):
