@@ -16,12 +16,26 @@ line and a size where it fails. This is a test, not a proof: it finds a guard th
 most sizes (an equality, a branch) at once, and one that fails at a few sizes only by chance.
 With it go the declared dims' narrowings under which the failing guards hold (a minimum, or the
 example's class modulo a period), which dynamic-shape refinement applies before capturing again.
+
+Guards torch's own kernels ask are left out of that evaluation (module doc of
+:func:`_asked_by_the_model`), but one of them can still put the example's size into the graph:
+broadcasting a size that is 1 at the example against a missing dim (``torch.arange(rows) *
+stride``, ``stride`` 0-d) gives the result torch's literal 1, not ``rows``; translated, that
+shape became a constant (RetinaNet's coarsest anchor grid, one row high at a 120x150 example, a
+Reshape to ``[1, 1]`` that failed at every other size). Where a guard of a kernel's finds a size
+equal to a number at the example and is false at sampled sizes, :func:`check_guards_hold`
+propagates the graph's shapes at such sizes (fake tensors, no values: data-dependent sizes stay
+symbolic) and compares each node's sizes with the ones recorded at capture, evaluated there;
+a size recorded as a number that the graph computes otherwise, and that later nodes' sizes were
+traced from, is refused with that guard. A kernel that only asked (the contiguity of
+``torch.chunk``'s last piece of 1) left the size symbolic, and the sizes agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import random
@@ -32,7 +46,8 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._sympy.functions as _functions
-from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP, ShapeEnv
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
@@ -59,6 +74,9 @@ _UNSOLVED_FUNCTIONS = tuple(
 )
 # UncheckedGuards lists at most this many guards (CaptureError shows four "- " lines).
 _SHOWN = 4
+# The graph's shapes are propagated at no more sizes than this (each a pass over the graph with
+# fake tensors) when kernels' guards on sizes equal to numbers are false at sampled sizes.
+_MOST_PROPAGATIONS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +124,6 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
     if not roots:
         return
     guards = _guards_on(shape_env, set(roots))
-    if not guards:
-        return
     ranges = {root: _sampled_range(shape_env, root) for root in roots}
     failures: dict[int, dict[sympy.Symbol, int]] = {}
     for point in _points(shape_env, ranges):
@@ -120,6 +136,7 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
             [_problem(guards[index], point, names) for index, point in sorted(failures.items())],
             _declared_fixes(shape_env, guards, [guards[index] for index in failures], ranges, names),
         )
+    _check_sizes_kept(program, shape_env, set(roots), ranges, _dim_names(sizes, shape_env))
 
 
 def _user_inputs(program: torch.export.ExportedProgram) -> dict[str, Any]:
@@ -258,7 +275,8 @@ def _example(shape_env: Any, root: sympy.Symbol) -> int:
 
 def _points(shape_env: Any, ranges: dict[sympy.Symbol, tuple[int, int]]) -> Iterator[dict[sympy.Symbol, int]]:
     """Each dim alone at the ends of its range and around the example, the others at the
-    example; then all dims at their ends together and at seeded random sizes."""
+    example; then all dims at their ends together, at twice the example and at seeded random
+    sizes."""
     example = {root: _example(shape_env, root) for root in ranges}
     for root, (lower, upper) in ranges.items():
         near = (lower, lower + 1, example[root] - 1, example[root] + 1, 2 * example[root], (lower + upper) // 2, upper - 1, upper)
@@ -268,6 +286,7 @@ def _points(shape_env: Any, ranges: dict[sympy.Symbol, tuple[int, int]]) -> Iter
     if len(ranges) <= _MOST_DIMS_AT_ALL_ENDS:
         for ends in itertools.product(*ranges.values()):
             yield dict(zip(ranges, ends))
+    yield {root: min(2 * example[root], upper) for root, (lower, upper) in ranges.items()}
     draw = random.Random(0)
     for _ in range(_RANDOM_POINTS):
         yield {root: draw.randint(lower, upper) for root, (lower, upper) in ranges.items()}
@@ -359,3 +378,277 @@ def _problem(guard: _Guard, point: dict[sympy.Symbol, int], names: dict[sympy.Sy
     at = ", ".join(f"{names.get(symbol, symbol.name)} = {point[symbol]}" for symbol in guard.symbols)
     where = f" ({guard.where})" if guard.where else ""
     return f"`{PythonPrinter().doprint(guard.condition.xreplace(renamed))}`{where} is false at {at}"
+
+
+def _check_sizes_kept(
+    program: torch.export.ExportedProgram,
+    shape_env: Any,
+    roots: set[sympy.Symbol],
+    ranges: dict[sympy.Symbol, tuple[int, int]],
+    names: dict[sympy.Symbol, str],
+) -> None:
+    """Raise :class:`UncheckedGuards` if the graph records a size as the number a kernel's guard
+    found it equal to at the example, where at other sampled sizes the graph computes another
+    (module doc). The graph's shapes are propagated at up to :data:`_MOST_PROPAGATIONS` sizes
+    where such guards are false, each size making false one that the sizes before did not."""
+    equalities = _kernel_equalities(shape_env, roots)
+    if not equalities:
+        return
+    example = {root: _example(shape_env, root) for root in ranges}
+    pinned = _pinned_roots(equalities, ranges, example)
+    # Nearest the example first: the size the refusal suggests exporting at.
+    points = sorted(
+        (point for point in _points(shape_env, ranges) if all(point[root] == example[root] for root in pinned)),
+        key=lambda point: sum(abs(point[root] - example[root]) for root in point),
+    )
+    covered: set[int] = set()
+    propagations = 0
+    for point in points:
+        if len(covered) == len(equalities) or propagations == _MOST_PROPAGATIONS:
+            return
+        false = {index for index, guard in enumerate(equalities) if not guard.holds(point)} - covered
+        if not false:
+            continue
+        covered |= false
+        propagations += 1
+        changed = _size_changed(program, shape_env, point)
+        if changed is not None:
+            suggested = _example_avoiding(shape_env, roots, equalities, points)
+            raise UncheckedGuards([_replaced_size_problem(changed, equalities, point, suggested, names)])
+
+
+def _example_avoiding(
+    shape_env: Any, roots: set[sympy.Symbol], equalities: list[_Guard], points: list[dict[sympy.Symbol, int]]
+) -> dict[sympy.Symbol, int] | None:
+    """The first of ``points`` where none of the kernels' equalities that vary holds, and every
+    recorded "this size is not empty" does (a feature map or a resized image of 0 rows is no
+    example); None when there is none."""
+    orders = []
+    for guard in shape_env.guards:
+        condition = shape_env.replace(guard.expr)
+        if condition.free_symbols and condition.free_symbols <= roots and _not_empty(condition):
+            orders.append(_Guard(condition, ""))
+    varying = [guard for guard in equalities if any(not guard.holds(point) for point in points)]
+    return next(
+        (
+            point
+            for point in points
+            if not any(guard.holds(point) for guard in varying) and all(guard.holds(point) for guard in orders)
+        ),
+        None,
+    )
+
+
+def _not_empty(condition: sympy.Basic) -> bool:
+    """Whether ``condition`` says sizes are positive (``e > 0``, ``e >= 1``, or a conjunction or
+    disjunction of those: a convolution's output size check)."""
+    if isinstance(condition, (sympy.And, sympy.Or)):
+        return all(_not_empty(term) for term in condition.args)
+    if isinstance(condition, (sympy.Lt, sympy.Gt)):
+        return condition.lts.is_number and condition.lts == 0 and not condition.gts.is_number
+    if isinstance(condition, (sympy.Le, sympy.Ge)):
+        return condition.lts.is_number and condition.lts == 1 and not condition.gts.is_number
+    return False
+
+
+def _pinned_roots(
+    equalities: list[_Guard], ranges: dict[sympy.Symbol, tuple[int, int]], example: dict[sympy.Symbol, int]
+) -> set[sympy.Symbol]:
+    """The roots whose sizes the kernels' equalities admit at the example only among those tried
+    (``x.view(-1, 2).view(1, -1)`` exported at 2 elements: ``x // 2 == 1`` and ``x % 2 == 0``).
+    The graph is then the example's, which :func:`dynexport.pinned_dims.warn_if_dims_pinned`
+    warns of (a ``dynamic_axes`` dim that torch.onnx lets torch specialise); their sizes stay
+    the example's here. Equalities of two sizes (layout: ``Max(1, h) == h``, a padded size equal
+    to the unpadded one) are no part of this."""
+    pinned = set()
+    for root, (lower, upper) in ranges.items():
+        others = {lower, lower + 1, example[root] - 1, example[root] + 1, 2 * example[root], upper} - {example[root]}
+        sizes = [size for size in others if lower <= size <= upper]
+        if not any(all(guard.holds({**example, root: size}) for guard in equalities) for size in sizes):
+            pinned.add(root)
+    return pinned
+
+
+def _kernel_equalities(shape_env: Any, roots: set[sympy.Symbol]) -> list[_Guard]:
+    """The distinct recorded guards that find a size of the inputs' roots equal to a number
+    (``Eq((h // 32 - 1) // 4 + 1, 1)``). Those the model asked and the audit evaluates hold at
+    every sampled size by now; the others, torch's kernels', may have put the number in the graph."""
+    seen = set()
+    equalities = []
+    for guard in shape_env.guards:
+        condition = shape_env.replace(guard.expr)
+        if (
+            condition in seen
+            or not isinstance(condition, sympy.Eq)
+            or not any(side.is_number for side in condition.args)
+            or not condition.free_symbols
+            or not condition.free_symbols <= roots
+        ):
+            continue
+        seen.add(condition)
+        equalities.append(_Guard(condition, _where(guard)))
+    return equalities
+
+
+@dataclasses.dataclass(frozen=True)
+class _SizeChange:
+    """A node whose size ``axis`` (None: the node is a size itself) was recorded as ``recorded``
+    at capture, evaluated at a point, and is ``computed`` when the graph's shapes are propagated
+    there; ``later``, a node after it whose sizes differ too."""
+
+    node: torch.fx.Node
+    axis: int | None
+    recorded: int
+    computed: int
+    later: torch.fx.Node | None = None
+
+
+class _Changed(Exception):
+    def __init__(self, change: _SizeChange, later: torch.fx.Node):
+        self.change = change
+        self.later = later
+
+
+class _SizePropagation(torch.fx.Interpreter):
+    """Runs the graph on fake tensors of the sizes at a point, comparing each node's sizes with
+    those recorded at capture evaluated there; stops at the second node whose sizes differ
+    (:class:`_Changed`, with the first). A size that differs on one node alone (a graph output:
+    ``upsample_nearest2d`` to a side of 1 at the example) only types that value wrongly; one
+    that later nodes' sizes were traced from (``arange(rows) * stride`` into a meshgrid) is
+    built into their shapes, which the translation writes as constants where they are numbers."""
+
+    def __init__(self, module: torch.fx.GraphModule, shape_env: Any, point: dict[sympy.Symbol, int]):
+        super().__init__(module)
+        self.recorded_shape_env = shape_env
+        self.point = point
+        self.compiled: dict[sympy.Expr, Any] = {}
+        self.first: _SizeChange | None = None
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        result = super().run_node(node)
+        recorded, recorded_spec = torch.utils._pytree.tree_flatten(node.meta.get("val"))
+        computed, computed_spec = torch.utils._pytree.tree_flatten(result)
+        if node.op == "placeholder" or recorded_spec != computed_spec:
+            return result
+        for before, now in zip(recorded, computed):
+            if isinstance(before, torch.Tensor) and isinstance(now, torch.Tensor) and before.dim() == now.dim():
+                for axis, (size, computed_size) in enumerate(zip(before.shape, now.shape)):
+                    self._compare(node, axis, size, computed_size)
+            elif isinstance(before, torch.SymInt):
+                self._compare(node, None, before, now)
+        return result
+
+    def _compare(self, node: torch.fx.Node, axis: int | None, size: Any, computed: Any) -> None:
+        if isinstance(computed, torch.SymInt):
+            computed = computed.node.maybe_as_int()  # None for a data-dependent size
+        recorded = self.value_at(size)
+        if not isinstance(computed, int) or recorded is None or recorded == computed:
+            return
+        if self.first is None:
+            self.first = _SizeChange(node, axis, recorded, computed)
+        elif node is not self.first.node:
+            raise _Changed(self.first, node)
+
+    def value_at(self, size: Any) -> int | None:
+        """``size`` (an int or a SymInt of the capture) at the point; None when it reads a size
+        of data or cannot be evaluated."""
+        expr = self.recorded_shape_env.replace(_expr(size))
+        if expr.is_number:
+            return int(expr)
+        if not expr.free_symbols <= self.point.keys():
+            return None
+        if expr not in self.compiled:
+            self.compiled[expr] = compile(PythonPrinter().doprint(expr), "<size>", "eval")
+        try:
+            values = {symbol.name: self.point[symbol] for symbol in expr.free_symbols}
+            return int(eval(self.compiled[expr], SYMPY_INTERP, values))
+        except (ZeroDivisionError, ValueError, OverflowError, TypeError):
+            return None
+
+
+def _size_changed(
+    program: torch.export.ExportedProgram, shape_env: Any, point: dict[sympy.Symbol, int]
+) -> _SizeChange | None:
+    """The first node whose sizes, propagated through the graph from inputs of the sizes at
+    ``point``, differ from those recorded at capture, when a later node's differ too; None when
+    no two do, or when the propagation cannot tell (an input it cannot size, an operator that
+    fails on fake tensors or at these sizes: a failure is not evidence of a constant)."""
+    propagation = _SizePropagation(program.graph_module, shape_env, point)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    inputs = []
+    with mode:
+        for node in program.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor):
+                shape = [propagation.value_at(size) for size in value.shape]
+                stride = [propagation.value_at(size) for size in value.stride()]
+                if None in shape:
+                    return None
+                if None in stride:
+                    inputs.append(torch.empty(shape, dtype=value.dtype, device=value.device))
+                else:
+                    inputs.append(torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device))
+            elif isinstance(value, torch.SymInt):
+                size = propagation.value_at(value)
+                if size is None:
+                    return None
+                inputs.append(size)
+            else:
+                inputs.append(value)
+        try:
+            propagation.run(*inputs, enable_io_processing=False)
+        except _Changed as changed:
+            return dataclasses.replace(changed.change, later=changed.later)
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            logging.getLogger(__name__).debug("shapes not propagated at %s: %s", point, error)
+    if propagation.first is not None:
+        logging.getLogger(__name__).debug("only %s's sizes differ at %s", propagation.first.node, point)
+    return None
+
+
+def _replaced_size_problem(
+    change: _SizeChange,
+    equalities: list[_Guard],
+    point: dict[sympy.Symbol, int],
+    suggested: dict[sympy.Symbol, int] | None,
+    names: dict[sympy.Symbol, str],
+) -> str:
+    """The guard behind ``change`` (one false at ``point`` that found a size equal to the number
+    recorded), the model line of the node, and the fixes: an example where none of the kernels'
+    equalities that vary holds (``suggested``, None when no size tried is one), or ranges over
+    which the size keeps the number."""
+
+    def sizes(values: dict[sympy.Symbol, int]) -> str:
+        return ", ".join(sorted(f"{names.get(root, root.name)} = {size}" for root, size in values.items()))
+
+    guard = next(
+        (guard for guard in equalities if not guard.holds(point) and change.recorded in guard.condition.args),
+        next((guard for guard in equalities if not guard.holds(point)), None),
+    )
+    where = _model_line(change.node)
+    size = f"size {change.axis} of {change.node.name}" if change.axis is not None else change.node.name
+    condition = ""
+    if guard is not None:
+        renamed = {symbol: sympy.Symbol(names.get(symbol, symbol.name)) for symbol in guard.symbols}
+        text = PythonPrinter().doprint(guard.condition.xreplace(renamed))
+        condition = f"`{text}` ({guard.where}) is false at {sizes(point)}: "
+    traced_from = f" (and the sizes of {change.later.name} were traced from it)" if change.later is not None else ""
+    example = f"such as {sizes(suggested)}" if suggested is not None else "none of the sizes tried avoids them all"
+    return (
+        f"{condition}torch's kernels found it true at the example and wrote {change.recorded} for the {size}"
+        f"{f' ({where})' if where else ''}, which the graph computes as {change.computed} there{traced_from}; "
+        f"export at an example where no such size is the example's ({example}), or declare ranges over "
+        f"which it stays {change.recorded}"
+    )
+
+
+def _model_line(node: torch.fx.Node) -> str:
+    """The last frame of ``node``'s stack trace: the model's line that made it."""
+    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").strip().splitlines()]
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith("File "):
+            code = lines[index + 1] if index + 1 < len(lines) else ""
+            return f"{lines[index]}: {code}" if code else lines[index]
+    return ""

@@ -17,6 +17,7 @@ import torch
 import dynexport
 from dynexport.capture import UnsoundCapture
 from dynexport.errors import CaptureError
+from dynexport import guard_audit
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from tests.equivalence import BATCH, assert_close, assert_exports_equivalent, op_histogram
 from tests.seed_models import LoopModel2, loop
@@ -519,3 +520,74 @@ def test_torch_onnx_form_dynamic_axes_get_the_same_narrowing():
         )
     with pytest.raises(ValueError, match=r"dim 3 is 36"):
         program(torch.rand(1, 2, 8, 36))
+
+
+class AnchorRows(torch.nn.Module):
+    """RetinaNet's anchor grid in small: a number of rows computed from the sides with
+    ``torch.sym_min`` (which torch.export's solver does not reason about), 1 at a 6x7 example,
+    times a 0-d stride. Broadcasting it, torch's kernel asks whether the rows are 1 and takes the
+    stride's missing dim, a literal 1, for their size; the meshgrid after it is traced from that."""
+
+    def forward(self, x):
+        rows = (torch.sym_min(x.shape[0], x.shape[1]) + 7) // 8
+        ys = torch.arange(rows) * torch.tensor(8)
+        grid_y, grid_x = torch.meshgrid(ys, torch.arange(x.shape[1]), indexing="ij")
+        return grid_y.reshape(-1) + grid_x.reshape(-1)
+
+
+ROWS_AND_COLUMNS = ({0: torch.export.Dim("h", min=2, max=64), 1: torch.export.Dim("w", min=2, max=64)},)
+
+
+def test_size_a_kernel_wrote_as_the_example_number_is_refused():
+    # Before: accepted, and onnxruntime failed at 12x14 (the Mul typed [1] computes 2 rows).
+    non_strict = torch.export.export(AnchorRows(), (torch.rand(6, 7),), dynamic_shapes=ROWS_AND_COLUMNS, strict=False)
+    false_at = r"== 1` \(.*infer_size.*\) is false at x.shape\[0\] = 12, x.shape\[1\] = 14"
+    with pytest.raises(UncheckedGuards, match=false_at) as refused:
+        check_guards_hold(non_strict)
+    problem = refused.value.problems[0]
+    assert "wrote 1 for the size 0 of mul" in problem and "ys = torch.arange(rows) * torch.tensor(8)" in problem
+    assert "computes as 2 there" in problem and "such as x.shape[0] = 12, x.shape[1] = 14" in problem
+    assert refused.value.fixes == {}
+    with pytest.raises(CaptureError, match="wrote 1 for the size 0 of mul"):
+        dynexport.export(AnchorRows(), (torch.rand(6, 7),), dynamic_shapes=ROWS_AND_COLUMNS)
+
+
+def test_size_exported_where_it_is_not_one_stays_computed():
+    # At the suggested example the rows are 2: the graph computes them, one row high included.
+    assert_exports_equivalent(
+        AnchorRows(), (torch.rand(12, 14),), dynamic_shapes=ROWS_AND_COLUMNS,
+        resized=[(torch.rand(6, 7),), (torch.rand(40, 30),), (torch.rand(3, 64),)],
+    )
+
+
+def test_size_a_kernel_only_asked_about_is_not_refused(monkeypatch):
+    # The rows are 1 at 6x7 and reshape's contiguity check asks whether they are, but the graph
+    # computes them: the shapes propagated at other sizes agree with those recorded.
+    propagated = []
+    size_changed = guard_audit._size_changed
+    monkeypatch.setattr(guard_audit, "_size_changed", lambda *args: propagated.append(args[2]) or size_changed(*args))
+    program = torch.export.export(StridedRows(), (torch.rand(6, 7),), dynamic_shapes=ROWS_AND_COLUMNS, strict=False)
+    check_guards_hold(program)
+    assert propagated
+    assert_exports_equivalent(
+        StridedRows(), (torch.rand(6, 7),), dynamic_shapes=ROWS_AND_COLUMNS,
+        resized=[(torch.rand(12, 14),), (torch.rand(40, 30),), (torch.rand(3, 64),)],
+    )
+
+
+class StridedRows(torch.nn.Module):
+    def forward(self, x):
+        side = torch.sym_min(x.shape[0], x.shape[1])
+        return x[:side:8, :side].t().reshape(-1) * 2
+
+
+def test_size_that_differs_on_an_output_alone_is_not_refused(caplog):
+    # Halved from 2x2, the output is one pixel at the example and its recorded sizes say 1; no
+    # node's sizes were traced from it, and onnxruntime computes every size (only the type is off).
+    halved = lambda x: torch.nn.functional.interpolate(x, scale_factor=0.5)  # noqa: E731
+    with caplog.at_level("DEBUG", logger="dynexport.guard_audit"):
+        assert_exports_equivalent(
+            halved, (torch.rand(1, 1, 2, 2),), input_names=["x"], dynamic_axes={"x": {2: "h", 3: "w"}},
+            resized=[(torch.rand(1, 1, 4, 6),), (torch.rand(1, 1, 9, 2),)],
+        )
+    assert "upsample_nearest2d's sizes differ" in caplog.text
