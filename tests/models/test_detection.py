@@ -282,3 +282,19 @@ def test_capture_leaves_torchvision_as_it_was(torchvision):
     with pytest.raises(CaptureError, match="kept"):
         dynexport.export(FailsAfterNMS(), (torch.rand(4, 4), torch.rand(4)))
     assert state() == before
+
+
+@pytest.mark.slow  # 60 to 90 s: two refused captures of RetinaNet
+def test_an_anchor_grid_one_row_high_at_the_example_is_refused(torchvision):
+    # At 120x150 resized to 128x160, the coarsest pyramid level is one row high: broadcasting the
+    # rows' arange by a 0-d stride, torch's kernel takes the stride's 1 for their size, and the
+    # anchor grid after it was traced at one row (onnxruntime failed at 200x170). The short side
+    # always resizes to 128, one row or column at that level: no example avoids it.
+    model = torchvision.models.detection.retinanet_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=5, min_size=128, max_size=160, score_thresh=0.0
+    ).eval()
+    dims = ([{1: torch.export.Dim("height"), 2: torch.export.Dim("width")}],)
+    with pytest.raises(CaptureError, match=r"wrote 1 for the size 0 of mul(.|\n)*computes as 2 there") as refused:
+        dynexport.export(model, ([torch.rand(3, 120, 150)],), dynamic_shapes=dims)
+    assert "is false at images_0.shape[1] = 240, images_0.shape[2] = 150" in str(refused.value)
+    assert "none of the sizes tried avoids them all" in str(refused.value)
