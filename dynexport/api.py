@@ -211,25 +211,29 @@ def export(
         dump_exported_program=dump_exported_program, artifacts_dir=artifacts_dir,
         operator_export_type=operator_export_type, autograd_inlining=autograd_inlining,
     )
-    with _profiled(options.profile_file), _existing_objects_left_uncollected():
+    with _profiled(options.profile_file), _no_full_collections():
         return _export(model, f, options)
 
 
 @contextlib.contextmanager
-def _existing_objects_left_uncollected() -> Iterator[None]:
-    """Within the block Python's garbage collector scans only the objects made in it (gc.freeze).
-    What exists before an export (torch, transformers, the model) is most of the heap, and every
-    full collection during the export scanned all of it again: 0.8 s of a 30-layer decoder's 5 s
-    (benchmarks/llm.py). A heap the caller froze already (before forking workers) is left as
-    it is, since unfreezing would undo that."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
+def _no_full_collections() -> Iterator[None]:
+    """Within the block Python's garbage collector collects its young generations only. What
+    exists before an export (torch, transformers, the model) is most of the heap, and each full
+    collection during the export scanned all of it again: 0.6 s of a 30-layer decoder's 5 s
+    (benchmarks/llm.py). The objects the export leaves count toward the next full collection as
+    usual once the collector's thresholds are restored. (Freezing the heap instead, gc.freeze,
+    would move uncollected garbage where full collections rarely look: a process exporting many
+    models grew.)"""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], _NEVER)
     try:
         yield
     finally:
-        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+# A count of young-generation collections that never comes during one export.
+_NEVER = 1 << 30
 
 
 def _export(model: Any, f: Any, options: ExportOptions) -> ONNXProgram:

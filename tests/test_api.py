@@ -158,19 +158,16 @@ def test_dynamic_shapes_dict_naming_an_unknown_argument_is_refused_with_the_name
         dynexport.export(WithOptions(), (torch.randn(2, 3),), kwargs={"scale": 3.0}, dynamic_shapes={"X": {0: Dim("b")}})
 
 
-def test_the_heap_is_frozen_during_the_export_only_and_a_users_freeze_is_kept():
+def test_no_full_collection_runs_during_an_export_and_the_users_thresholds_come_back():
     seen = []
-    dynexport.export(lambda x: seen.append(gc.get_freeze_count()) or x + 1, (torch.randn(2),))
-    assert seen[0] > 0 and gc.get_freeze_count() == 0
-    gc.freeze()  # as a server does before forking its workers
+    previous = gc.get_threshold()
+    gc.set_threshold(500, 7, 9)  # a process's own tuning
     try:
-        frozen = gc.get_freeze_count()
-        made_since = [[] for _ in range(10_000)]  # frozen too if dynexport froze the heap again
-        seen.clear()
-        dynexport.export(lambda x: seen.append(gc.get_freeze_count()) or x + 1, (torch.randn(2),))
-        assert 0 < seen[0] <= frozen and 0 < gc.get_freeze_count() <= frozen, len(made_since)
+        dynexport.export(lambda x: seen.append(gc.get_threshold()) or x + 1, (torch.randn(2),))
+        assert seen[0][:2] == (500, 7) and seen[0][2] > 10**6
+        assert gc.get_threshold() == (500, 7, 9)
     finally:
-        gc.unfreeze()
+        gc.set_threshold(*previous)
 
 
 def test_string_argument_gets_an_error_naming_it():
