@@ -181,16 +181,19 @@ class _Guard:
 def _guards_on(shape_env: Any, roots: set[sympy.Symbol]) -> list[_Guard]:
     """The distinct recorded guards whose free symbols are all input sizes (guards on data,
     unbacked sizes, are checked at run time or refused by torch)."""
+    return _distinct_guards(
+        shape_env, roots, lambda guard, condition: _fixes_a_size(condition) and _asked_by_the_model(guard)
+    )
+
+
+def _distinct_guards(shape_env: Any, roots: set[sympy.Symbol], keep: Any) -> list[_Guard]:
+    """The recorded guards, once each as the shape environment's replacements leave them, that
+    read only sizes of ``roots`` and that ``keep(guard, condition)``."""
     seen = set()
     guards = []
     for guard in shape_env.guards:
         condition = shape_env.replace(guard.expr)
-        if (
-            condition in seen
-            or not _fixes_a_size(condition)
-            or not condition.free_symbols <= roots
-            or not _asked_by_the_model(guard)
-        ):
+        if condition in seen or not condition.free_symbols <= roots or not keep(guard, condition):
             continue
         seen.add(condition)
         guards.append(_Guard(condition, _where(guard)))
@@ -473,21 +476,13 @@ def _kernel_equalities(shape_env: Any, roots: set[sympy.Symbol]) -> list[_Guard]
     """The distinct recorded guards that find a size of the inputs' roots equal to a number
     (``Eq((h // 32 - 1) // 4 + 1, 1)``). Those the model asked and the audit evaluates hold at
     every sampled size by now; the others, torch's kernels', may have put the number in the graph."""
-    seen = set()
-    equalities = []
-    for guard in shape_env.guards:
-        condition = shape_env.replace(guard.expr)
-        if (
-            condition in seen
-            or not isinstance(condition, sympy.Eq)
-            or not any(side.is_number for side in condition.args)
-            or not condition.free_symbols
-            or not condition.free_symbols <= roots
-        ):
-            continue
-        seen.add(condition)
-        equalities.append(_Guard(condition, _where(guard)))
-    return equalities
+    return _distinct_guards(
+        shape_env, roots,
+        lambda guard, condition: (
+            isinstance(condition, sympy.Eq) and any(side.is_number for side in condition.args)
+            and bool(condition.free_symbols)
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
