@@ -312,7 +312,7 @@ def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> Captur
             "and uses the list (torch.jit.script): dynexport exports such a list as an ONNX "
             "sequence (docs/control_flow.md, Lists), or fix the number of pieces."
         )
-    if oblivious:
+    if oblivious and any(_is_user_error(error, UserErrorType.CONSTRAINT_VIOLATION) for error in reasons.values()):
         hints.append(
             "An example size of 0 or 1 on a dynamic dim lets model code that tests that size "
             "(e.g. `if batch == 1`) fix it; if a constraint on such a dim is violated, export "

@@ -36,7 +36,10 @@ class CaptureError(ExportError):
 
     def __init__(self, reasons: dict[str, BaseException], hint: str | None = None):
         self.reasons = reasons
-        lines = ["Could not capture the model with torch.export. Each strategy failed:"]
+        lines = [
+            "Could not capture the model with torch.export. "
+            + ("Each strategy failed:" if len(reasons) > 1 else "It failed in a way every strategy would:")
+        ]
         for strategy, error in reasons.items():
             message = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
             lines.append(f"  - {strategy}: {type(error).__name__}: {(message or [''])[0]}")
@@ -49,8 +52,8 @@ class CaptureError(ExportError):
             "Hint: "
             + (hint or "")
             + ("" if hint is None else " ")
-            + "The first strategy's error is usually the one to fix; run "
-            "torch.export.export(model, args, strict=False) to see it in full, or "
+            + ("The first strategy's error is usually the one to fix; run " if len(reasons) > 1 else "Run ")
+            + "torch.export.export(model, args, strict=False) to see it in full, or "
             "torch.export.draft_export to list every problem at once."
         )
         super().__init__("\n".join(lines))
