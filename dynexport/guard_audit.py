@@ -51,6 +51,8 @@ from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP, ShapeEnv
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
+from dynexport.errors import source_line
+
 __all__ = ["SizeFix", "UncheckedGuards", "check_guards_hold"]
 
 # Sizes drawn for a dim without an upper bound stay below this (the range dynamic-shape
@@ -426,11 +428,7 @@ def _example_avoiding(
     """The first of ``points`` where none of the kernels' equalities that vary holds, and every
     recorded "this size is not empty" does (a feature map or a resized image of 0 rows is no
     example); None when there is none."""
-    orders = []
-    for guard in shape_env.guards:
-        condition = shape_env.replace(guard.expr)
-        if condition.free_symbols and condition.free_symbols <= roots and _not_empty(condition):
-            orders.append(_Guard(condition, ""))
+    orders = _distinct_guards(shape_env, roots, lambda guard, condition: _not_empty(condition))
     varying = [guard for guard in equalities if any(not guard.holds(point) for point in points)]
     return next(
         (
@@ -622,7 +620,7 @@ def _replaced_size_problem(
         (guard for guard in equalities if not guard.holds(point) and change.recorded in guard.condition.args),
         next((guard for guard in equalities if not guard.holds(point)), None),
     )
-    where = _model_line(change.node)
+    where = source_line(change.node)
     size = f"size {change.axis} of {change.node.name}" if change.axis is not None else change.node.name
     condition = ""
     if guard is not None:
@@ -637,13 +635,3 @@ def _replaced_size_problem(
         f"export at an example where no such size is the example's ({example}), or declare ranges over "
         f"which it stays {change.recorded}"
     )
-
-
-def _model_line(node: torch.fx.Node) -> str:
-    """The last frame of ``node``'s stack trace: the model's line that made it."""
-    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").strip().splitlines()]
-    for index in range(len(lines) - 1, -1, -1):
-        if lines[index].startswith("File "):
-            code = lines[index + 1] if index + 1 < len(lines) else ""
-            return f"{lines[index]}: {code}" if code else lines[index]
-    return ""
