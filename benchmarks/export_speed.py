@@ -3,8 +3,9 @@
     python benchmarks/export_speed.py [--repeats 3] [--models mlp,hf_llama,...] [--threads 1]
                                       [--depths 64,256,1024] [--compare-depth 256]
 
-The suite is the shipped examples and the encoder and decoder families of the model tests (tiny
-transformers configs). Every model is exported and saved by both exporters, alternating, after
+The suite is the shipped examples, the encoder and decoder families of the model tests (tiny
+transformers configs) and torchvision's Swin with dynamic sides (the zoo tests' tiny config, and
+swin_t at 224 pixels). Every model is exported and saved by both exporters, alternating, after
 one warm-up export each; the median of ``--repeats`` runs is reported. For dynexport the
 per-phase breakdown (capture, decompose, translate, optimize, serialize) is printed, with any
 phase that cost more than capture flagged. Then a stack of N identical residual blocks is
@@ -83,8 +84,40 @@ def _transformers_models() -> dict[str, Callable[[], Case]]:
     return models
 
 
+def _windowed_vision_models() -> dict[str, Callable[[], Case]]:
+    """torchvision's Swin with dynamic sides (multiples of 32 from 160, as the zoo tests declare
+    them): its windows are views over sizes computed by floor division. The tiny config of the
+    zoo tests, and swin_t at 224 pixels."""
+    from tests.torchvision_ops import load_torchvision_if_installed
+
+    torchvision = load_torchvision_if_installed()
+    if torchvision is None:
+        return {}
+    swin = torchvision.models.swin_transformer
+
+    def case(build: Callable[[], torch.nn.Module], side: int) -> Callable[[], Case]:
+        def make() -> Case:
+            torch.manual_seed(0)
+            height, width = (32 * torch.export.Dim(f"{name}_32", min=5, max=32) for name in ("height", "width"))
+            return Case(build().eval(), (torch.randn(2, 3, side, side),), {}, ({0: torch.export.Dim("batch"), 2: height, 3: width},))
+
+        return make
+
+    def tiny() -> torch.nn.Module:
+        return swin.SwinTransformer(
+            patch_size=[4, 4], embed_dim=24, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1], window_size=[4, 4],
+            stochastic_depth_prob=0.0, num_classes=10,
+        )
+
+    return {"tv_swin_tiny": case(tiny, 160), "tv_swin_t": case(lambda: swin.swin_t(weights=None), 224)}
+
+
 def suite() -> dict[str, Callable[[], Case]]:
-    return {**{name: _example(factory) for name, factory in EXAMPLES.items()}, **_transformers_models()}
+    return {
+        **{name: _example(factory) for name, factory in EXAMPLES.items()},
+        **_transformers_models(),
+        **_windowed_vision_models(),
+    }
 
 
 def selected_models(parser: argparse.ArgumentParser, names: str | None) -> dict[str, Callable[[], Case]]:

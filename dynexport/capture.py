@@ -49,6 +49,7 @@ from torch.export._draft_export import FailureType
 
 from dynexport import torchscript
 from dynexport.affine_grids import affine_grids_of_symbolic_sizes
+from dynexport.contiguous_views import contiguous_views_direct
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
 from dynexport.dim_names import dynamic_dims_sized_0_or_1
@@ -243,6 +244,7 @@ def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]
     """What every capture attempt runs under (each patch for the capture only)."""
     with (
         _size_oblivious(oblivious),
+        contiguous_views_direct(),
         recurrent_ops_kept_whole(),
         detection_code_capturable(),
         grouped_attention_whole(),

@@ -188,13 +188,13 @@ TORCHVISION = [
         # Its correlation pyramid needs feature maps of 16 or more: images of 128 or more.
         example=(3, 128, 128), other=(3, 160, 192), inputs=2,
     ),
+    # Sides from 160, multiples of 32: below, the last stage's map pads to one window, where the
+    # model skips the shift and torch specializes the size-1 window count (docs/models.md).
+    torchvision_family("swin", tiny_swin, example=(3, 160, 160), other=(3, 192, 224), multiple=32, minimum=160),
 ]
 SLOW_TORCHVISION = [
     torchvision_family("r3d_18", video("r3d_18"), example=CLIP, other=OTHER_CLIP, dynamic=(2, 3, 4)),
     torchvision_family("vit", tiny_vit, other=(3, 64, 64), dynamic=()),
-    # Sides from 160, multiples of 32: below, the last stage's map pads to one window, where the
-    # model skips the shift and torch specializes the size-1 window count (docs/models.md).
-    torchvision_family("swin", tiny_swin, example=(3, 160, 160), other=(3, 192, 224), multiple=32, minimum=160),
     torchvision_family("maxvit", tiny_maxvit, other=(3, 64, 64), dynamic=()),
     torchvision_family("convnext", tiny_convnext),
     torchvision_family(
