@@ -341,14 +341,17 @@ def _sizes_where_it_holds(
     """``(period, minimum)``: the smallest period (1 first: every size) such that ``guard``
     holds at each size of ``root`` in the example's class modulo the period from ``minimum`` to
     the range's top, the other roots at their examples; None when there is none up to
-    :data:`_LARGEST_PERIOD` with ``minimum`` at most the example."""
+    :data:`_LARGEST_PERIOD` with ``minimum`` at most the example, or when the class holds the
+    example alone (Swin's ``pad_H <= 7``, true up to the example's size and false above it: no
+    period leaves a second size, and a graph of one size is no narrowing)."""
     lower, upper = bounds
     for period in range(1, _LARGEST_PERIOD + 1):
-        size = upper - (upper - example[root]) % period  # the class's top member
+        top = upper - (upper - example[root]) % period  # the class's top member
+        size = top
         while size >= lower and guard.holds({**example, root: size}):
             size -= period
         if size < example[root]:
-            return period, size + period
+            return (period, size + period) if top > size + period else None
     return None
 
 

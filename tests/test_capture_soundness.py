@@ -502,6 +502,30 @@ def test_remainder_guard_on_a_plain_dim_takes_torchs_own_lattice():
         program(torch.rand(1, 2, 8, 36))
 
 
+class ShiftsOnlyAcrossWindows(torch.nn.Module):
+    # swin_t's last stage at 224 px: a map of 7 patches pads to one window of 7, where the model
+    # skips the shift; from 256 px it pads to two windows and shifts.
+    def forward(self, x):
+        patches = x.shape[-1] // 32
+        if patches + (7 - patches % 7) % 7 <= 7:
+            return x * 2
+        return x.roll(3, -1)
+
+
+def test_unchecked_guard_true_only_up_to_the_example_is_refused_not_narrowed_to_one_size():
+    # It holds from the range's least size to the example's, not from a minimum on nor on a
+    # lattice with a second size: it once became the "lattice" 26*k + 7 over the range 5..32,
+    # whose new root had no size (an AssertionError from torch.export.Dim).
+    sides = ({1: 32 * torch.export.Dim("w_32", min=5, max=32)},)
+    with pytest.raises(CaptureError, match=r"<= 7.*is false at w_32 = 8"):
+        dynexport.export(ShiftsOnlyAcrossWindows(), (torch.rand(2, 224),), dynamic_shapes=sides)
+    # declared where it holds, as the refusal's hint says
+    assert_exports_equivalent(
+        ShiftsOnlyAcrossWindows(), (torch.rand(2, 224),),
+        dynamic_shapes=({1: 32 * torch.export.Dim("w_32", min=5, max=7)},), resized=[(torch.rand(2, 160),)],
+    )
+
+
 def test_torch_onnx_form_dynamic_axes_get_the_same_narrowing():
     # dynamic_axes declare hints, not named Dims: the narrowing is reported under the axis' name.
     with pytest.warns(UserWarning) as warned:
