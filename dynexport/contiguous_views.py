@@ -42,13 +42,15 @@ def _statically_inferred(shape: Any, numel: Any) -> list[Any] | None:
     """``shape`` with its -1 length (if any) inferred, where the division is exact for every size
     the shape environment allows; None where it may not be (torch's kernel then guards it)."""
     target = list(extract_shape_from_varargs(shape, validate=False))
-    if target.count(-1) > 1:
+    # compared as Python ints: a symbolic length compared with -1 would be a question to torch
+    inferred = [axis for axis, length in enumerate(target) if type(length) is int and length == -1]
+    if len(inferred) > 1:
         return None
-    if -1 in target:
-        known = functools.reduce(operator.mul, (length for length in target if length != -1), 1)
+    if inferred:
+        known = functools.reduce(operator.mul, (length for axis, length in enumerate(target) if axis not in inferred), 1)
         if not (statically_known_true(known >= 1) and statically_known_true(numel % known == 0)):
             return None
-        target[target.index(-1)] = numel // known
+        target[inferred[0]] = numel // known
     return target
 
 

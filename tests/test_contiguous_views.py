@@ -43,6 +43,17 @@ def test_view_of_a_contiguous_tensor_of_the_same_element_count_skips_the_search_
     assert set(guards) < set(searched) and len(searched) - len(guards) >= 5
 
 
+def test_inferred_length_of_an_exact_division_is_the_quotient():
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    batch, windows, channels = _symbolic(mode, 2, 6, 8).shape
+    with mode, contiguous_views_direct():
+        tokens = torch.empty(batch * windows, 16, channels)
+        before = len(shape_env.guards)
+        rows = tokens.view(-1, 4, 4, channels)
+    assert rows.shape[0] == batch * windows and len(shape_env.guards) == before
+
+
 def test_view_whose_element_count_is_not_provably_the_same_is_left_to_torch():
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env)
