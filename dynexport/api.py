@@ -23,6 +23,7 @@ from dynexport import files
 from dynexport import report as report_stage
 from dynexport import dim_names, signature, torchscript
 from dynexport.call_convention import user_outputs
+from dynexport.contiguous_views import contiguous_views_direct
 from dynexport.dim_refinement import (
     DIM_REFINEMENTS_KEY,
     capture_refining_dims,
@@ -595,11 +596,10 @@ def _functionalized(
     else the program functionalized by torch (a re-trace). ``explicit_buffer_updates`` (training
     mode) re-traces whenever there are buffers, so that every buffer update (batch norm's running
     statistics) is an output of the program."""
-    if explicit_buffer_updates and program.graph_signature.buffers:
-        return program.run_decompositions({})
-    if inplace_ops_are_local(program.graph):
+    if inplace_ops_are_local(program.graph) and not (explicit_buffer_updates and program.graph_signature.buffers):
         return program
-    return program.run_decompositions({})
+    with contiguous_views_direct():  # the re-trace views the capture's tensors again
+        return program.run_decompositions({})
 
 
 def export_to_pretty_string(model: Any, args: Any = (), **export_options: Any) -> str:

@@ -113,6 +113,30 @@ def test_window_attention_over_dynamic_sides_matches_eager():
     )
 
 
+class _ShiftedWindowAttention(_WindowAttention):
+    """Swin's shifted block: the map rolled by half a window, and a mask written region by region
+    into a zeros map (in-place writes into views: the program is re-traced to functionalize it,
+    its views again without torch's search)."""
+
+    def forward(self, x):
+        batch, height, width, channels = x.shape
+        s = self.window
+        regions = x.new_zeros(1, height, width, 1)
+        regions[:, -s:, :, :] = 1
+        regions[:, :, -s:, :] += 2
+        shifted = torch.roll(x, (-(s // 2), -(s // 2)), (1, 2)) + regions
+        return torch.roll(super().forward(shifted), (s // 2, s // 2), (1, 2))
+
+
+def test_shifted_window_attention_over_dynamic_sides_matches_eager():
+    torch.manual_seed(0)
+    assert_exports_equivalent(
+        _ShiftedWindowAttention().eval(), (torch.randn(2, 12, 16, 8),),
+        dynamic_shapes=({0: Dim("batch"), 1: 4 * Dim("h"), 2: 4 * Dim("w")},),
+        resized=[(torch.randn(3, 8, 20, 8),), (torch.randn(1, 4, 4, 8),)],
+    )
+
+
 class _TokensAfterTheFirst(torch.nn.Module):
     def forward(self, x):  # (batch, tokens, channels): the slice is not contiguous
         rest = x[:, 1:]
