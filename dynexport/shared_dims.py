@@ -41,9 +41,10 @@ def shared_dims_traced_as_one() -> Iterator[None]:
 
     def make_fake_inputs(*args: Any, **kwargs: Any) -> Any:
         made = original(*args, **kwargs)
-        fake_mode, equalities = made[0], made[3]
-        _unify(fake_mode.shape_env, getattr(equalities, "source_pairs", ()))
-        _unify_derived(fake_mode.shape_env, getattr(equalities, "derived_equalities", ()))
+        shape_env, equalities = made[0].shape_env, made[3]
+        symbol_of = {_name(source): symbol for symbol, sources in shape_env.var_to_sources.items() for source in sources}
+        _unify(shape_env, symbol_of, getattr(equalities, "source_pairs", ()))
+        _unify_derived(shape_env, symbol_of, getattr(equalities, "derived_equalities", ()))
         return made
 
     export_trace.make_fake_inputs = make_fake_inputs
@@ -53,10 +54,10 @@ def shared_dims_traced_as_one() -> Iterator[None]:
         export_trace.make_fake_inputs = original
 
 
-def _unify(shape_env: Any, source_pairs: Any) -> None:
+def _unify(shape_env: Any, symbol_of: dict[str, sympy.Symbol], source_pairs: Any) -> None:
     """Record each pair of input dims the user declared equal as equal, where both are symbols
-    with equal example sizes (otherwise torch.export reports the declaration as it would)."""
-    symbol_of = {_name(source): symbol for symbol, sources in shape_env.var_to_sources.items() for source in sources}
+    with equal example sizes (otherwise torch.export reports the declaration as it would).
+    ``symbol_of``: each input dim's symbol by its source's name."""
     for first, second in source_pairs:
         a, b = symbol_of.get(_name(first)), symbol_of.get(_name(second))
         if a is None or b is None:
@@ -67,11 +68,10 @@ def _unify(shape_env: Any, source_pairs: Any) -> None:
                 shape_env.evaluate_expr(sympy.Eq(a, b))
 
 
-def _unify_derived(shape_env: Any, derived_equalities: Any) -> None:
+def _unify_derived(shape_env: Any, symbol_of: dict[str, sympy.Symbol], derived_equalities: Any) -> None:
     """Record each input dim declared as a function of a root (``32 * Dim("h")``, ``Dim("n") +
     1``) as that expression of the root's symbol, where it is a symbol whose example size is the
     expression's at the root's (otherwise torch.export reports the declaration as it would)."""
-    symbol_of = {_name(source): symbol for symbol, sources in shape_env.var_to_sources.items() for source in sources}
     for source, root, derive in derived_equalities:
         dim = symbol_of.get(_name(source))
         root_symbol = root if isinstance(root, sympy.Symbol) else symbol_of.get(_name(root))
