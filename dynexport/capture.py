@@ -59,6 +59,7 @@ from dynexport.grouped_attention import causality_decided, grouped_attention_who
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
 from dynexport.model_caches import UnflattenableCache, first_fills_kept, sliding_windows_sized_by_keys
 from dynexport.modes import attributes_added_removed
+from dynexport.multiples import MultipleRequired, multiples_refined_early
 from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
 from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
@@ -245,6 +246,7 @@ def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]
     with (
         _size_oblivious(oblivious),
         contiguous_views_direct(),
+        multiples_refined_early(),
         recurrent_ops_kept_whole(),
         detection_code_capturable(),
         grouped_attention_whole(),
@@ -275,7 +277,7 @@ def _captured_tracing_layers_once(
             program = _non_strict(module, args, kwargs, dynamic_shapes)
         program = replicated(program, calls)
         check_guards_hold(program)
-    except UnflattenableCache as error:
+    except (UnflattenableCache, MultipleRequired) as error:
         raise _capture_error({_NON_STRICT: error}, oblivious) from error
     except Exception as error:  # every other reason, the model's own included, is found again by the full capture
         logging.getLogger(__name__).debug("layers captured in full: %s", error)
@@ -499,7 +501,7 @@ _SPLIT_INTO_UNKNOWN_COUNT = re.compile(r"Caused by: \(.* in (split|unbind|chunk|
 
 
 def _fails_every_strategy(error: BaseException) -> bool:
-    return _is_user_error(error) or isinstance(error, (QuantizedCaptureError, UnflattenableCache))
+    return _is_user_error(error) or isinstance(error, (QuantizedCaptureError, UnflattenableCache, MultipleRequired))
 
 
 def _is_user_error(error: BaseException, *kinds: UserErrorType) -> bool:

@@ -11,7 +11,9 @@ Where torch's solver asks for a multiple (``samples = 20*_samples``) only becaus
 guard that excludes small sizes, the minimum that guard is proven to need is applied instead.
 Guards torch.export leaves unchecked (``min`` of sizes, remainders of a derived dim's root), which
 capture's guard audit finds false somewhere, narrow the dims they read the same way: to a minimum,
-or to the example's class modulo a period (``_w = 8*__w``), when that makes them hold.
+or to the example's class modulo a period (``_w = 8*__w``), when that makes them hold. A capture
+stops as soon as the model requires a named dim to be a multiple (:mod:`dynexport.multiples`),
+and that multiple is applied the same way.
 
 A fix that makes a declared-dynamic dim static is never applied: the ONNX model would silently
 accept one size only. :class:`~dynexport.errors.DimSpecializedError` names the dim and the model
@@ -47,6 +49,7 @@ from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _get_dim_name_map
 from dynexport.dim_names import dynamic_dims_sized_0_or_1
 from dynexport.errors import CaptureError, DimSpecializedError
 from dynexport.guard_audit import SizeFix, UncheckedGuards
+from dynexport.multiples import MultipleRequired
 from dynexport.signature import bind_arguments
 
 __all__ = [
@@ -60,9 +63,10 @@ __all__ = [
 
 DIM_REFINEMENTS_KEY = "pkg.dynexport.dim_refinements"
 
-# One fix can uncover the next constraint (a bound once an equality holds); a model still asking
-# after this many captures is not converging.
-MAX_ROUNDS = 8
+# One fix can uncover the next constraint (a bound once an equality holds; a hierarchical model's
+# multiples one stage at a time, dynexport.multiples); a model still asking after this many
+# captures is not converging.
+MAX_ROUNDS = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +120,7 @@ def capture_refining_dims(
                 refinements += _warned(hint_refinements)
                 continue
             lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
+            lattices.update(_required_multiples(error))
             if lattices:
                 dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices)
                 refinements += _warned(lattice_refinements)
@@ -263,6 +268,16 @@ def _constraint_violations(error: CaptureError) -> list[str]:
         for reason in error.reasons.values()
         if isinstance(reason, UserError) and reason.error_type is UserErrorType.CONSTRAINT_VIOLATION
     ]
+
+
+def _required_multiples(error: CaptureError) -> dict[str, SizeFix]:
+    """The multiples a capture stopped early for (:class:`~dynexport.multiples.MultipleRequired`)."""
+    return {
+        name: SizeFix(period=factor)
+        for reason in error.reasons.values()
+        if isinstance(reason, MultipleRequired)
+        for name, factor in reason.factors.items()
+    }
 
 
 def _suggested_fixes_message(error: CaptureError, dynamic_shapes: Any) -> str | None:

@@ -53,7 +53,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from dynexport.errors import source_line
 
-__all__ = ["SizeFix", "UncheckedGuards", "check_guards_hold"]
+__all__ = ["SizeFix", "UncheckedGuards", "check_guards_hold", "period_it_needs"]
 
 # Sizes drawn for a dim without an upper bound stay below this (the range dynamic-shape
 # refinement checks an unbounded dim over).
@@ -139,6 +139,28 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
             _declared_fixes(shape_env, guards, [guards[index] for index in failures], ranges, names),
         )
     _check_sizes_kept(program, shape_env, set(roots), ranges, _dim_names(sizes, shape_env))
+
+
+def period_it_needs(shape_env: Any, guard: Any) -> tuple[sympy.Symbol, int] | None:
+    """``(root, k)`` where ``guard``, just recorded, is one :func:`check_guards_hold` audits (a
+    condition the model asked that torch.export leaves unchecked), reads one input size ``root``,
+    and holds at the multiples of ``k > 1`` in its range but not at every size: the audit would
+    find it false and narrow ``root`` to those multiples. None for any other guard."""
+    condition = shape_env.replace(guard.expr)
+    if len(condition.free_symbols) != 1 or not (_fixes_a_size(condition) and _asked_by_the_model(guard)):
+        return None
+    (root,) = condition.free_symbols
+    if root not in shape_env.backed_var_to_val:
+        return None
+    lower, upper = _sampled_range(shape_env, root)
+    example = _example(shape_env, root)
+    found = _sizes_where_it_holds(_Guard(condition, ""), root, {root: example}, (lower, upper))
+    if found is None:
+        return None
+    period, minimum = found
+    if period == 1 or example % period or minimum > -(-lower // period) * period:
+        return None
+    return root, period
 
 
 def _user_inputs(program: torch.export.ExportedProgram) -> dict[str, Any]:

@@ -1,0 +1,133 @@
+"""Captures stop at the first guard after the model requires a named dim to be a multiple, and the
+refinement they lead to is the one the finished capture gave (dynexport/multiples.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.export import Dim
+
+import dynexport
+from dynexport.capture import capture
+from dynexport.errors import CaptureError
+from dynexport.multiples import MultipleRequired
+from tests.equivalence import assert_exports_equivalent
+
+
+class Tail(torch.nn.Module):
+    """Counts the calls that reach the model's rest."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x.view(x.shape[0], -1, 4).sum(-1)
+
+
+class PadsToBlocks(torch.nn.Module):
+    # Swin's patch embedding: the width padded to whole blocks in a Python branch.
+    def __init__(self):
+        super().__init__()
+        self.tail = Tail()
+
+    def forward(self, x):
+        if x.shape[1] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+        if x.shape[2] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 4 - x.shape[2] % 4))
+        return self.tail(x.transpose(1, 2).reshape(x.shape[0], -1)) + 1
+
+
+def test_capture_stops_at_the_guard_after_the_required_multiples():
+    model = PadsToBlocks()
+    sides = ({1: Dim("w", max=400), 2: Dim("h")},)
+    with pytest.raises(CaptureError) as error:
+        capture(model, (torch.randn(2, 16, 8),), {}, sides)
+    (reason,) = error.value.reasons.values()
+    assert isinstance(reason, MultipleRequired)
+    assert reason.factors == {"w": 4, "h": 4}  # both branches, then the transpose's guard stopped it
+    assert model.tail.calls == 0
+
+
+def test_required_multiples_refine_the_dims_as_torchs_fix_did():
+    model = PadsToBlocks()
+    x = torch.randn(2, 16, 8)
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: w = 4\*_w"):
+        program = assert_exports_equivalent(
+            model, (x,), dynamic_shapes=({1: Dim("w", min=6, max=401), 2: Dim("h")},),
+            resized=[(torch.randn(2, 8, 12),), (torch.randn(2, 400, 4),)],
+        )
+    assert [str(d) for d in program.model.graph.inputs[0].shape] == ["2", "4*_w", "4*_h"]
+    with pytest.raises(ValueError, match=r"no value of 4\*_w"):
+        program(torch.randn(2, 18, 8))
+    with pytest.raises(ValueError, match=r"dim 1 is 404"):  # _w's range is the multiples in w's: 2..100
+        program(torch.randn(2, 404, 8))
+
+
+class PadsTheGridToEven(torch.nn.Module):
+    # FocalNet's downsampling: every fourth column, padded to an even count, pairs merged.
+    def forward(self, x):
+        grid = x[..., ::4]
+        pad = (2 - grid.shape[-1] % 2) % 2
+        if pad > 0:
+            grid = torch.nn.functional.pad(grid, (0, pad))
+        return grid.reshape(grid.shape[0], -1, 2).sum(-1)
+
+
+def test_an_audited_remainder_of_a_derived_root_stops_the_capture_too():
+    # torch leaves `(2 - _w % 2) % 2 > 0` unchecked on the root of 4*_w; the guard audit would
+    # narrow _w to even sizes after the capture, and the capture stops there instead.
+    with pytest.raises(CaptureError) as error:
+        capture(PadsTheGridToEven(), (torch.randn(2, 32),), {}, ({1: 4 * Dim("_w")},))
+    (reason,) = error.value.reasons.values()
+    assert isinstance(reason, MultipleRequired) and reason.factors == {"_w": 2}
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: _w = 2\*__w"):
+        program = assert_exports_equivalent(
+            PadsTheGridToEven(), (torch.randn(2, 32),), dynamic_shapes=({1: 4 * Dim("_w")},),
+            resized=[(torch.randn(2, 16),), (torch.randn(2, 64),)],
+        )
+    with pytest.raises(ValueError, match=r"no value of 8\*__w"):
+        program(torch.randn(2, 36))
+
+
+class CatchesEverything(torch.nn.Module):
+    # A model that swallows any error of a size test takes its fallback path in the trace.
+    def forward(self, x):
+        if x.shape[1] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+        try:
+            scale = 2.0 if x.shape[1] > 8 else 1.0
+        except Exception:
+            scale = 100.0
+        return x.view(x.shape[0], -1, 4).sum(-1) * scale
+
+
+def test_a_stop_the_model_catches_still_ends_the_capture():
+    with pytest.raises(CaptureError) as error:
+        capture(CatchesEverything(), (torch.randn(2, 16),), {}, ({1: Dim("w")},))
+    assert isinstance(next(iter(error.value.reasons.values())), MultipleRequired)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_exports_equivalent(
+            CatchesEverything(), (torch.randn(2, 16),), dynamic_shapes=({1: Dim("w", min=12)},),
+            resized=[(torch.randn(2, 24),), (torch.randn(2, 12),)],
+        )
+
+
+class OddWidths(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] % 2 == 1:
+            return x[:, 1:] * 2
+        return x
+
+
+def test_other_remainder_guards_are_left_to_torch():
+    # An odd example records `w % 2 == 1`: no multiple, so torch's own answer (no fix it can
+    # express) stands, as before.
+    with pytest.raises(CaptureError) as error:
+        dynexport.export(OddWidths(), (torch.randn(2, 7),), dynamic_shapes=({1: Dim("w")},))
+    assert not any(isinstance(reason, MultipleRequired) for reason in error.value.reasons.values())
