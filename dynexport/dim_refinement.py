@@ -108,6 +108,7 @@ def capture_refining_dims(
     refinements: list[DimRefinement] = []
     previous_fixes = None
     hinted: dict[int, torch.export.Dim] = {}  # id of a Dim.DYNAMIC hint: the Dim it stands for
+    made_for: dict[str, str] = {}  # a root a fix made a declared plain dim a multiple of: that dim
     for _ in range(MAX_ROUNDS):
         try:
             program, strategy = capture(module, args, kwargs, dynamic_shapes)
@@ -122,7 +123,7 @@ def capture_refining_dims(
             lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
             lattices.update(_required_multiples(error))
             if lattices:
-                dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices)
+                dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices, made_for)
                 refinements += _warned(lattice_refinements)
                 continue
             message = _suggested_fixes_message(error, dynamic_shapes)
@@ -168,10 +169,15 @@ def capture_refining_dims(
                 dynamic_shapes = _hinted(dynamic_shapes, minimums, hinted)
                 refinements += _warned([DimRefinement(name, f"min={low}") for name, (low, _) in minimums.items()])
                 continue
+            plain = _plain_dims(dynamic_shapes)
             try:
                 dynamic_shapes = _refined(message, dynamic_shapes)
             except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
                 raise error from None
+            for name, fix in fixes.items():
+                root = _MULTIPLE_OF_A_ROOT.fullmatch(fix)
+                if root and name in plain:
+                    made_for[root.group(1)] = name
             described = [_describe(name, fix) for name, fix in fixes.items()]
             refinements += _warned(_kept_refinements(described, module, args, kwargs, dynamic_shapes))
     raise unrefined
@@ -396,29 +402,52 @@ def _minimums_from_unchecked_guards(error: CaptureError, dynamic_shapes: Any) ->
     return _minimums_message(minimums, _get_dim_name_mapping(dynamic_shapes))
 
 
-def _on_lattices(dynamic_shapes: Any, lattices: dict[str, SizeFix]) -> tuple[Any, list[DimRefinement]]:
+def _plain_dims(dynamic_shapes: Any) -> set[str]:
+    """The names of the dims declared for inputs as a ``Dim`` of their own (not derived)."""
+    return {
+        dim.__name__
+        for dim in pytree.tree_leaves(dynamic_shapes)
+        if isinstance(dim, torch.export.Dim) and not isinstance(dim, _DerivedDim)
+    }
+
+
+# A fix making a dim a multiple of a new root: ``4*_h``, ``2*_w + 1``.
+_MULTIPLE_OF_A_ROOT = re.compile(r"\d+\*(\w+)(?: \+ \d+)?")
+
+
+def _on_lattices(
+    dynamic_shapes: Any, lattices: dict[str, SizeFix], made_for: dict[str, str]
+) -> tuple[Any, list[DimRefinement]]:
     """``dynamic_shapes`` with each dim named in ``lattices`` (a dim, or the root of derived dims:
     ``_w`` of ``4*_w``) replaced by ``period*_<name> + offset`` over a new root ``_<name>`` whose
     range covers the old one's; and the refinements made. (torch's fix helper cannot re-derive
-    the root of a derived dim.)"""
+    the root of a derived dim.) ``made_for`` maps the roots that fixes made plain declared dims
+    multiples of to those dims (``_h`` of ``h = 4*_h``), and is kept up to date: such a root keeps
+    its name, and the refinement is told as the declared dim's (``h = 8*_h``, not ``_h = 2*__h``)."""
     declared = _get_dim_name_mapping(dynamic_shapes)
-    roots, refinements = {}, []
+    roots, told = {}, {}
     for name, fix in lattices.items():
         dim = declared[name]
         low = max(0, -(-(int(dim.min) - fix.offset) // fix.period))
         bounds = {"min": low} if dim.max == int_oo else {"min": low, "max": (int(dim.max) - fix.offset) // fix.period}
-        root = torch.export.Dim(f"_{name}", **bounds)
+        root = torch.export.Dim(name if name in made_for else f"_{name}", **bounds)
         roots[name] = root * fix.period + fix.offset if fix.offset else root * fix.period
-        refinements.append(DimRefinement(name, f"= {roots[name].__name__}"))
+        told[name] = (made_for[name], None) if name in made_for else (name, roots[name].__name__)
 
     def narrowed(dim: Any) -> Any:
         if isinstance(dim, _DerivedDim) and dim.root.__name__ in roots:
-            return dim.fn(roots[dim.root.__name__])
+            derived = dim.fn(roots[dim.root.__name__])
+            user, _ = told[dim.root.__name__]
+            if told[dim.root.__name__][1] is None:
+                told[dim.root.__name__] = (user, derived.__name__)
+            return derived
         if isinstance(dim, torch.export.Dim) and not isinstance(dim, _DerivedDim) and dim.__name__ in roots:
+            made_for[roots[dim.__name__].root.__name__] = dim.__name__
             return roots[dim.__name__]
         return dim
 
-    return pytree.tree_map(narrowed, dynamic_shapes), refinements
+    narrowed_shapes = pytree.tree_map(narrowed, dynamic_shapes)
+    return narrowed_shapes, [DimRefinement(user, f"= {expression}") for user, expression in told.values()]
 
 
 def _minimums_message(minimums: dict[str, int], declared: dict[str, Any]) -> str | None:

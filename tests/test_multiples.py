@@ -131,3 +131,30 @@ def test_other_remainder_guards_are_left_to_torch():
     with pytest.raises(CaptureError) as error:
         dynexport.export(OddWidths(), (torch.randn(2, 7),), dynamic_shapes=({1: Dim("w")},))
     assert not any(isinstance(reason, MultipleRequired) for reason in error.value.reasons.values())
+
+
+class PadsTwoStages(torch.nn.Module):
+    # A hierarchical model's stages: the width padded to whole patches, then the patch grid to
+    # an even count, then pairs merged.
+    def forward(self, x):
+        if x.shape[1] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+        grid = x[:, ::4]
+        pad = (2 - grid.shape[1] % 2) % 2
+        if pad > 0:
+            grid = torch.nn.functional.pad(grid, (0, pad))
+        return grid.reshape(grid.shape[0], -1, 2).sum(-1)
+
+
+def test_a_root_made_for_a_plain_dim_keeps_its_name_stage_after_stage():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program = assert_exports_equivalent(
+            PadsTwoStages(), (torch.randn(2, 32),), dynamic_shapes=({1: Dim("w")},),
+            resized=[(torch.randn(2, 16),), (torch.randn(2, 48),)],
+        )
+    refined = [str(w.message) for w in caught if "dynamic_shapes refined" in str(w.message)]
+    assert refined == ["dynamic_shapes refined: w = 4*_w (from the model)", "dynamic_shapes refined: w = 8*_w (from the model)"]
+    assert str(program.model.graph.inputs[0].shape[1]) == "8*_w"
+    with pytest.raises(ValueError, match=r"dim 1 is 36, which is no value of 8\*_w"):
+        program(torch.randn(2, 36))
