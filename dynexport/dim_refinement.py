@@ -436,10 +436,10 @@ def _on_lattices(
 
     def narrowed(dim: Any) -> Any:
         if isinstance(dim, _DerivedDim) and dim.root.__name__ in roots:
-            derived = dim.fn(roots[dim.root.__name__])
-            user, _ = told[dim.root.__name__]
-            if told[dim.root.__name__][1] is None:
-                told[dim.root.__name__] = (user, derived.__name__)
+            name = dim.root.__name__
+            derived = dim.fn(roots[name])
+            if told[name][1] is None:  # a kept root: told as the declared dim it now derives
+                told[name] = (told[name][0], derived.__name__)
             return derived
         if isinstance(dim, torch.export.Dim) and not isinstance(dim, _DerivedDim) and dim.__name__ in roots:
             made_for[roots[dim.__name__].root.__name__] = dim.__name__

@@ -143,7 +143,7 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
 
 def period_it_needs(shape_env: Any, guard: Any) -> tuple[sympy.Symbol, int] | None:
     """``(root, k)`` where ``guard``, just recorded, is one :func:`check_guards_hold` audits (a
-    condition the model asked that torch.export leaves unchecked), reads one input size ``root``,
+    condition the model asked that torch.export leaves unchecked), reads one size symbol ``root``,
     and holds at the multiples of ``k > 1`` in its range but not at every size: the audit would
     find it false and narrow ``root`` to those multiples. None for any other guard."""
     condition = shape_env.replace(guard.expr)

@@ -21,8 +21,8 @@ first guard recorded after guards that require named dims to be multiples:
   the audit narrows it to those multiples.
 
 Each is the fix the finished capture would have led to, found earlier; every other guard and fix
-is found by the captures that follow, as before. A capture that the model carried on with after catching
-the exception (its trace then took the model's error path) ends with the exception all the same.
+is found by the captures that follow, as before. A capture that the model carried on with after
+catching the exception (its trace then took the model's error path) ends with it all the same.
 """
 
 from __future__ import annotations
