@@ -53,7 +53,7 @@ from dynexport.contiguous_views import contiguous_views_direct
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
 from dynexport.dim_names import dynamic_dims_sized_0_or_1
-from dynexport.errors import CaptureError
+from dynexport.errors import FLOAT_SIZE_ARITHMETIC, INTEGER_SIZES_HINT, CaptureError
 from dynexport.even_chunks import even_chunks_as_splits
 from dynexport.grouped_attention import causality_decided, grouped_attention_whole
 from dynexport.guard_audit import UncheckedGuards, check_guards_hold
@@ -316,6 +316,8 @@ def _capture_error(reasons: dict[str, BaseException], oblivious: bool) -> Captur
             "and uses the list (torch.jit.script): dynexport exports such a list as an ONNX "
             "sequence (docs/control_flow.md, Lists), or fix the number of pieces."
         )
+    if any(_is_user_error(error, UserErrorType.CONSTRAINT_VIOLATION) and FLOAT_SIZE_ARITHMETIC.search(str(error)) for error in reasons.values()):
+        hints.append(INTEGER_SIZES_HINT)
     if oblivious and any(_is_user_error(error, UserErrorType.CONSTRAINT_VIOLATION) for error in reasons.values()):
         hints.append(
             "An example size of 0 or 1 on a dynamic dim lets model code that tests that size "

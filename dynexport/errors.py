@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import traceback
 from collections.abc import Sequence
 
@@ -29,6 +30,16 @@ __all__ = [
 
 class ExportError(RuntimeError):
     """Base class of every error dynexport raises while exporting a model."""
+
+
+# A size computed through floats (``math.ceil(h / 32)``, ``int(h * 0.5)``): a model line, or
+# torch's guard on one.
+FLOAT_SIZE_ARITHMETIC = re.compile(r"math\.(ceil|floor|trunc)\(|\bfloat\(|TruncToInt|CeilToInt|FloorToInt|ToFloat")
+INTEGER_SIZES_HINT = (
+    "The model computes a size in float arithmetic, which torch.export can only hold at the "
+    "example's value: compute it in integers (`-(-h // 32) * 32` rather than "
+    "`int(math.ceil(h / 32) * 32)`, `h // 2` rather than `int(h * 0.5)`), or declare the dim static."
+)
 
 
 class CaptureError(ExportError):
@@ -79,6 +90,8 @@ class DimSpecializedError(CaptureError):
                 " An example size of 0 or 1 lets model code that tests the size (`if batch == 1`) fix "
                 "it: export with an example size of 2 or more."
             )
+        if source and FLOAT_SIZE_ARITHMETIC.search(source):
+            hint += " " + INTEGER_SIZES_HINT
         ExportError.__init__(
             self, _located(f"The model fixes dims declared dynamic to the example's sizes: {fixed}", source, hint)
         )

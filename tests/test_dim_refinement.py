@@ -5,6 +5,7 @@ and the ONNX model matches eager PyTorch at sizes other than the example's."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -372,3 +373,32 @@ def test_a_decoder_returning_its_cache_with_the_defaults():
     assert_close(actual.logits, expected.logits, atol=1e-4)
     assert isinstance(actual.past_key_values, transformers.DynamicCache)
     assert_close(actual.past_key_values.layers[1].values, expected.past_key_values.layers[1].values, atol=1e-4)
+
+
+class CeilsThroughFloats(torch.nn.Module):
+    # MobileViT's unfolding: the side rounded up to whole patches through floats.
+    def forward(self, x):
+        height = int(math.ceil(x.shape[2] / 4) * 4)
+        return F.interpolate(x, size=(height, x.shape[3]), mode="bilinear")
+
+
+class CeilsInIntegers(torch.nn.Module):
+    def forward(self, x):
+        height = -(-x.shape[2] // 4) * 4
+        return F.interpolate(x, size=(height, x.shape[3]), mode="bilinear")
+
+
+def test_a_size_computed_through_floats_is_refused_naming_the_integer_form():
+    spec = ({2: torch.export.Dim("h")},)
+    with pytest.raises(CaptureError, match=r"float arithmetic[\s\S]*-\(-h // 32\) \* 32"):
+        dynexport.export(CeilsThroughFloats(), (torch.randn(1, 2, 10, 8),), dynamic_shapes=spec)
+    assert_exports_equivalent(  # the hint's form
+        CeilsInIntegers(), (torch.randn(1, 2, 10, 8),), dynamic_shapes=spec,
+        resized=[(torch.randn(1, 2, 13, 8),), (torch.randn(1, 2, 4, 8),)],
+    )
+
+
+def test_a_dim_fixed_at_a_float_size_line_names_the_integer_form():
+    error = DimSpecializedError({"h": 96}, 'File "m.py", line 3, in f: int(math.ceil(h / 2) * 2)', {})
+    assert "-(-h // 32) * 32" in str(error)
+    assert "-(-h // 32)" not in str(DimSpecializedError({"h": 96}, 'File "m.py", line 3, in f: x.view(96, -1)', {}))
