@@ -109,78 +109,81 @@ def capture_refining_dims(
     previous_fixes = None
     hinted: dict[int, torch.export.Dim] = {}  # id of a Dim.DYNAMIC hint: the Dim it stands for
     made_for: dict[str, str] = {}  # a root a fix made a declared plain dim a multiple of: that dim
-    for _ in range(MAX_ROUNDS):
-        try:
-            program, strategy = capture(module, args, kwargs, dynamic_shapes)
-            return program, strategy, refinements, _named(dynamic_shapes, hinted)
-        except CaptureError as error:
-            unrefined = error
-            at_hints = _unchecked_guard_fixes_at_hints(error, dynamic_shapes)
-            if at_hints:
-                dynamic_shapes, hint_refinements = _hints_narrowed(dynamic_shapes, at_hints, hint_names or {})
-                refinements += _warned(hint_refinements)
-                continue
-            lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
-            lattices.update(_required_multiples(error))
-            if lattices:
-                dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices, made_for)
-                refinements += _warned(lattice_refinements)
-                continue
-            message = _suggested_fixes_message(error, dynamic_shapes)
-            if message is None:
-                declared = _get_dim_name_mapping(dynamic_shapes)
-                checked = {
-                    name: bounds
-                    for name, bounds in _ranges_where_guards_hold(error, dynamic_shapes).items()
-                    if bounds[0] == int(declared[name].min)  # else _minimums_from_guards raises the minimum
-                }
-                if not checked:
-                    pinned = _pinned_hints(error)
-                    if pinned:
-                        line = _specializing_line(set(pinned.values()), capture, module, args, kwargs, dynamic_shapes)
-                        raise DimSpecializedError(pinned, line, error.reasons) from error
-                    raise
-                dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
-                refinements += _warned([_describe_checked(name, bounds) for name, bounds in checked.items()])
-                continue
-            # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
-            declared = _get_dim_name_mapping(dynamic_shapes)
-            fixes = {name: fix for name, fix in _suggested_fixes(message).items() if name in declared}
-            if fixes == previous_fixes:  # applied, and asked for again: torch cannot honour them
-                raise
-            previous_fixes = fixes
-            static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
-            checked = _ranges_where_guards_hold(error, dynamic_shapes)
-            if static and all(name in checked and checked[name][0] <= size for name, size in static.items()):
-                # torch's solver specializes dims whose guards it cannot solve (RAFT's batch:
-                # ``(3*n - 1) // n == 2``), though they hold at every size.
-                checked = {name: checked[name] for name in static}
-                dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
-                refinements += _warned([_describe_checked(name, bounds) for name, bounds in checked.items()])
-                continue
-            if static:
-                line = _specializing_line(set(static.values()), capture, module, args, kwargs, dynamic_shapes)
-                raise DimSpecializedError(static, line, error.reasons) from error
-            minimums = _proven_minimums(error, dynamic_shapes, fixes)
-            if minimums:
-                # torch's solver asks for a multiple (``samples = 20*_samples``) where a guard
-                # only excludes small sizes it cannot bound (HuBERT's ``(samples // 20 - 1)**2 >
-                # 1``): every size from the proven minimum on is kept.
-                dynamic_shapes = _hinted(dynamic_shapes, minimums, hinted)
-                refinements += _warned([DimRefinement(name, f"min={low}") for name, (low, _) in minimums.items()])
-                continue
-            plain = _plain_dims(dynamic_shapes)
+    try:
+        for _ in range(MAX_ROUNDS):
             try:
-                dynamic_shapes = _refined(message, dynamic_shapes)
-            except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
-                raise error from None
-            for name, fix in fixes.items():
-                root = _MULTIPLE_OF_A_ROOT.fullmatch(fix)
-                if root and name in plain:
-                    made_for[root.group(1)] = name
-            described = [_describe(name, fix) for name, fix in fixes.items()]
-            refinements += _warned(_kept_refinements(described, module, args, kwargs, dynamic_shapes))
-    raise unrefined
+                program, strategy = capture(module, args, kwargs, dynamic_shapes)
+                return program, strategy, _without_superseded(refinements), _named(dynamic_shapes, hinted)
+            except CaptureError as error:
+                unrefined = error
+                at_hints = _unchecked_guard_fixes_at_hints(error, dynamic_shapes)
+                if at_hints:
+                    dynamic_shapes, hint_refinements = _hints_narrowed(dynamic_shapes, at_hints, hint_names or {})
+                    refinements += hint_refinements
+                    continue
+                lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
+                lattices.update(_required_multiples(error))
+                if lattices:
+                    dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices, made_for)
+                    refinements += lattice_refinements
+                    continue
+                message = _suggested_fixes_message(error, dynamic_shapes)
+                if message is None:
+                    declared = _get_dim_name_mapping(dynamic_shapes)
+                    checked = {
+                        name: bounds
+                        for name, bounds in _ranges_where_guards_hold(error, dynamic_shapes).items()
+                        if bounds[0] == int(declared[name].min)  # else _minimums_from_guards raises the minimum
+                    }
+                    if not checked:
+                        pinned = _pinned_hints(error)
+                        if pinned:
+                            line = _specializing_line(set(pinned.values()), capture, module, args, kwargs, dynamic_shapes)
+                            raise DimSpecializedError(pinned, line, error.reasons) from error
+                        raise
+                    dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
+                    refinements += [_describe_checked(name, bounds) for name, bounds in checked.items()]
+                    continue
+                # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
+                declared = _get_dim_name_mapping(dynamic_shapes)
+                fixes = {name: fix for name, fix in _suggested_fixes(message).items() if name in declared}
+                if fixes == previous_fixes:  # applied, and asked for again: torch cannot honour them
+                    raise
+                previous_fixes = fixes
+                static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
+                checked = _ranges_where_guards_hold(error, dynamic_shapes)
+                if static and all(name in checked and checked[name][0] <= size for name, size in static.items()):
+                    # torch's solver specializes dims whose guards it cannot solve (RAFT's batch:
+                    # ``(3*n - 1) // n == 2``), though they hold at every size.
+                    checked = {name: checked[name] for name in static}
+                    dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
+                    refinements += [_describe_checked(name, bounds) for name, bounds in checked.items()]
+                    continue
+                if static:
+                    line = _specializing_line(set(static.values()), capture, module, args, kwargs, dynamic_shapes)
+                    raise DimSpecializedError(static, line, error.reasons) from error
+                minimums = _proven_minimums(error, dynamic_shapes, fixes)
+                if minimums:
+                    # torch's solver asks for a multiple (``samples = 20*_samples``) where a guard
+                    # only excludes small sizes it cannot bound (HuBERT's ``(samples // 20 - 1)**2 >
+                    # 1``): every size from the proven minimum on is kept.
+                    dynamic_shapes = _hinted(dynamic_shapes, minimums, hinted)
+                    refinements += [DimRefinement(name, f"min={low}") for name, (low, _) in minimums.items()]
+                    continue
+                plain = _plain_dims(dynamic_shapes)
+                try:
+                    dynamic_shapes = _refined(message, dynamic_shapes)
+                except Exception:  # a fix torch cannot express in dynamic_shapes (a relation of two dims)
+                    raise error from None
+                for name, fix in fixes.items():
+                    root = _MULTIPLE_OF_A_ROOT.fullmatch(fix)
+                    if root and name in plain:
+                        made_for[root.group(1)] = name
+                described = [_describe(name, fix) for name, fix in fixes.items()]
+                refinements += _kept_refinements(described, module, args, kwargs, dynamic_shapes)
+        raise unrefined
+    finally:
+        _warned(_without_superseded(refinements))
 
 
 def _kept_refinements(
@@ -197,6 +200,20 @@ def _kept_refinements(
     if not dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs)):
         return refinements
     return [r for r in refinements if r.change != "min=2"]
+
+
+def _without_superseded(refinements: list[DimRefinement]) -> list[DimRefinement]:
+    """``refinements`` less each multiple of a dim that a later multiple of the same dim
+    supersedes (``w = 4*_w``, then ``w = 8*_w``: a hierarchical model's stages, one a capture)."""
+
+    def multiple(refinement: DimRefinement) -> bool:
+        return bool(_MULTIPLE_OF_A_ROOT.fullmatch(refinement.change.removeprefix("= ")))
+
+    return [
+        refinement
+        for index, refinement in enumerate(refinements)
+        if not (multiple(refinement) and any(later.dim == refinement.dim and multiple(later) for later in refinements[index + 1 :]))
+    ]
 
 
 def _warned(refinements: list[DimRefinement]) -> list[DimRefinement]:
