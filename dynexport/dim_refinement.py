@@ -123,6 +123,10 @@ def capture_refining_dims(
                     continue
                 lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
                 lattices.update(_required_multiples(error))
+                single = _single_sizes(dynamic_shapes, lattices)
+                if single:
+                    where = next((r.where for r in error.reasons.values() if isinstance(r, MultipleRequired)), None)
+                    raise DimSpecializedError(single, where, error.reasons) from error
                 if lattices:
                     dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices, made_for)
                     refinements += lattice_refinements
@@ -417,6 +421,20 @@ def _minimums_from_unchecked_guards(error: CaptureError, dynamic_shapes: Any) ->
     fixes = _unchecked_guard_fixes(error, dynamic_shapes)
     minimums = {name: fix.minimum for name, fix in fixes.items() if fix.minimum is not None}
     return _minimums_message(minimums, _get_dim_name_mapping(dynamic_shapes))
+
+
+def _single_sizes(dynamic_shapes: Any, lattices: dict[str, SizeFix]) -> dict[str, int]:
+    """``{dim: size}`` for the dims of ``lattices`` whose declared range holds one size of the
+    lattice (``Dim("w", min=6, max=10)`` that the model needs a multiple of 4: 8), which the
+    narrowing would make static."""
+    declared = _get_dim_name_mapping(dynamic_shapes)
+    single = {}
+    for name, fix in lattices.items():
+        dim = declared[name]
+        low = max(0, -(-(int(dim.min) - fix.offset) // fix.period))
+        if dim.max != int_oo and (int(dim.max) - fix.offset) // fix.period <= low:
+            single[name] = low * fix.period + fix.offset
+    return single
 
 
 def _plain_dims(dynamic_shapes: Any) -> set[str]:

@@ -53,7 +53,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from dynexport.errors import source_line
 
-__all__ = ["SizeFix", "UncheckedGuards", "check_guards_hold", "period_it_needs"]
+__all__ = ["SizeFix", "UncheckedGuards", "asked_at", "check_guards_hold", "period_it_needs"]
 
 # Sizes drawn for a dim without an upper bound stay below this (the range dynamic-shape
 # refinement checks an unbounded dim over).
@@ -220,7 +220,7 @@ def _distinct_guards(shape_env: Any, roots: set[sympy.Symbol], keep: Any) -> lis
         if condition in seen or not condition.free_symbols <= roots or not keep(guard, condition):
             continue
         seen.add(condition)
-        guards.append(_Guard(condition, _where(guard)))
+        guards.append(_Guard(condition, asked_at(guard)))
     return guards
 
 
@@ -276,7 +276,7 @@ def _size_or_branch(condition: sympy.Basic) -> bool:
     return False
 
 
-def _where(guard: Any) -> str:
+def asked_at(guard: Any) -> str:
     """The line that asked the guard: the model's, or torch's when the question came from
     inside torch (non-strict export's own ``torch.min`` of sizes)."""
     location = guard.sloc

@@ -37,7 +37,7 @@ import sympy
 import torch.export._trace as export_trace
 from torch.utils._sympy.functions import Mod
 
-from dynexport.guard_audit import period_it_needs
+from dynexport.guard_audit import asked_at, period_it_needs
 
 __all__ = ["MultipleRequired", "multiples_refined_early"]
 
@@ -46,10 +46,11 @@ _SHAPE_LOG = logging.getLogger("torch.fx.experimental.symbolic_shapes")
 
 class MultipleRequired(Exception):
     """The model needs the named dims to be multiples: ``factors`` maps each dim's name to its
-    factor (``{"w": 4}`` for ``w % 4 == 0``)."""
+    factor (``{"w": 4}`` for ``w % 4 == 0``); ``where`` is the line that asked the first."""
 
-    def __init__(self, factors: dict[str, int]):
+    def __init__(self, factors: dict[str, int], where: str):
         self.factors = factors
+        self.where = where
         needs = ", ".join(f"{name} % {factor} == 0" for name, factor in factors.items())
         super().__init__(f"the model requires {needs} (capture stopped there to refine the dims)")
 
@@ -119,6 +120,7 @@ class _GuardsWatched(list):
         self._named = named
         self._stopped = stopped
         self._factors: dict[str, int] = {}
+        self._where = ""
 
     def append(self, guard: Any) -> None:
         super().append(guard)
@@ -126,8 +128,9 @@ class _GuardsWatched(list):
         if multiple is not None:
             name, factor = multiple
             self._factors[name] = math.lcm(self._factors.get(name, 1), factor)
+            self._where = self._where or asked_at(guard)
         elif self._factors:
-            self._stopped.append(MultipleRequired(dict(self._factors)))
+            self._stopped.append(MultipleRequired(dict(self._factors), self._where))
             raise self._stopped[-1]
 
     def _required_multiple(self, guard: Any) -> tuple[str, int] | None:

@@ -11,7 +11,7 @@ from torch.export import Dim
 
 import dynexport
 from dynexport.capture import capture
-from dynexport.errors import CaptureError
+from dynexport.errors import CaptureError, DimSpecializedError
 from dynexport.multiples import MultipleRequired
 from tests.equivalence import assert_exports_equivalent
 
@@ -158,3 +158,22 @@ def test_a_root_made_for_a_plain_dim_keeps_its_name_stage_after_stage():
     assert str(program.model.graph.inputs[0].shape[1]) == "8*_w"
     with pytest.raises(ValueError, match=r"dim 1 is 36, which is no value of 8\*_w"):
         program(torch.randn(2, 36))
+
+
+class PadsToFour(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+        return x.view(x.shape[0], -1, 4).sum(-1) + 1
+
+
+def test_a_range_holding_one_multiple_is_refused_as_a_fixed_dim():
+    # 8 is the one multiple of 4 in [6, 10]: torch's own suggestion (a root in [2, 2]) crashed
+    # its solver with "Cannot create Dim with inconsistent min=2, max=2".
+    with pytest.raises(DimSpecializedError, match=r"w = 8\n  at .*test_multiples.py.*if x.shape\[1\] % 4 != 0"):
+        dynexport.export(PadsToFour(), (torch.randn(2, 8),), dynamic_shapes=({1: Dim("w", min=6, max=10)},))
+    with pytest.warns(UserWarning, match=r"w = 4\*_w"):
+        assert_exports_equivalent(
+            PadsToFour(), (torch.randn(2, 8),), dynamic_shapes=({1: Dim("w", min=6, max=12)},),
+            resized=[(torch.randn(2, 12),)],
+        )
