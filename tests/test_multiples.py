@@ -16,6 +16,13 @@ from dynexport.multiples import MultipleRequired
 from tests.equivalence import assert_exports_equivalent
 
 
+def padded_to_fours(x):
+    """``x`` (rows of columns) padded to whole blocks of 4 columns in a Python branch."""
+    if x.shape[1] % 4 != 0:
+        x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+    return x
+
+
 class Tail(torch.nn.Module):
     """Counts the calls that reach the model's rest."""
 
@@ -36,9 +43,9 @@ class PadsToBlocks(torch.nn.Module):
 
     def forward(self, x):
         if x.shape[1] % 4 != 0:
-            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+            x = torch.nn.functional.pad(x, (0, 0, 0, 4 - x.shape[1] % 4))
         if x.shape[2] % 4 != 0:
-            x = torch.nn.functional.pad(x, (0, 0, 0, 4 - x.shape[2] % 4))
+            x = torch.nn.functional.pad(x, (0, 4 - x.shape[2] % 4))
         return self.tail(x.transpose(1, 2).reshape(x.shape[0], -1)) + 1
 
 
@@ -97,8 +104,7 @@ def test_an_audited_remainder_of_a_derived_root_stops_the_capture_too():
 class CatchesEverything(torch.nn.Module):
     # A model that swallows any error of a size test takes its fallback path in the trace.
     def forward(self, x):
-        if x.shape[1] % 4 != 0:
-            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+        x = padded_to_fours(x)
         try:
             scale = 2.0 if x.shape[1] > 8 else 1.0
         except Exception:
@@ -137,8 +143,7 @@ class PadsTwoStages(torch.nn.Module):
     # A hierarchical model's stages: the width padded to whole patches, then the patch grid to
     # an even count, then pairs merged.
     def forward(self, x):
-        if x.shape[1] % 4 != 0:
-            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+        x = padded_to_fours(x)
         grid = x[:, ::4]
         pad = (2 - grid.shape[1] % 2) % 2
         if pad > 0:
@@ -162,8 +167,7 @@ def test_a_root_made_for_a_plain_dim_keeps_its_name_stage_after_stage():
 
 class PadsToFour(torch.nn.Module):
     def forward(self, x):
-        if x.shape[1] % 4 != 0:
-            x = torch.nn.functional.pad(x, (0, 4 - x.shape[1] % 4))
+        x = padded_to_fours(x)
         return x.view(x.shape[0], -1, 4).sum(-1) + 1
 
 
