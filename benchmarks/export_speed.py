@@ -4,8 +4,9 @@
                                       [--depths 64,256,1024] [--compare-depth 256]
 
 The suite is the shipped examples, the encoder and decoder families of the model tests (tiny
-transformers configs) and torchvision's Swin with dynamic sides (the zoo tests' tiny config, and
-swin_t from 256 pixels). Every model is exported and saved by both exporters, alternating, after
+transformers configs), torchvision's Swin with dynamic sides (the zoo tests' tiny config, and
+swin_t from 256 pixels), and transformers' tiny Swin and FocalNet with plain ``Dim("h")``,
+``Dim("w")`` (refined to multiples while capturing). Every model is exported and saved by both exporters, alternating, after
 one warm-up export each; the median of ``--repeats`` runs is reported. For dynexport the
 per-phase breakdown (capture, decompose, translate, optimize, serialize) is printed, with any
 phase that cost more than capture flagged. Then a stack of N identical residual blocks is
@@ -113,11 +114,46 @@ def _windowed_vision_models() -> dict[str, Callable[[], Case]]:
     return {"tv_swin_tiny": case(tiny, 160), "tv_swin_t": case(lambda: swin.swin_t(weights=None), 256)}
 
 
+def _plain_dim_vision_models() -> dict[str, Callable[[], Case]]:
+    """transformers' hierarchical vision models that pad by blocks in Python, with the sides
+    declared as torch.onnx's docs write them (plain ``Dim("h")``, ``Dim("w")``): every capture
+    round but the last ends in a multiple the model requires (dynexport/multiples.py). A tiny
+    two-stage Swin (window 4) and FocalNet, from 64 and 96 pixels."""
+    from tests.torchvision_ops import load_torchvision_if_installed
+
+    load_torchvision_if_installed()  # transformers' vision models import torchvision when installed
+    try:
+        import transformers
+    except ImportError:
+        return {}
+
+    def case(build: Callable[[], torch.nn.Module], side: int) -> Callable[[], Case]:
+        def make() -> Case:
+            torch.manual_seed(0)
+            sides = {0: torch.export.Dim("batch"), 2: torch.export.Dim("h"), 3: torch.export.Dim("w")}
+            return Case(build().eval(), (torch.randn(2, 3, side, side),), {}, {"pixel_values": sides})
+
+        return make
+
+    def swin() -> torch.nn.Module:
+        return transformers.SwinModel(transformers.SwinConfig(
+            image_size=64, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4,
+        ))
+
+    def focalnet() -> torch.nn.Module:
+        return transformers.FocalNetModel(transformers.FocalNetConfig(
+            image_size=64, embed_dim=16, depths=[1, 1], hidden_sizes=[16, 32],
+        ))
+
+    return {"hf_swin_plain_dims": case(swin, 64), "hf_focalnet_plain_dims": case(focalnet, 96)}
+
+
 def suite() -> dict[str, Callable[[], Case]]:
     return {
         **{name: _example(factory) for name, factory in EXAMPLES.items()},
         **_transformers_models(),
         **_windowed_vision_models(),
+        **_plain_dim_vision_models(),
     }
 
 
