@@ -430,11 +430,17 @@ def _single_sizes(dynamic_shapes: Any, lattices: dict[str, SizeFix]) -> dict[str
     declared = _get_dim_name_mapping(dynamic_shapes)
     single = {}
     for name, fix in lattices.items():
-        dim = declared[name]
-        low = max(0, -(-(int(dim.min) - fix.offset) // fix.period))
-        if dim.max != int_oo and (int(dim.max) - fix.offset) // fix.period <= low:
-            single[name] = low * fix.period + fix.offset
+        bounds = _lattice_root_bounds(declared[name], fix)
+        if "max" in bounds and bounds["max"] <= bounds["min"]:
+            single[name] = bounds["min"] * fix.period + fix.offset
     return single
+
+
+def _lattice_root_bounds(dim: Any, fix: SizeFix) -> dict[str, int]:
+    """The ``min`` (and ``max``, where ``dim`` has one) of the root ``k`` of the sizes
+    ``fix.period * k + fix.offset`` within ``dim``'s range."""
+    low = max(0, -(-(int(dim.min) - fix.offset) // fix.period))
+    return {"min": low} if dim.max == int_oo else {"min": low, "max": (int(dim.max) - fix.offset) // fix.period}
 
 
 def _plain_dims(dynamic_shapes: Any) -> set[str]:
@@ -462,10 +468,7 @@ def _on_lattices(
     declared = _get_dim_name_mapping(dynamic_shapes)
     roots, told = {}, {}
     for name, fix in lattices.items():
-        dim = declared[name]
-        low = max(0, -(-(int(dim.min) - fix.offset) // fix.period))
-        bounds = {"min": low} if dim.max == int_oo else {"min": low, "max": (int(dim.max) - fix.offset) // fix.period}
-        root = torch.export.Dim(name if name in made_for else f"_{name}", **bounds)
+        root = torch.export.Dim(name if name in made_for else f"_{name}", **_lattice_root_bounds(declared[name], fix))
         roots[name] = root * fix.period + fix.offset if fix.offset else root * fix.period
         told[name] = (made_for[name], None) if name in made_for else (name, roots[name].__name__)
 

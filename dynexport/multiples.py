@@ -34,10 +34,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import sympy
-import torch.export._trace as export_trace
 from torch.utils._sympy.functions import Mod
 
 from dynexport.guard_audit import asked_at, period_it_needs
+from dynexport.shared_dims import after_fake_inputs
 
 __all__ = ["MultipleRequired", "multiples_refined_early"]
 
@@ -59,28 +59,20 @@ class MultipleRequired(Exception):
 def multiples_refined_early() -> Iterator[None]:
     """Within the block, torch.export's captures stop with :class:`MultipleRequired` at the first
     guard after guards that require named dims to be multiples (module doc), and the block raises
-    it however the capture ended; where torch.export has no fake-input step to hook (another
-    version), nothing changes."""
-    original = getattr(export_trace, "make_fake_inputs", None)
-    if original is None:
-        yield
-        return
+    it however the capture ended."""
     stopped: list[MultipleRequired] = []
 
-    def make_fake_inputs(*args: Any, **kwargs: Any) -> Any:
-        made = original(*args, **kwargs)
-        shape_env, equalities = made[0].shape_env, made[3]
+    def watch_guards(shape_env: Any, equalities: Any) -> None:
         derived = {source.name for source, _, _ in getattr(equalities, "derived_equalities", ())}
         shape_env.guards = _GuardsWatched(shape_env, _named_roots(shape_env, derived), stopped)
-        return made
 
     def not_stop_failure(record: logging.LogRecord) -> bool:  # torch logs each guard it failed to add
         return not (stopped and record.msg.startswith("failed during evaluate_expr"))
 
-    export_trace.make_fake_inputs = make_fake_inputs
     _SHAPE_LOG.addFilter(not_stop_failure)
     try:
-        yield
+        with after_fake_inputs(watch_guards):
+            yield
     except Exception as error:
         if stopped and error is not stopped[-1]:  # wrapped, or the model caught it and failed otherwise
             raise stopped[-1] from error
@@ -89,7 +81,6 @@ def multiples_refined_early() -> Iterator[None]:
         if stopped:  # the model caught it and went on: its trace took another path
             raise stopped[-1]
     finally:
-        export_trace.make_fake_inputs = original
         _SHAPE_LOG.removeFilter(not_stop_failure)
 
 

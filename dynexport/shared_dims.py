@@ -20,20 +20,21 @@ took 11–24 s.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sympy
 import torch.export._trace as export_trace
 
-__all__ = ["shared_dims_traced_as_one"]
+__all__ = ["after_fake_inputs", "shared_dims_traced_as_one"]
 
 
 @contextlib.contextmanager
-def shared_dims_traced_as_one() -> Iterator[None]:
-    """Within the block, torch.export's fake inputs carry one symbol for the dims each declared
-    ``Dim`` names (module doc); where torch.export has no such step (another version), nothing
-    changes."""
+def after_fake_inputs(hook: Callable[[Any, Any], None]) -> Iterator[None]:
+    """Within the block, ``hook(shape_env, equalities)`` runs each time torch.export has made its
+    fake inputs, before it traces: the shape environment and the declared equalities
+    (``source_pairs``, ``derived_equalities``, ``phantom_symbols``). Where torch.export has no
+    such step (another version), nothing runs."""
     original = getattr(export_trace, "make_fake_inputs", None)
     if original is None:
         yield
@@ -41,10 +42,7 @@ def shared_dims_traced_as_one() -> Iterator[None]:
 
     def make_fake_inputs(*args: Any, **kwargs: Any) -> Any:
         made = original(*args, **kwargs)
-        shape_env, equalities = made[0].shape_env, made[3]
-        symbol_of = {_name(source): symbol for symbol, sources in shape_env.var_to_sources.items() for source in sources}
-        _unify(shape_env, symbol_of, getattr(equalities, "source_pairs", ()))
-        _unify_derived(shape_env, symbol_of, getattr(equalities, "derived_equalities", ()))
+        hook(made[0].shape_env, made[3])
         return made
 
     export_trace.make_fake_inputs = make_fake_inputs
@@ -52,6 +50,18 @@ def shared_dims_traced_as_one() -> Iterator[None]:
         yield
     finally:
         export_trace.make_fake_inputs = original
+
+
+def shared_dims_traced_as_one() -> contextlib.AbstractContextManager[None]:
+    """Within the block, torch.export's fake inputs carry one symbol for the dims each declared
+    ``Dim`` names (module doc)."""
+
+    def unify(shape_env: Any, equalities: Any) -> None:
+        symbol_of = {_name(source): symbol for symbol, sources in shape_env.var_to_sources.items() for source in sources}
+        _unify(shape_env, symbol_of, getattr(equalities, "source_pairs", ()))
+        _unify_derived(shape_env, symbol_of, getattr(equalities, "derived_equalities", ()))
+
+    return after_fake_inputs(unify)
 
 
 def _unify(shape_env: Any, symbol_of: dict[str, sympy.Symbol], source_pairs: Any) -> None:
