@@ -1,8 +1,12 @@
 """Random-number rules: shapes, dtypes, ranges and statistics (never values: ONNX draws from its
-own generator). Samples are large enough that the bounds below fail by chance far less often
-than once in a million runs."""
+own generator). Every statistic is checked within ``Z`` of its standard error at the sample's
+size, so a correct rule fails a check by chance about once in 500 million runs, while a wrong
+scale or offset (a variance used as a deviation, a rate off by a few percent) is still far
+outside."""
 
 from __future__ import annotations
+
+import math
 
 import onnx
 import pytest
@@ -16,6 +20,7 @@ from tests.equivalence import op_histogram
 aten = torch.ops.aten
 B = torch.export.Dim("batch")
 ROWS = 4000
+Z = 6.0
 
 
 def _samples(fn, *inputs, batches=(3, 8), **options):
@@ -32,18 +37,29 @@ def _samples(fn, *inputs, batches=(3, 8), **options):
     return program, actual
 
 
+def _near(statistic, expected: float, standard_error: float):
+    assert abs(float(statistic) - expected) < Z * standard_error, (float(statistic), expected, standard_error)
+
+
+def _rate(hits: torch.Tensor, p: float):
+    """``hits`` (booleans) occur at rate ``p``."""
+    _near(hits.double().mean(), p, math.sqrt(p * (1 - p) / hits.numel()))
+
+
 def _unit_uniform(x: torch.Tensor, low=0.0, high=1.0):
     x = x.double()
     assert low <= x.min() and x.max() < high
-    width = high - low
-    assert abs(x.mean() - (low + high) / 2) < 0.02 * width
-    assert abs(x.var() - width**2 / 12) < 0.02 * width**2
+    width, n = high - low, x.numel()
+    _near(x.mean(), (low + high) / 2, width / math.sqrt(12 * n))
+    # Var(sample variance) = (mu4 - sigma^4) / n, with mu4 = width^4 / 80 for a uniform.
+    _near(x.var(), width**2 / 12, width**2 * math.sqrt((1 / 80 - 1 / 144) / n))
 
 
 def _standard_normal(x: torch.Tensor, mean=0.0, std=1.0):
     x = x.double()
-    assert abs(x.mean() - mean) < 0.05 * std
-    assert abs(x.std() - std) < 0.05 * std
+    n = x.numel()
+    _near(x.mean(), mean, std / math.sqrt(n))
+    _near(x.std(), std, std / math.sqrt(2 * n))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
@@ -79,7 +95,9 @@ def test_randint(dtype):
     for sample, (low, high) in zip(outputs, [(3, 10), (0, 6), (2, 5), (0, 4)]):
         counts = torch.bincount(sample.flatten().long() - low, minlength=high - low)
         assert len(counts) == high - low
-        assert ((counts / sample.numel() - 1 / (high - low)).abs() < 0.02).all()
+        p = 1 / (high - low)
+        for count in counts:
+            _near(count / sample.numel(), p, math.sqrt(p * (1 - p) / sample.numel()))
 
 
 def test_randint_with_bounds_beyond_float32():
@@ -103,11 +121,12 @@ def test_bernoulli(dtype):
     _, samples = _samples(model, probabilities, batches=(ROWS,))
     for sample in samples:
         assert set(sample.unique().tolist()) <= {0.0, 1.0}
-    (a, b, c) = (s.double().mean(0) for s in samples)
-    for rates in (a, c):
-        assert rates[0] == 0 and rates[3] == 1
-        assert ((rates[1:3] - torch.tensor([0.2, 0.5], dtype=torch.float64)).abs() < 0.03).all()
-    assert ((b - 0.3).abs() < 0.03).all()
+    a, b, c = samples
+    for sample in (a, c):
+        assert sample[:, 0].eq(0).all() and sample[:, 3].eq(1).all()
+        _rate(sample[:, 1].eq(1), 0.2)
+        _rate(sample[:, 2].eq(1), 0.5)
+    _rate(b.eq(1), 0.3)
 
 
 def test_inplace_bernoulli_and_uniform_and_normal():
@@ -115,10 +134,13 @@ def test_inplace_bernoulli_and_uniform_and_normal():
         return x.clone().bernoulli_(0.25), x.clone().uniform_(-2, 3), x.clone().normal_(1.5, 2.0), x.clone().exponential_(2.0)
 
     _, (b, u, n, e) = _samples(model, torch.zeros(3, ROWS))
-    assert abs(b.mean() - 0.25) < 0.02
+    _rate(b.eq(1), 0.25)
     _unit_uniform(u, -2.0, 3.0)
     _standard_normal(n, 1.5, 2.0)
-    assert e.min() >= 0 and abs(e.mean() - 0.5) < 0.02 and abs(e.std() - 0.5) < 0.03
+    # Exponential of rate 2: mean and deviation 0.5; Var(sample deviation) = 2 sigma^2 / n.
+    assert e.min() >= 0
+    _near(e.double().mean(), 0.5, 0.5 / math.sqrt(e.numel()))
+    _near(e.double().std(), 0.5, 0.5 * math.sqrt(2 / e.numel()))
 
 
 def test_normal_overloads():
@@ -157,7 +179,7 @@ def test_dropout_in_training(p, dtype):
             values = sample.double().flatten()[1:]
             kept = values[values != 0]
             torch.testing.assert_close(kept, torch.full_like(kept, 2.0 / (1 - p)), rtol=1e-3, atol=0)
-            assert abs(1 - len(kept) / len(values) - p) < 0.02
+            _rate(values == 0, p)
         assert native[:, 1:].eq(0).equal(~mask[:, 1:])
 
 
@@ -169,13 +191,13 @@ def test_channel_dropout_drops_whole_channels():
     for sample in outputs:
         per_channel = sample.flatten(2)
         assert (per_channel == per_channel[..., :1]).all()
-        assert abs(per_channel[..., 0].eq(0).double().mean() - 0.5) < 0.05
+        _rate(per_channel[..., 0].eq(0), 0.5)
 
 
 def test_dropout_module_in_training():
     model = torch.nn.Sequential(torch.nn.Linear(8, 2000), torch.nn.Dropout(0.4)).train()
     program, sample = _samples(model, torch.randn(3, 8), training=torch.onnx.TrainingMode.TRAINING)
-    assert abs(sample.eq(0).double().mean() - 0.4) < 0.03
+    _rate(sample.eq(0), 0.4)
     # One ONNX Dropout in training mode, which runtimes know, not a hand-built mask.
     histogram = op_histogram(program)
     assert histogram["Dropout"] == 1 and "RandomUniformLike" not in histogram
