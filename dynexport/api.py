@@ -389,6 +389,7 @@ def _capture_module(
         named = dim_names.named_dims(dynamic_shapes, bound)
         record.dim_refinements += dims_tied_by_the_model(program, named)
         requested_dims = {**named, **string_dims}
+    requested_dims.update(dim_names.derived_dims(dynamic_shapes, bound))
     return _Captured(program, strategy, input_names, requested_dims, parameter_names)
 
 

@@ -52,7 +52,7 @@ from dynexport.affine_grids import affine_grids_of_symbolic_sizes
 from dynexport.contiguous_views import contiguous_views_direct
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
-from dynexport.dim_names import dynamic_dims_sized_0_or_1
+from dynexport.dim_names import dynamic_dims_sized_0_or_1, hinted_axes
 from dynexport.errors import FLOAT_SIZE_ARITHMETIC, INTEGER_SIZES_HINT, CaptureError
 from dynexport.even_chunks import even_chunks_as_splits
 from dynexport.grouped_attention import causality_decided, grouped_attention_whole
@@ -210,7 +210,7 @@ def capture(
         if strategy is _draft and isinstance(reasons.get(_NON_STRICT), UncheckedGuards):
             continue  # draft_export traces as non-strict capture does: the same unchecked guards
         try:
-            with _capture_patches(module, oblivious):
+            with _capture_patches(module, oblivious, dynamic_shapes):
                 program = strategy(module, args, kwargs, dynamic_shapes)
             check_guards_hold(program)
         except Exception as error:  # every strategy's failure is reported together
@@ -241,12 +241,12 @@ def capture(
 
 
 @contextlib.contextmanager
-def _capture_patches(module: torch.nn.Module, oblivious: bool) -> Iterator[None]:
+def _capture_patches(module: torch.nn.Module, oblivious: bool, dynamic_shapes: Any) -> Iterator[None]:
     """What every capture attempt runs under (each patch for the capture only)."""
     with (
         _size_oblivious(oblivious),
         contiguous_views_direct(),
-        multiples_refined_early(),
+        multiples_refined_early(hinted_axes(dynamic_shapes)),
         recurrent_ops_kept_whole(),
         detection_code_capturable(),
         grouped_attention_whole(),
@@ -273,7 +273,7 @@ def _captured_tracing_layers_once(
         lists = repeated_layers(module)
         if not lists:
             return None
-        with _capture_patches(module, oblivious), layers_traced_once(lists) as calls:
+        with _capture_patches(module, oblivious, dynamic_shapes), layers_traced_once(lists) as calls:
             program = _non_strict(module, args, kwargs, dynamic_shapes)
         program = replicated(program, calls)
         check_guards_hold(program)

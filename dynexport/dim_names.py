@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim
-from torch.export.dynamic_shapes import _DerivedDim
+from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _DimHintType
 
 from dynexport.call_convention import GraphIO, graph_input_specs, placeholders, user_input_specs
 from dynexport.passes.onnx.naming import unique_name
@@ -35,10 +35,12 @@ from dynexport.signature import (
 __all__ = [
     "declared_dims",
     "declared_minimums",
+    "derived_dims",
     "dynamic_dims_sized_0_or_1",
     "dynamic_shapes_from_axes",
     "dynamic_shapes_from_examples",
     "graph_dims",
+    "hinted_axes",
     "is_dynamic",
     "named_dims",
 ]
@@ -206,6 +208,17 @@ def named_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, in
     }
 
 
+def derived_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """(flat input path, axis) -> name (``16*_height``), for every derived ``Dim`` in
+    ``dynamic_shapes``: where dim refinement made a hinted dim a multiple, its ONNX dim reads as
+    that multiple of its root, as a refined named dim's does."""
+    return {
+        (path, axis): dim.__name__
+        for path, axis, dim, _ in declared_dims(dynamic_shapes, bound)
+        if isinstance(dim, _DerivedDim)
+    }
+
+
 def string_dims(dynamic_shapes: Any, bound: dict[str, Any]) -> tuple[Any, dict[tuple[str, int], str]]:
     """torch.onnx's dims given as strings (``{0: "batch"}``), taken as ``dynamic_axes`` names
     are (:func:`_shared_dims`): each names its ONNX dim. Returns the dynamic_shapes with ``Dim``
@@ -264,6 +277,21 @@ def dynamic_dims_sized_0_or_1(dynamic_shapes: Any, bound: dict[str, Any]) -> boo
     return any(
         tensor.shape[axis] in (0, 1) and is_dynamic(dim) for _, axis, dim, tensor in declared_dims(dynamic_shapes, bound)
     )
+
+
+def hinted_axes(dynamic_shapes: Any) -> set[tuple[str, int]]:
+    """``(argument, axis)`` of each axis that ``dynamic_shapes``, keyed by argument, declares
+    dynamic by a hint (``Dim.DYNAMIC``, ``Dim.AUTO``: torch.onnx's ``dynamic_axes`` and names
+    used once) on a tensor argument: the axes dim refinement can narrow."""
+    if not isinstance(dynamic_shapes, dict):
+        return set()
+    return {
+        (argument, axis)
+        for argument, axes in dynamic_shapes.items()
+        if isinstance(axes, dict)
+        for axis, dim in axes.items()
+        if isinstance(dim, _DimHint) and dim.type is not _DimHintType.STATIC
+    }
 
 
 def is_dynamic(dim: Any) -> bool:

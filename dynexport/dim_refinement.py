@@ -46,7 +46,7 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
 
-from dynexport.dim_names import dynamic_dims_sized_0_or_1
+from dynexport.dim_names import dynamic_dims_sized_0_or_1, hinted_axes
 from dynexport.errors import CaptureError, DimSpecializedError
 from dynexport.guard_audit import SizeFix, UncheckedGuards
 from dynexport.multiples import MultipleRequired
@@ -116,13 +116,14 @@ def capture_refining_dims(
                 return program, strategy, _without_superseded(refinements), _named(dynamic_shapes, hinted)
             except CaptureError as error:
                 unrefined = error
-                at_hints = _unchecked_guard_fixes_at_hints(error, dynamic_shapes)
+                required = _required_multiples(error)
+                at_hints = _unchecked_guard_fixes_at_hints(error, dynamic_shapes) or _at_positions(required)
                 if at_hints:
-                    dynamic_shapes, hint_refinements = _hints_narrowed(dynamic_shapes, at_hints, hint_names or {})
+                    dynamic_shapes, hint_refinements = _hints_narrowed(dynamic_shapes, at_hints, hint_names or {}, made_for)
                     refinements += hint_refinements
                     continue
                 lattices = {name: fix for name, fix in _unchecked_guard_fixes(error, dynamic_shapes).items() if fix.period > 1}
-                lattices.update(_required_multiples(error))
+                lattices.update(required)
                 single = _single_sizes(dynamic_shapes, lattices)
                 if single:
                     where = next((r.where for r in error.reasons.values() if isinstance(r, MultipleRequired)), None)
@@ -298,7 +299,8 @@ def _constraint_violations(error: CaptureError) -> list[str]:
 
 
 def _required_multiples(error: CaptureError) -> dict[str, SizeFix]:
-    """The multiples a capture stopped early for (:class:`~dynexport.multiples.MultipleRequired`)."""
+    """The multiples a capture stopped early for (:class:`~dynexport.multiples.MultipleRequired`),
+    by dim name, or ``x.shape[2]`` for a dim declared by a hint."""
     return {
         name: SizeFix(period=factor)
         for reason in error.reasons.values()
@@ -374,32 +376,36 @@ def _unchecked_guard_fixes(error: CaptureError, dynamic_shapes: Any) -> dict[str
 _POSITION = re.compile(r"(\w+)\.shape\[(\d+)\]")
 
 
+def _at_positions(fixes: dict[str, SizeFix]) -> dict[tuple[str, int], SizeFix]:
+    """The ``fixes`` of dims named by position (``x.shape[2]``: hinted dims), by ``(argument, axis)``."""
+    return {
+        (position[1], int(position[2])): fix
+        for key, fix in fixes.items()
+        if (position := _POSITION.fullmatch(key)) is not None
+    }
+
+
 def _unchecked_guard_fixes_at_hints(error: CaptureError, dynamic_shapes: Any) -> dict[tuple[str, int], SizeFix]:
     """:func:`_unchecked_guard_fixes` for dims declared by a ``Dim.DYNAMIC`` hint (torch.onnx's
     ``dynamic_axes``), by ``(argument, axis)``, when every fix is at such a dim of a tensor
     argument; else empty."""
     first = next(iter(error.reasons.values()), None)
-    if not isinstance(first, UncheckedGuards) or not first.fixes or not isinstance(dynamic_shapes, dict):
+    if not isinstance(first, UncheckedGuards) or not first.fixes:
         return {}
-    at_hints = {}
-    for key, fix in first.fixes.items():
-        position = _POSITION.fullmatch(key)
-        if position is None:
-            return {}
-        argument, axis = position.group(1), int(position.group(2))
-        axes = dynamic_shapes.get(argument)
-        if not isinstance(axes, dict) or not isinstance(axes.get(axis), _DimHint):
-            return {}
-        at_hints[(argument, axis)] = fix
-    return at_hints
+    at_hints = _at_positions(first.fixes)
+    return at_hints if len(at_hints) == len(first.fixes) and at_hints.keys() <= hinted_axes(dynamic_shapes) else {}
 
 
 def _hints_narrowed(
-    dynamic_shapes: dict[str, Any], fixes: dict[tuple[str, int], SizeFix], names: Mapping[tuple[str, int], str]
+    dynamic_shapes: dict[str, Any],
+    fixes: dict[tuple[str, int], SizeFix],
+    names: Mapping[tuple[str, int], str],
+    made_for: dict[str, str],
 ) -> tuple[dict[str, Any], list[DimRefinement]]:
     """``dynamic_shapes`` with each hinted dim of ``fixes`` narrowed: a hint from the minimum on,
-    or ``period*_<name> + offset`` over a new root (a hint has no lattice form); and the
-    refinements made, under the dim's name in ``names`` (its ONNX name)."""
+    or ``period*_<name> + offset`` over a new root (a hint has no lattice form), recorded in
+    ``made_for`` (see :func:`_on_lattices`); and the refinements made, under the dim's name in
+    ``names`` (its ONNX name)."""
     narrowed = {argument: dict(axes) if isinstance(axes, dict) else axes for argument, axes in dynamic_shapes.items()}
     refinements = []
     for (argument, axis), fix in fixes.items():
@@ -412,6 +418,8 @@ def _hints_narrowed(
         bounds = {"min": low} if hint.max is None else {"min": low, "max": (hint.max - fix.offset) // fix.period}
         root = torch.export.Dim(f"_{name}" if f"_{name}".isidentifier() else f"_{argument}_dim_{axis}", **bounds)
         narrowed[argument][axis] = root * fix.period + fix.offset if fix.offset else root * fix.period
+        if not fix.offset:
+            made_for[root.__name__] = name
         refinements.append(DimRefinement(name, f"= {narrowed[argument][axis].__name__}"))
     return narrowed, refinements
 

@@ -20,6 +20,10 @@ first guard recorded after guards that require named dims to be multiples:
   multiples of ``k`` in its range but not everywhere (:func:`~dynexport.guard_audit.period_it_needs`):
   the audit narrows it to those multiples.
 
+A dim declared by a hint (torch.onnx's ``dynamic_axes``: ``Dim.DYNAMIC``) of a tensor argument
+counts as named, as ``x.shape[2]`` (the guard audit's name for it): torch.export accepts either
+guard there, and the audit of the finished capture narrows the hint to the multiples.
+
 Each is the fix the finished capture would have led to, found earlier; every other guard and fix
 is found by the captures that follow, as before. A capture that the model carried on with after
 catching the exception (its trace then took the model's error path) ends with it all the same.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,16 +60,19 @@ class MultipleRequired(Exception):
         super().__init__(f"the model requires {needs} (capture stopped there to refine the dims)")
 
 
+_ARGUMENT_SIZE = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
+
+
 @contextlib.contextmanager
-def multiples_refined_early() -> Iterator[None]:
+def multiples_refined_early(hinted: set[tuple[str, int]] = frozenset()) -> Iterator[None]:
     """Within the block, torch.export's captures stop with :class:`MultipleRequired` at the first
-    guard after guards that require named dims to be multiples (module doc), and the block raises
-    it however the capture ended."""
+    guard after guards that require named dims, or the ``hinted`` ``(argument, axis)`` dims, to
+    be multiples (module doc), and the block raises it however the capture ended."""
     stopped: list[MultipleRequired] = []
 
     def watch_guards(shape_env: Any, equalities: Any) -> None:
         derived = {source.name for source, _, _ in getattr(equalities, "derived_equalities", ())}
-        shape_env.guards = _GuardsWatched(shape_env, _named_roots(shape_env, derived), stopped)
+        shape_env.guards = _GuardsWatched(shape_env, _named_roots(shape_env, derived, hinted), stopped)
 
     def not_stop_failure(record: logging.LogRecord) -> bool:  # torch logs each guard it failed to add
         return not (stopped and record.msg.startswith("failed during evaluate_expr"))
@@ -84,18 +92,24 @@ def multiples_refined_early() -> Iterator[None]:
         _SHAPE_LOG.removeFilter(not_stop_failure)
 
 
-def _named_roots(shape_env: Any, derived: set[str]) -> dict[sympy.Symbol, tuple[str, bool]]:
+def _named_roots(
+    shape_env: Any, derived: set[str], hinted: set[tuple[str, int]]
+) -> dict[sympy.Symbol, tuple[str, bool]]:
     """``{symbol: (dim name, an input's own)}`` for the symbols of dims declared with a named
     ``Dim``: an input dim's own, or the root of derived dims that no input has (torch's
-    ``ConstantSource`` named after it). A derived dim's own symbol is no root."""
+    ``ConstantSource`` named after it); and of the ``hinted`` input dims (``x.shape[2]``). A
+    derived dim's own symbol is no root."""
     roots = {}
     for symbol, sources in shape_env.var_to_sources.items():
         for source in sources:
             if source.name in derived:
                 continue
             name = shape_env.source_name_to_debug_name.get(source.name)
+            argument_size = _ARGUMENT_SIZE.fullmatch(source.name)
             if name is not None:
                 roots[symbol] = (name, True)
+            elif argument_size and (argument_size[1], int(argument_size[2])) in hinted:
+                roots.setdefault(symbol, (f"{argument_size[1]}.shape[{argument_size[2]}]", True))
             elif source.name.isidentifier():
                 roots.setdefault(symbol, (source.name, False))
     return roots

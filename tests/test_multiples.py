@@ -181,3 +181,29 @@ def test_a_range_holding_one_multiple_is_refused_as_a_fixed_dim():
             PadsToFour(), (torch.randn(2, 8),), dynamic_shapes=({1: Dim("w", min=6, max=12)},),
             resized=[(torch.randn(2, 12),)],
         )
+
+
+def test_a_dim_declared_by_a_hint_stops_the_capture_too():
+    # torch.onnx's dynamic_axes declare dims by Dim.DYNAMIC hints, named by position: torch.export
+    # accepts the guards there, and the audit of the finished capture would have narrowed them.
+    model = PadsToBlocks()
+    with pytest.raises(CaptureError) as error:
+        capture(model, (torch.randn(2, 16, 8),), {}, {"x": {1: Dim.DYNAMIC, 2: Dim.DYNAMIC(max=64)}})
+    (reason,) = error.value.reasons.values()
+    assert isinstance(reason, MultipleRequired)
+    assert reason.factors == {"x.shape[1]": 4, "x.shape[2]": 4}
+    assert model.tail.calls == 0
+
+
+def test_dynamic_axes_refined_stage_by_stage_keep_their_names():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program = assert_exports_equivalent(
+            PadsTwoStages(), (torch.randn(2, 32),), input_names=["tokens"], dynamic_axes={"tokens": {0: "batch", 1: "width"}},
+            resized=[(torch.randn(3, 16),), (torch.randn(1, 48),)],
+        )
+    refined = [str(w.message) for w in caught if "dynamic_shapes refined" in str(w.message)]
+    assert refined == ["dynamic_shapes refined: width = 8*_width (from the model)"]  # width = 4*_width first
+    assert [str(d) for d in program.model.graph.inputs[0].shape] == ["batch", "8*_width"]
+    with pytest.raises(ValueError, match=r"dim 1 is 36, which is no value of 8\*_width"):
+        program(torch.randn(2, 36))
