@@ -31,10 +31,8 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import re
 import sys
-import sysconfig
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -46,8 +44,8 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _get_dim_name_mapping, refine_dynamic_shapes_from_suggested_fixes
 
-from dynexport.dim_names import dynamic_dims_sized_0_or_1, hinted_axes
-from dynexport.errors import CaptureError, DimSpecializedError
+from dynexport.dim_names import declared_dims, dynamic_dims_sized_0_or_1, hinted_axes
+from dynexport.errors import CaptureError, DimSpecializedError, ExampleTooSmallError, model_line
 from dynexport.guard_audit import SizeFix, UncheckedGuards
 from dynexport.multiples import MultipleRequired
 from dynexport.signature import bind_arguments
@@ -109,14 +107,20 @@ def capture_refining_dims(
     previous_fixes = None
     hinted: dict[int, torch.export.Dim] = {}  # id of a Dim.DYNAMIC hint: the Dim it stands for
     made_for: dict[str, str] = {}  # a root a fix made a declared plain dim a multiple of: that dim
+    bound = bind_arguments(module.forward, args, kwargs)
+    asked_at = None  # the line that asked for the last multiple applied
     try:
         for _ in range(MAX_ROUNDS):
+            small = _roots_at_0_or_1(dynamic_shapes, bound, made_for)
+            if small:
+                raise ExampleTooSmallError(small, asked_at, {})
             try:
                 program, strategy = capture(module, args, kwargs, dynamic_shapes)
                 return program, strategy, _without_superseded(refinements), _named(dynamic_shapes, hinted)
             except CaptureError as error:
                 unrefined = error
                 required = _required_multiples(error)
+                asked_at = next((r.where for r in error.reasons.values() if isinstance(r, MultipleRequired)), None)
                 at_hints = _unchecked_guard_fixes_at_hints(error, dynamic_shapes) or _at_positions(required)
                 if at_hints:
                     dynamic_shapes, hint_refinements = _hints_narrowed(dynamic_shapes, at_hints, hint_names or {}, made_for)
@@ -126,8 +130,7 @@ def capture_refining_dims(
                 lattices.update(required)
                 single = _single_sizes(dynamic_shapes, lattices)
                 if single:
-                    where = next((r.where for r in error.reasons.values() if isinstance(r, MultipleRequired)), None)
-                    raise DimSpecializedError(single, where, error.reasons) from error
+                    raise DimSpecializedError(single, asked_at, error.reasons) from error
                 if lattices:
                     dynamic_shapes, lattice_refinements = _on_lattices(dynamic_shapes, lattices, made_for)
                     refinements += lattice_refinements
@@ -205,6 +208,22 @@ def _kept_refinements(
     if not dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs)):
         return refinements
     return [r for r in refinements if r.change != "min=2"]
+
+
+def _roots_at_0_or_1(dynamic_shapes: Any, bound: dict[str, Any], made_for: dict[str, str]) -> dict[str, tuple[str, int, int]]:
+    """The derived dims of ``dynamic_shapes`` whose root is 0 or 1 at the example, for
+    :class:`~dynexport.errors.ExampleTooSmallError`: by the declared dim a refinement made the
+    root for (``made_for``), else by their own form."""
+    small = {}
+    for _, axis, dim, tensor in declared_dims(dynamic_shapes, bound):
+        if not isinstance(dim, _DerivedDim):
+            continue
+        root = sympy.Symbol(dim.root.__name__, integer=True)
+        form, size = dim.fn(root), tensor.shape[axis]
+        solutions = sympy.solve(sympy.Eq(form, size), root)
+        if len(solutions) == 1 and solutions[0] in (0, 1):
+            small[made_for.get(dim.root.__name__, dim.__name__)] = (dim.__name__, size, int(form.subs(root, 2)))
+    return small
 
 
 def _without_superseded(refinements: list[DimRefinement]) -> list[DimRefinement]:
@@ -741,11 +760,11 @@ class _SpecializationLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         fixed = _FIXED_TO_CONSTANT.match(message)
-        line = _model_line(traceback.extract_stack()) if fixed else None
+        line = model_line(traceback.extract_stack()) if fixed else None
         if line is not None:
             self.lines.append((int(fixed.group(2) or fixed.group(4)), line))
         if self.first_narrowing is None and "[guard added]" in message and _guard_narrows(sys._getframe()):
-            self.first_narrowing = _model_line(traceback.extract_stack())
+            self.first_narrowing = model_line(traceback.extract_stack())
 
 
 def _guard_narrows(frame: Any) -> bool:
@@ -776,24 +795,6 @@ def _guard_narrows(frame: Any) -> bool:
             if holds is sympy.false:
                 return True
     return False
-
-
-def _model_line(stack: traceback.StackSummary) -> str | None:
-    for frame in reversed(stack):
-        if not _is_library(frame.filename):
-            return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}: {frame.line}'
-    return None
-
-
-def _is_library(filename: str) -> bool:
-    """torch, dynexport, the standard library and code generated by exec (``<string>``): code
-    that runs the model, not the model. Installed packages (a model library such as
-    ultralytics) are the model, wherever their site-packages lies (a virtual environment's
-    may see the base interpreter's)."""
-    if filename == "<string>" or any(part in filename for part in (f"{os.sep}torch{os.sep}", f"{os.sep}dynexport{os.sep}")):
-        return True
-    in_packages = any(f"{os.sep}{folder}{os.sep}" in filename for folder in ("site-packages", "dist-packages"))
-    return filename.startswith(sysconfig.get_paths()["stdlib"]) and not in_packages
 
 
 @contextlib.contextmanager

@@ -35,12 +35,14 @@ import contextlib
 import logging
 import math
 import re
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
 import sympy
 from torch.utils._sympy.functions import Mod
 
+from dynexport.errors import model_line
 from dynexport.guard_audit import asked_at, period_it_needs
 from dynexport.shared_dims import after_fake_inputs
 
@@ -133,7 +135,7 @@ class _GuardsWatched(list):
         if multiple is not None:
             name, factor = multiple
             self._factors[name] = math.lcm(self._factors.get(name, 1), factor)
-            self._where = self._where or asked_at(guard)
+            self._where = self._where or _asking_line(guard)
         elif self._factors:
             self._stopped.append(MultipleRequired(dict(self._factors), self._where))
             raise self._stopped[-1]
@@ -153,6 +155,14 @@ class _GuardsWatched(list):
             symbol, factor = audited
         sizes = self._shape_env.var_to_range[symbol]
         return None if sizes.lower == sizes.upper else (self._named[symbol][0], factor)
+
+
+def _asking_line(guard: Any) -> str:
+    """The model line that asked ``guard``: torch's record of it, or, where the question came from
+    inside torch (a view's size check), the model's innermost frame on the stack now."""
+    if getattr(guard.sloc, "maybe_user_loc", None) is None:
+        return model_line(traceback.extract_stack()) or asked_at(guard)
+    return asked_at(guard)
 
 
 def _checked_multiple(expr: Any) -> tuple[sympy.Symbol, int] | None:

@@ -15,7 +15,7 @@ from torch.utils._sympy.numbers import int_oo
 
 import dynexport
 from dynexport.dim_refinement import DIM_REFINEMENTS_KEY, capture_refining_dims
-from dynexport.errors import CaptureError, DimSpecializedError
+from dynexport.errors import CaptureError, DimSpecializedError, ExampleTooSmallError
 from tests.equivalence import assert_close, assert_exports_equivalent
 
 Dim = torch.export.Dim
@@ -168,6 +168,11 @@ def test_equality_between_two_dims():
     assert _input_dims(program) == {"x": ["a"], "y": ["a + 1"]}
 
 
+class _Doubles(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
 def test_fixes_asked_for_again_stop_the_retries():
     from torch._dynamo.exc import UserError, UserErrorType
 
@@ -180,7 +185,7 @@ def test_fixes_asked_for_again_stop_the_retries():
         raise CaptureError({"torch.export(strict=False)": violation})
 
     with pytest.raises(CaptureError), pytest.warns(UserWarning, match="seq: max=8"):
-        capture_refining_dims(capture, None, (), {}, {"x": {0: Dim("seq")}})
+        capture_refining_dims(capture, _Doubles(), (torch.randn(4),), {}, {"x": {0: Dim("seq")}})
     assert [shapes["x"][0].max for shapes in captured_with] == [int_oo, 8]
 
 
@@ -402,3 +407,36 @@ def test_a_dim_fixed_at_a_float_size_line_names_the_integer_form():
     error = DimSpecializedError({"h": 96}, 'File "m.py", line 3, in f: int(math.ceil(h / 2) * 2)', {})
     assert "-(-h // 32) * 32" in str(error)
     assert "-(-h // 32)" not in str(DimSpecializedError({"h": 96}, 'File "m.py", line 3, in f: x.view(96, -1)', {}))
+
+
+class PairsThenRow(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x.view(-1, 2).view(1, -1) * 2
+
+
+def test_a_root_of_1_at_the_example_is_refused_naming_the_size_to_use():
+    # n must be even (the view into pairs): refined n = 2*_n, whose root is 1 at n = 2, which
+    # torch.export fixes ("specialized it to be a constant (2)"; shared dims crashed on it).
+    with pytest.warns(UserWarning, match=r"n = 2\*_n"), pytest.raises(ExampleTooSmallError) as error:
+        dynexport.export(PairsThenRow(), (torch.randn(2),), dynamic_shapes=({0: Dim("n")},))
+    message = str(error.value)
+    assert message.startswith("The example is too small for the dims' roots: n = 2*_n is 2 at the example")
+    assert "in forward: return x.view(-1, 2).view(1, -1) * 2" in message and "n of 4 or more" in message
+    assert error.value.dims == {"n": ("2*_n", 2, 4)}
+    with pytest.warns(UserWarning, match=r"n = 2\*_n"):
+        assert_exports_equivalent(
+            PairsThenRow(), (torch.randn(4),), dynamic_shapes=({0: Dim("n")},),
+            resized=[(torch.randn(2),), (torch.randn(10),)],
+        )
+
+
+def test_a_declared_root_of_1_is_refused_before_any_capture():
+    model = PairsThenRow()
+    with pytest.raises(ExampleTooSmallError, match=r"2\*_n is 2 at the example.*\n.*2\*_n of 4 or more\.$"):
+        dynexport.export(model, (torch.randn(2),), dynamic_shapes=({0: 2 * Dim("_n")},))
+    assert model.calls == 0
