@@ -140,7 +140,7 @@ def capture_refining_dims(
                     declared = _get_dim_name_mapping(dynamic_shapes)
                     checked = {
                         name: bounds
-                        for name, bounds in _ranges_where_guards_hold(error, dynamic_shapes).items()
+                        for name, bounds in _ranges_where_guards_hold(error, dynamic_shapes, _examples(dynamic_shapes, bound)).items()
                         if bounds[0] == int(declared[name].min)  # else _minimums_from_guards raises the minimum
                     }
                     if not checked:
@@ -149,6 +149,7 @@ def capture_refining_dims(
                             line = _specializing_line(set(pinned.values()), capture, module, args, kwargs, dynamic_shapes)
                             raise DimSpecializedError(pinned, line, error.reasons) from error
                         raise
+                    checked = _as_hints_keep_them(checked, dynamic_shapes, bound)
                     dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
                     refinements += [_describe_checked(name, bounds) for name, bounds in checked.items()]
                     continue
@@ -159,11 +160,11 @@ def capture_refining_dims(
                     raise
                 previous_fixes = fixes
                 static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
-                checked = _ranges_where_guards_hold(error, dynamic_shapes)
+                checked = _ranges_where_guards_hold(error, dynamic_shapes, _examples(dynamic_shapes, bound))
                 if static and all(name in checked and checked[name][0] <= size for name, size in static.items()):
                     # torch's solver specializes dims whose guards it cannot solve (RAFT's batch:
                     # ``(3*n - 1) // n == 2``), though they hold at every size.
-                    checked = {name: checked[name] for name in static}
+                    checked = _as_hints_keep_them({name: checked[name] for name in static}, dynamic_shapes, bound)
                     dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
                     refinements += [_describe_checked(name, bounds) for name, bounds in checked.items()]
                     continue
@@ -208,6 +209,15 @@ def _kept_refinements(
     if not dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs)):
         return refinements
     return [r for r in refinements if r.change != "min=2"]
+
+
+def _examples(dynamic_shapes: Any, bound: dict[str, Any]) -> dict[str, int]:
+    """Each named dim's size at the example."""
+    return {
+        dim.__name__: tensor.shape[axis]
+        for _, axis, dim, tensor in declared_dims(dynamic_shapes, bound)
+        if isinstance(dim, torch.export.Dim)
+    }
 
 
 def _roots_at_0_or_1(dynamic_shapes: Any, bound: dict[str, Any], made_for: dict[str, str]) -> dict[str, tuple[str, int, int]]:
@@ -359,6 +369,8 @@ def _pinned_hints(error: CaptureError) -> dict[str, int]:
 _UNSATISFIED_GUARD = re.compile(r"Not all values of (\w+) = (\S+) in the specified range.*? satisfy the generated guard (.+)\.\s*$")
 # A guard is tried at every size up to this one.
 _GUARD_SEARCH_LIMIT = 4096
+# What torch's guard text calls, and nothing else.
+_GUARD_FUNCTIONS = {"__builtins__": {}, "max": max, "min": min, "abs": abs}
 
 
 def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
@@ -536,13 +548,16 @@ def _unsatisfied_guards(message: str, declared: dict[str, Any]) -> dict[str, lis
     return guards
 
 
-def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[str, tuple[int, int]]:
+def _ranges_where_guards_hold(
+    error: CaptureError, dynamic_shapes: Any, examples: Mapping[str, int]
+) -> dict[str, tuple[int, int]]:
     """``{dim name: (min, max)}`` for the declared dims whose unsatisfied guards hold at every size
-    from ``min`` to ``max``, checked one size at a time: torch's solver cannot prove some guards
-    that are true throughout (ConvNeXt's ``(1 % (160*(w // 4))) != 0``, RAFT's batch
-    ``(3*n - 1) // n == 2``). ``min`` is the smallest such size in the declared range; an unbounded
-    range is checked up to ``_GUARD_SEARCH_LIMIT``, which becomes ``max``. A dim with a guard
-    that fails near its maximum, or that reads another dim, is left out."""
+    from ``min`` to ``max`` around the dim's example (``examples``), checked one size at a time:
+    torch's solver cannot prove some guards that are true throughout (ConvNeXt's ``(1 %
+    (160*(w // 4))) != 0``, RAFT's batch ``(3*n - 1) // n == 2``) or up to a size (MPT's ALiBi
+    bias, sliced to the sequence: ``128 - max(0, 128 - seq) != 128``, true below 128). An
+    unbounded range is checked up to ``_GUARD_SEARCH_LIMIT``, which becomes ``max``. A dim whose
+    guards hold at its example only, or that read another dim, is left out."""
     violations = _constraint_violations(error)
     if not violations:
         return {}
@@ -552,9 +567,10 @@ def _ranges_where_guards_hold(error: CaptureError, dynamic_shapes: Any) -> dict[
     for name, conditions in guards.items():
         dim = declared[name]
         upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
-        minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), upper)
-        if minimum is not None:
-            checked[name] = (minimum, upper)
+        if name in examples:
+            sizes = _sizes_around_the_example(conditions, examples[name], int(dim.min), upper)
+            if sizes is not None:
+                checked[name] = sizes
     return checked
 
 
@@ -657,6 +673,14 @@ def _failing_quotients(relation: Any, q: sympy.Symbol) -> int | None:
     return int(sympy.floor(top)) if top in failing else int(sympy.ceiling(top)) - 1
 
 
+def _as_hints_keep_them(bounds: dict[str, tuple[int, int]], dynamic_shapes: Any, bound: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``bounds`` as a ``Dim.DYNAMIC`` hint keeps them: from 2 on, unless the capture is
+    size-oblivious (an example size of 0 or 1), since torch.export ranges a hint from 2 where it
+    ranges a named ``Dim`` from 0."""
+    smallest = 0 if dynamic_dims_sized_0_or_1(dynamic_shapes, bound) else 2
+    return {name: (max(low, smallest), high) for name, (low, high) in bounds.items()}
+
+
 def _hinted(dynamic_shapes: Any, bounds: dict[str, tuple[int, int]], hinted: dict[int, Any]) -> Any:
     """``dynamic_shapes`` with each dim named in ``bounds`` a ``Dim.DYNAMIC`` hint over its bounds:
     torch.export then keeps the guards it cannot prove instead of refusing the spec (the hint
@@ -690,20 +714,57 @@ def _smallest_size_from_which_all_hold(conditions: list[tuple[str, str]], lower:
     reads another size or fails near ``upper``."""
     minimum = None
     for size in range(upper, lower - 1, -1):
-        for source, guard in conditions:
-            expression = guard.replace(source, str(size))
-            if "L[" in expression:
-                return None
-            try:
-                holds = bool(eval(expression, {"__builtins__": {}}))  # noqa: S307 (torch's guard text)
-            except ZeroDivisionError:  # a size the model cannot take (``1 % (w // 4)`` below 4)
-                holds = False
-            except Exception:
-                return None
-            if not holds:
-                return minimum
+        holds = _all_hold(conditions, size)
+        if holds is None:
+            return None
+        if not holds:
+            return minimum
         minimum = size
     return minimum
+
+
+def _sizes_around_the_example(
+    conditions: list[tuple[str, str]], example: int, lower: int, upper: int
+) -> tuple[int, int] | None:
+    """The widest ``[low, high]`` within ``[lower, upper]`` around ``example`` at each size of
+    which every ``(source, guard)`` holds, when it holds more than one size; None when a guard
+    reads another size."""
+    if not _all_hold(conditions, example):
+        return None
+    low, high = _last_holding(conditions, example, -1, lower), _last_holding(conditions, example, 1, upper)
+    return (low, high) if low is not None and high is not None and high > low else None
+
+
+def _last_holding(conditions: list[tuple[str, str]], start: int, step: int, stop: int) -> int | None:
+    """The last size from ``start`` (where every guard holds) towards ``stop`` by ``step`` before
+    a guard fails; None when a guard cannot be evaluated."""
+    size = start
+    while size != stop:
+        holds = _all_hold(conditions, size + step)
+        if holds is None:
+            return None
+        if not holds:
+            break
+        size += step
+    return size
+
+
+def _all_hold(conditions: list[tuple[str, str]], size: int) -> bool | None:
+    """Whether every ``(source, guard)`` holds with the dim's ``source`` at ``size``; None when a
+    guard reads another size or cannot be evaluated."""
+    for source, guard in conditions:
+        expression = guard.replace(source, str(size))
+        if "L[" in expression:
+            return None
+        try:
+            holds = bool(eval(expression, _GUARD_FUNCTIONS))  # noqa: S307 (torch's guard text)
+        except ZeroDivisionError:  # a size the model cannot take (``1 % (w // 4)`` below 4)
+            holds = False
+        except Exception:
+            return None
+        if not holds:
+            return False
+    return True
 
 
 def _refined(message: str, dynamic_shapes: Any) -> Any:

@@ -440,3 +440,25 @@ def test_a_declared_root_of_1_is_refused_before_any_capture():
     with pytest.raises(ExampleTooSmallError, match=r"2\*_n is 2 at the example.*\n.*2\*_n of 4 or more\.$"):
         dynexport.export(model, (torch.randn(2),), dynamic_shapes=({0: 2 * Dim("_n")},))
     assert model.calls == 0
+
+
+class SlicedPositionTable(torch.nn.Module):
+    # MPT's ALiBi bias: a table for the longest sequence, its last `seq` positions taken with a
+    # start of `max(0, 16 - seq)`, a guard torch's solver cannot prove (it holds below 16).
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(16.0)[None, :].repeat(3, 1))
+
+    def forward(self, x):
+        start = max(0, self.table.size(1) - x.shape[1])
+        return x + self.table[:, start:]
+
+
+def test_guards_holding_up_to_a_size_bound_the_dim_there():
+    with pytest.warns(UserWarning, match=r"seq: min=2, max=15, guards torch cannot prove checked at each size"):
+        program = assert_exports_equivalent(
+            SlicedPositionTable(), (torch.randn(3, 8),), dynamic_shapes=({1: Dim("seq")},),
+            resized=[(torch.randn(3, 2),), (torch.randn(3, 15),)],
+        )
+    with pytest.raises(ValueError, match=r"dim 1 is 16, outside the range seq \[2, 15\]"):
+        program(torch.randn(3, 16))
