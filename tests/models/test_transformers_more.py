@@ -64,6 +64,9 @@ DECODERS: dict[str, Callable[[bool], Any]] = {
         transformers.GPTJConfig, vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
         use_cache=cache,
     )),
+    "mpt": lambda cache: transformers.MptForCausalLM(tiny(  # ALiBi from a table sliced to the sequence
+        transformers.MptConfig, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=64, use_cache=cache,
+    )),
     "stablelm": lambda cache: transformers.StableLmForCausalLM(tiny(
         transformers.StableLmConfig, **_TEXT, num_key_value_heads=2, use_cache=cache,
     )),
