@@ -64,6 +64,7 @@ from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
 from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
 from dynexport.shared_dims import shared_dims_traced_as_one
+from dynexport.symbolic_pools import max_pool1d_of_symbolic_sizes
 from dynexport.signature import bind_arguments
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "keyword_arguments_named", "serialized"]
@@ -254,6 +255,7 @@ def _capture_patches(module: torch.nn.Module, oblivious: bool, dynamic_shapes: A
         shared_dims_traced_as_one(),
         even_chunks_as_splits(),
         affine_grids_of_symbolic_sizes(),
+        max_pool1d_of_symbolic_sizes(),
         first_fills_kept(),
         sliding_windows_sized_by_keys(),
         _fake_quantize_meta_kernels(),
