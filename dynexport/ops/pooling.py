@@ -41,18 +41,12 @@ def _static_output_size(node: torch.fx.Node) -> bool:
     return all(isinstance(s, int) for s in node.args[1])
 
 
-def _static_spatial(node: torch.fx.Node) -> list[int] | None:
-    n = _spatial_rank(node)
-    spatial = list(node.args[0].meta["val"].shape[-n:])
-    return spatial if all(isinstance(s, int) for s in spatial) else None
-
-
 def _evenly_divided(spatial: Sequence, output_size: Sequence) -> bool:
     return all(isinstance(s, int) and s % o == 0 for s, o in zip(spatial, output_size))
 
 
 def _adaptive_max_pool_supported(node: torch.fx.Node) -> bool:
-    return _max_pool_input(node) and _static_output_size(node) and _static_spatial(node) is not None
+    return _max_pool_input(node) and _static_output_size(node)
 
 
 def _adaptive_bins(length: int, out: int) -> list[tuple[int, int]]:
@@ -135,16 +129,44 @@ def max_pool_with_indices(ctx, self, kernel_size, stride=(), padding=0, dilation
     return pooled if with_indices else [pooled, None]
 
 
+def _bin_positions(ctx, x: ir.Value, axis: int, out: int) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """PyTorch's ``out`` adaptive bins along ``axis`` of ``x``: the positions of each, ``(out,
+    widest bin)``, a narrower bin repeating its last position (which leaves its maximum as it
+    is); and each bin's first and last position, ``(out,)``. Constants for a static length."""
+    length = size_of(ctx, x, axis)
+    if isinstance(length, int):
+        bins = _adaptive_bins(length, out)
+        width = max(end - start for start, end in bins)
+        positions = [[min(start + j, end - 1) for j in range(width)] for start, end in bins]
+        return (
+            ctx.constant(torch.tensor(positions), ir.DataType.INT64),
+            ints(ctx, [start for start, _ in bins]),
+            ints(ctx, [end - 1 for _, end in bins]),
+        )
+    starts, ends = _bin_bounds(ctx, length, out)
+    lasts = ctx.op.Sub(ends, 1)
+    widest = reduce(ctx, "ReduceMax", ctx.op.Sub(ends, starts), [0], keepdims=False)
+    steps = ctx.op.Unsqueeze(ctx.op.Range(0, widest, 1), ints(ctx, [0]))
+    column = ints(ctx, [1])
+    positions = ctx.op.Min(ctx.op.Add(ctx.op.Unsqueeze(starts, column), steps), ctx.op.Unsqueeze(lasts, column))
+    return positions, starts, lasts
+
+
+def _bin_bounds(ctx, length: ir.Value, out: int) -> tuple[ir.Value, ir.Value]:
+    """Each adaptive bin's start, ``floor(i * length / out)``, and end, ``ceil((i + 1) * length /
+    out)``, for a dynamic ``length``."""
+    bins = ints(ctx, list(range(out)))
+    starts = ctx.op.Div(ctx.op.Mul(bins, length), out)
+    ends = ctx.op.Div(ctx.op.Add(ctx.op.Mul(ctx.op.Add(bins, 1), length), out - 1), out)
+    return starts, ends
+
+
 def _adaptive_max(ctx, x: ir.Value, output_size: list[int]) -> ir.Value:
     # Max is separable: gather each spatial dim's bins as (bins, widest bin) and reduce the bin.
     r, n = rank(x), len(output_size)
     y = x
     for axis, out in zip(range(r - n, r), output_size):
-        bins = _adaptive_bins(x.shape[axis], out)
-        width = max(end - start for start, end in bins)
-        # Narrower bins repeat their last element, which leaves their maximum unchanged.
-        positions = [[min(start + j, end - 1) for j in range(width)] for start, end in bins]
-        positions = ctx.constant(torch.tensor(positions), ir.DataType.INT64)
+        positions, _, _ = _bin_positions(ctx, x, axis, out)
         y = reduce(ctx, "ReduceMax", ctx.op.Gather(y, positions, axis=axis), [axis + 1], keepdims=False)
     return y
 
@@ -156,26 +178,26 @@ def _adaptive_max_with_indices(ctx, x: ir.Value, output_size: list[int]) -> list
     r, n = rank(x), len(output_size)
     values, indices, stride = x, None, 1
     for axis, out in reversed(list(zip(range(r - n, r), output_size))):
-        length = x.shape[axis]
-        bins = _adaptive_bins(length, out)
-        width = max(end - start for start, end in bins)
-        positions = [[min(start + j, end - 1) for j in range(width)] for start, end in bins]
-        positions = ctx.constant(torch.tensor(positions), ir.DataType.INT64)
+        positions, firsts, lasts = _bin_positions(ctx, x, axis, out)
         candidates = ctx.op.Gather(values, positions, axis=axis)
         best = ctx.op.ArgMax(candidates, axis=axis + 1, keepdims=1)
         values = ctx.op.Squeeze(ctx.op.GatherElements(candidates, best, axis=axis + 1), ints(ctx, [axis + 1]))
-        trailing = [1] * (r - 1 - axis)
-        firsts = ctx.constant(torch.tensor([start for start, _ in bins]).reshape(out, 1, *trailing), ir.DataType.INT64)
-        lasts = ctx.constant(torch.tensor([end - 1 for _, end in bins]).reshape(out, 1, *trailing), ir.DataType.INT64)
+        per_bin = ints(ctx, list(range(1, r - axis + 1)))  # (out,) -> (out, 1, *ones for the dims after)
+        firsts, lasts = ctx.op.Unsqueeze(firsts, per_bin), ctx.op.Unsqueeze(lasts, per_bin)
         here = ctx.op.Squeeze(ctx.op.Min(ctx.op.Add(firsts, best), lasts), ints(ctx, [axis + 1]))
         if indices is None:
             indices = here
         else:
             inner = ctx.op.GatherElements(ctx.op.Gather(indices, positions, axis=axis), best, axis=axis + 1)
             inner = ctx.op.Squeeze(inner, ints(ctx, [axis + 1]))
-            indices = ctx.op.Add(ctx.op.Mul(here, ctx.constant(stride, ir.DataType.INT64)), inner)
-        stride *= length
+            indices = ctx.op.Add(ctx.op.Mul(here, _int64(ctx, stride)), inner)
+        length = size_of(ctx, x, axis)
+        stride = stride * length if isinstance(stride, int) and isinstance(length, int) else ctx.op.Mul(_int64(ctx, stride), length)
     return [values, indices]
+
+
+def _int64(ctx, value: int | ir.Value) -> ir.Value:
+    return ctx.constant(value, ir.DataType.INT64) if isinstance(value, int) else value
 
 
 @translates(
@@ -248,9 +270,7 @@ def _adaptive_weights(ctx, length: int | ir.Value, out: int, dtype: ir.DataType)
         for i, (start, end) in enumerate(_adaptive_bins(length, out)):
             weights[start:end, i] = 1 / (end - start)
         return ctx.constant(weights, dtype)
-    bins = ints(ctx, list(range(out)))
-    starts = ctx.op.Div(ctx.op.Mul(bins, length), out)
-    ends = ctx.op.Div(ctx.op.Add(ctx.op.Mul(ctx.op.Add(bins, 1), length), out - 1), out)
+    starts, ends = _bin_bounds(ctx, length, out)
     positions = ctx.op.Unsqueeze(ctx.op.Range(0, length, 1), ints(ctx, [1]))
     inside = ctx.op.And(ctx.op.GreaterOrEqual(positions, starts), ctx.op.Less(positions, ends))
     sizes = ctx.op.Cast(ctx.op.Sub(ends, starts), to=dtype)
