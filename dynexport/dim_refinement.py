@@ -161,9 +161,13 @@ def capture_refining_dims(
                 previous_fixes = fixes
                 static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
                 checked = _ranges_where_guards_hold(error, dynamic_shapes, _examples(dynamic_shapes, bound))
-                if static and all(name in checked and checked[name][0] <= size for name, size in static.items()):
+                if static and all(
+                    name in checked and checked[name][0] <= size and checked[name][1] == _search_upper(declared[name])
+                    for name, size in static.items()
+                ):
                     # torch's solver specializes dims whose guards it cannot solve (RAFT's batch:
-                    # ``(3*n - 1) // n == 2``), though they hold at every size.
+                    # ``(3*n - 1) // n == 2``), though they hold at every size from a minimum on.
+                    # (A band around the example, a loop over a count of chunks, stays refused.)
                     checked = _as_hints_keep_them({name: checked[name] for name in static}, dynamic_shapes, bound)
                     dynamic_shapes = _hinted(dynamic_shapes, checked, hinted)
                     refinements += [_describe_checked(name, bounds) for name, bounds in checked.items()]
@@ -366,11 +370,14 @@ def _pinned_hints(error: CaptureError) -> dict[str, int]:
 
 # "Not all values of w = L['x'].size()[3] in the specified range satisfy the generated guard
 # (1 + (((-1) + L['x'].size()[3]) // 2)) != 1."
-_UNSATISFIED_GUARD = re.compile(r"Not all values of (\w+) = (\S+) in the specified range.*? satisfy the generated guard (.+)\.\s*$")
+_UNSATISFIED_GUARD = re.compile(r"Not all values of (\w+) = (\S+) in the specified range.*? satisfy the generated guard (.+?)\.?\s*$")
 # A guard is tried at every size up to this one.
 _GUARD_SEARCH_LIMIT = 4096
 # What torch's guard text calls, and nothing else.
-_GUARD_FUNCTIONS = {"__builtins__": {}, "max": max, "min": min, "abs": abs}
+_GUARD_FUNCTIONS = {
+    "__builtins__": {}, "max": max, "min": min, "abs": abs,
+    "IntInfinity": lambda: math.inf, "NegativeIntInfinity": lambda: -math.inf,
+}
 
 
 def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
@@ -382,8 +389,7 @@ def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
     minimums = {}
     for name, conditions in _unsatisfied_guards(message, declared).items():
         dim = declared[name]
-        upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
-        minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), upper)
+        minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), _search_upper(dim))
         if minimum is None:
             return None
         if minimum != int(dim.min):  # else it holds throughout: see _ranges_where_guards_hold
@@ -541,6 +547,10 @@ def _unsatisfied_guards(message: str, declared: dict[str, Any]) -> dict[str, lis
     """``{dim name: [(source, guard), ...]}``: the guards a constraint violation names for each
     declared dim, with the dim's source (``L['x'].size()[3]``) as the guard reads it."""
     guards: dict[str, list[tuple[str, str]]] = {}
+    # torch starts its next section on the last guard's line, which has no period then: "...guard
+    # 64 <= L['x'].size()[2] and L['x'].size()[2] <= IntInfinity()Specializations unexpectedly
+    # required (h, w)! ..."
+    message = message.replace("Specializations unexpectedly required", "\nSpecializations unexpectedly required")
     for line in message.splitlines():
         match = _UNSATISFIED_GUARD.search(line.strip())
         if match and match.group(1) in declared:
@@ -566,9 +576,8 @@ def _ranges_where_guards_hold(
     checked = {}
     for name, conditions in guards.items():
         dim = declared[name]
-        upper = min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
         if name in examples:
-            sizes = _sizes_around_the_example(conditions, examples[name], int(dim.min), upper)
+            sizes = _sizes_around_the_example(conditions, examples[name], int(dim.min), _search_upper(dim))
             if sizes is not None:
                 checked[name] = sizes
     return checked
@@ -721,6 +730,11 @@ def _smallest_size_from_which_all_hold(conditions: list[tuple[str, str]], lower:
             return minimum
         minimum = size
     return minimum
+
+
+def _search_upper(dim: Any) -> int:
+    """The largest size of ``dim`` its guards are tried at."""
+    return min(int(dim.max), _GUARD_SEARCH_LIMIT) if dim.max != int_oo else _GUARD_SEARCH_LIMIT
 
 
 def _sizes_around_the_example(

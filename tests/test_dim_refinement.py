@@ -462,3 +462,33 @@ def test_guards_holding_up_to_a_size_bound_the_dim_there():
         )
     with pytest.raises(ValueError, match=r"dim 1 is 16, outside the range seq \[2, 15\]"):
         program(torch.randn(3, 16))
+
+
+def test_guards_run_into_the_specializations_section_are_read_whole():
+    # transformers' EfficientNet: torch's solver gives up on its guards and fixes both sides,
+    # and starts that section on the last guard's line, without its period.
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    size = "L['x'].size()[2]"
+    message = (
+        "Constraints violated (h)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
+        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
+        f"2560*(((-1) + ({size} // 32)) // 2560) < ({size} // 32).\n"
+        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
+        f"64 <= {size} and {size} <= IntInfinity()Specializations unexpectedly required (h)! For more "
+        "information, run with TORCH_LOGS=\"+dynamic\".\n"
+        f"  - solving the guards generated for h = {size} resulted in a specialized value of 64.\n\n"
+        "Suggested fixes:\n  h = 64"
+    )
+    captured_with = []
+
+    def capture(module, args, kwargs, dynamic_shapes):
+        captured_with.append(dynamic_shapes["x"][2])
+        if len(captured_with) == 1:
+            raise CaptureError({"torch.export(strict=False)": UserError(UserErrorType.CONSTRAINT_VIOLATION, message)})
+        return "program", "strategy"
+
+    with pytest.warns(UserWarning, match=r"h: min=64, max=4096, guards torch cannot prove checked"):
+        capture_refining_dims(capture, _Doubles(), (torch.randn(2, 3, 64),), {}, {"x": {2: Dim("h")}})
+    hint = captured_with[1]
+    assert (hint.min, hint.max) == (64, 4096)
