@@ -560,6 +560,10 @@ SIDES_MODELS: dict[str, tuple[Callable[[], Any], list[tuple[int, int]]]] = {
         transformers.PoolFormerConfig, hidden_sizes=[8, 16], depths=[1, 1], num_encoder_blocks=2, patch_sizes=[7, 3],
         strides=[4, 2], padding=[2, 1],
     )), [(32, 32), (40, 48), (24, 64), (63, 31)]),
+    # torch's solver fixes both sides on its depthwise convolutions' guards: checked instead.
+    "efficientnet": (lambda: transformers.EfficientNetModel(tiny(
+        transformers.EfficientNetConfig, image_size=64, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320,
+    )), [(64, 64), (96, 64), (64, 128), (160, 96)]),
 }
 
 
