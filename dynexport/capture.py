@@ -64,8 +64,8 @@ from dynexport.pinned_dims import warn_if_dims_pinned
 from dynexport.quantized_modules import QuantizedCaptureError, quantized_modules_as_float
 from dynexport.repeated_layers import layers_traced_once, repeated_layers, replicated
 from dynexport.shared_dims import shared_dims_traced_as_one
-from dynexport.symbolic_pools import max_pool1d_of_symbolic_sizes
 from dynexport.signature import bind_arguments
+from dynexport.symbolic_pools import max_pool1d_of_symbolic_sizes
 
 __all__ = ["STRATEGIES", "UnsoundCapture", "as_module", "capture", "check_given", "exclusive_tracing", "keyword_arguments_named", "serialized"]
 
