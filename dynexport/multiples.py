@@ -36,7 +36,7 @@ import logging
 import math
 import re
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from typing import Any
 
 import sympy
@@ -66,7 +66,7 @@ _ARGUMENT_SIZE = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 
 
 @contextlib.contextmanager
-def multiples_refined_early(hinted: set[tuple[str, int]] = frozenset()) -> Iterator[None]:
+def multiples_refined_early(hinted: Set[tuple[str, int]] = frozenset()) -> Iterator[None]:
     """Within the block, torch.export's captures stop with :class:`MultipleRequired` at the first
     guard after guards that require named dims, or the ``hinted`` ``(argument, axis)`` dims, to
     be multiples (module doc), and the block raises it however the capture ended."""
@@ -95,7 +95,7 @@ def multiples_refined_early(hinted: set[tuple[str, int]] = frozenset()) -> Itera
 
 
 def _named_roots(
-    shape_env: Any, derived: set[str], hinted: set[tuple[str, int]]
+    shape_env: Any, derived: set[str], hinted: Set[tuple[str, int]]
 ) -> dict[sympy.Symbol, tuple[str, bool]]:
     """``{symbol: (dim name, an input's own)}`` for the symbols of dims declared with a named
     ``Dim``: an input dim's own, or the root of derived dims that no input has (torch's
