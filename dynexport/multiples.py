@@ -21,8 +21,10 @@ first guard recorded after guards that require named dims to be multiples:
   the audit narrows it to those multiples.
 
 A dim declared by a hint (torch.onnx's ``dynamic_axes``: ``Dim.DYNAMIC``) of a tensor argument
-counts as named, as ``x.shape[2]`` (the guard audit's name for it): torch.export accepts either
-guard there, and the audit of the finished capture narrows the hint to the multiples.
+counts as named for the second kind, as ``x.shape[2]`` (the guard audit's name for it): torch.export
+refuses no guard on a hint, and the audit of the finished capture narrows the hint to the
+multiples where the model asked (``if w % 4 != 0``), not where torch's kernels did (the
+divisibility check of ``x.view(-1, 2)``, which the graph's Reshape makes itself).
 
 Each is the fix the finished capture would have led to, found earlier; every other guard and fix
 is found by the captures that follow, as before. A capture that the model carried on with after
@@ -111,7 +113,7 @@ def _named_roots(
             if name is not None:
                 roots[symbol] = (name, True)
             elif argument_size and (argument_size[1], int(argument_size[2])) in hinted:
-                roots.setdefault(symbol, (f"{argument_size[1]}.shape[{argument_size[2]}]", True))
+                roots.setdefault(symbol, (f"{argument_size[1]}.shape[{argument_size[2]}]", False))
             elif source.name.isidentifier():
                 roots.setdefault(symbol, (source.name, False))
     return roots
