@@ -347,9 +347,32 @@ def _suggested_fixes_message(error: CaptureError, dynamic_shapes: Any) -> str | 
     the guards it names imply (:func:`_minimums_from_guards`) in the same form; else None."""
     for message in _constraint_violations(error)[:1]:
         if "Suggested fixes:" in message:
-            return message
+            return _with_the_guards_minimums(message, dynamic_shapes)
         return _minimums_from_guards(message, dynamic_shapes)
     return _minimums_from_unchecked_guards(error, dynamic_shapes)
+
+
+# torch's fix of a dim's minimum: "Dim('h', min=19)", "Dim('h', min=19, max=512)".
+_MINIMUM_FIX = re.compile(r"Dim\('\w+', min=(\d+)(?:, max=\d+)?\)")
+
+
+def _with_the_guards_minimums(message: str, dynamic_shapes: Any) -> str:
+    """torch's suggested fixes, where all are minimums, each raised to the smallest size from
+    which every guard torch names for that dim holds: its solver reads the bound guards only
+    (CvT's ``19 <= h``, not ``(h - 3) // 32 + 1 != 1``, which needs 35), and the next capture
+    would report the rest, one round each."""
+    fixes = _suggested_fixes(message)
+    minimums = {name: _MINIMUM_FIX.fullmatch(fix) for name, fix in fixes.items()}
+    if not minimums or None in minimums.values():
+        return message
+    declared = _get_dim_name_mapping(dynamic_shapes)
+    if not fixes.keys() <= declared.keys():
+        return message
+    raised = _guard_minimums(message, declared)
+    merged = {name: max(int(match[1]), raised.get(name) or 0) for name, match in minimums.items()}
+    if all(merged[name] == int(match[1]) for name, match in minimums.items()):
+        return message
+    return _minimums_message(merged, declared)
 
 
 # "You marked L['x'].size()[0] as dynamic but your code specialized it to be a constant (3)."
@@ -386,15 +409,21 @@ def _minimums_from_guards(message: str, dynamic_shapes: Any) -> str | None:
     1``). The smallest size from which every such guard of the dim holds becomes its minimum, as a
     "Suggested fixes:" message; torch checks the refined range again when capture is retried."""
     declared = _get_dim_name_mapping(dynamic_shapes)
-    minimums = {}
-    for name, conditions in _unsatisfied_guards(message, declared).items():
-        dim = declared[name]
-        minimum = _smallest_size_from_which_all_hold(conditions, int(dim.min), _search_upper(dim))
-        if minimum is None:
-            return None
-        if minimum != int(dim.min):  # else it holds throughout: see _ranges_where_guards_hold
-            minimums[name] = minimum
-    return _minimums_message(minimums, declared)
+    minimums = _guard_minimums(message, declared)
+    if None in minimums.values():
+        return None
+    # A dim whose guards hold throughout is left to _ranges_where_guards_hold.
+    return _minimums_message({name: low for name, low in minimums.items() if low != int(declared[name].min)}, declared)
+
+
+def _guard_minimums(message: str, declared: dict[str, Any]) -> dict[str, int | None]:
+    """For each declared dim the constraint violation ``message`` names guards of, the smallest
+    size from which they all hold (:func:`_smallest_size_from_which_all_hold`), None where that
+    search fails."""
+    return {
+        name: _smallest_size_from_which_all_hold(conditions, int(declared[name].min), _search_upper(declared[name]))
+        for name, conditions in _unsatisfied_guards(message, declared).items()
+    }
 
 
 def _unchecked_guard_fixes(error: CaptureError, dynamic_shapes: Any) -> dict[str, SizeFix]:

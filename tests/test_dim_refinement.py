@@ -492,3 +492,30 @@ def test_guards_run_into_the_specializations_section_are_read_whole():
         capture_refining_dims(capture, _Doubles(), (torch.randn(2, 3, 64),), {}, {"x": {2: Dim("h")}})
     hint = captured_with[1]
     assert (hint.min, hint.max) == (64, 4096)
+
+
+def test_suggested_minimums_are_raised_to_where_every_named_guard_holds():
+    # transformers' CvT: torch suggests h: min=19 from its bound guard, though the floor-division
+    # guard it names too holds from 35 on; the next capture would ask for that, one round later.
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    size = "L['x'].size()[2]"
+    message = (
+        "Constraints violated (h)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
+        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
+        f"(1 + (((-3) + {size}) // 32)) != 1.\n"
+        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
+        f"19 <= {size} and {size} <= IntInfinity()\n"
+        "Suggested fixes:\n  h = Dim('h', min=19)"
+    )
+    captured_with = []
+
+    def capture(module, args, kwargs, dynamic_shapes):
+        captured_with.append(dynamic_shapes["x"][2])
+        if len(captured_with) == 1:
+            raise CaptureError({"torch.export(strict=False)": UserError(UserErrorType.CONSTRAINT_VIOLATION, message)})
+        return "program", "strategy"
+
+    with pytest.warns(UserWarning, match=r"h: min=35"):
+        capture_refining_dims(capture, _Doubles(), (torch.randn(2, 3, 64),), {}, {"x": {2: Dim("h")}})
+    assert captured_with[1].min == 35
