@@ -363,6 +363,7 @@ def _capture_module(
         )
     else:
         dynamic_shapes = signature.undeclared_arguments_static(module.forward, bound, dynamic_shapes)
+        dynamic_shapes = signature.keyed_by_argument(module.forward, bound, dynamic_shapes)
         dynamic_shapes, string_dims = dim_names.string_dims(dynamic_shapes, bound)
         requested_dims = {**dim_names.named_dims(dynamic_shapes, bound), **string_dims}
     if options.dynamic_axes is not None or options.auto_dims:

@@ -40,6 +40,7 @@ __all__ = [
     "graph_io",
     "input_name_slots",
     "keyed_as_torch_export",
+    "keyed_by_argument",
     "leaf_name",
     "no_graph_value",
     "output_values",
@@ -127,6 +128,20 @@ def keyed_as_torch_export(forward: Any, shapes: dict[str, Any]) -> dict[str, Any
         else:
             regrouped[key] = value
     return regrouped
+
+
+def keyed_by_argument(forward: Any, bound: dict[str, Any], shapes: Any) -> Any:
+    """A dynamic_shapes tuple or list, one entry per argument passed (as torch.export reads it),
+    as a dict keyed by those arguments' names, the form dim refinement narrows hints in
+    (``({0: Dim.DYNAMIC},)`` as ``{"x": {0: Dim.DYNAMIC}}``); any other form as it is."""
+    if not isinstance(shapes, (tuple, list)) or len(shapes) != len(bound):
+        return shapes
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return shapes
+    named = {p.name for p in parameters if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    return dict(zip(bound, shapes)) if set(bound) <= named else shapes
 
 
 def undeclared_arguments_static(forward: Any, bound: dict[str, Any], shapes: Any) -> Any:

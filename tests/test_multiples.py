@@ -207,3 +207,15 @@ def test_dynamic_axes_refined_stage_by_stage_keep_their_names():
     assert [str(d) for d in program.model.graph.inputs[0].shape] == ["batch", "8*_width"]
     with pytest.raises(ValueError, match=r"dim 1 is 36, which is no value of 8\*_width"):
         program(torch.randn(2, 36))
+
+
+@pytest.mark.parametrize("hint", ["width", Dim.DYNAMIC], ids=["string", "Dim.DYNAMIC"])
+def test_a_hinted_dim_in_a_positional_dynamic_shapes_is_refined_too(hint):
+    # torch.onnx's form `dynamic_shapes=({1: "width"},)`: the tuple is keyed by argument for
+    # refinement (before, the audit's fixes at hints applied to dict forms only: refused).
+    with pytest.warns(UserWarning, match=r"dynamic_shapes refined: (width|x_dim_1) = 8\*_(width|x_dim_1)"):
+        program = assert_exports_equivalent(
+            PadsTwoStages(), (torch.randn(2, 32),), dynamic_shapes=({1: hint},),
+            resized=[(torch.randn(2, 16),), (torch.randn(2, 48),)],
+        )
+    assert str(program.model.graph.inputs[0].shape[1]).startswith("8*_")
