@@ -464,22 +464,18 @@ def test_guards_holding_up_to_a_size_bound_the_dim_there():
         program(torch.randn(3, 16))
 
 
-def test_guards_run_into_the_specializations_section_are_read_whole():
-    # transformers' EfficientNet: torch's solver gives up on its guards and fixes both sides,
-    # and starts that section on the last guard's line, without its period.
+_H = "L['x'].size()[2]"
+
+
+def _unsatisfied(guard: str) -> str:
+    return f"  - Not all values of h = {_H} in the specified range satisfy the generated guard {guard}"
+
+
+def _h_after_one_violation(message: str) -> Dim:
+    """The ``h`` a second capture gets after the first raised torch's constraint violation
+    ``message`` for ``Dim("h")`` (axis 2 of an input ``x`` of 64)."""
     from torch._dynamo.exc import UserError, UserErrorType
 
-    size = "L['x'].size()[2]"
-    message = (
-        "Constraints violated (h)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
-        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
-        f"2560*(((-1) + ({size} // 32)) // 2560) < ({size} // 32).\n"
-        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
-        f"64 <= {size} and {size} <= IntInfinity()Specializations unexpectedly required (h)! For more "
-        "information, run with TORCH_LOGS=\"+dynamic\".\n"
-        f"  - solving the guards generated for h = {size} resulted in a specialized value of 64.\n\n"
-        "Suggested fixes:\n  h = 64"
-    )
     captured_with = []
 
     def capture(module, args, kwargs, dynamic_shapes):
@@ -488,34 +484,34 @@ def test_guards_run_into_the_specializations_section_are_read_whole():
             raise CaptureError({"torch.export(strict=False)": UserError(UserErrorType.CONSTRAINT_VIOLATION, message)})
         return "program", "strategy"
 
+    capture_refining_dims(capture, _Doubles(), (torch.randn(2, 3, 64),), {}, {"x": {2: Dim("h")}})
+    return captured_with[1]
+
+
+def test_guards_run_into_the_specializations_section_are_read_whole():
+    # transformers' EfficientNet: torch's solver gives up on its guards and fixes both sides,
+    # and starts that section on the last guard's line, without its period.
+    message = "\n".join([
+        "Constraints violated (h)! For more information, run with TORCH_LOGS=\"+dynamic\".",
+        _unsatisfied(f"2560*(((-1) + ({_H} // 32)) // 2560) < ({_H} // 32)."),
+        _unsatisfied(f"64 <= {_H} and {_H} <= IntInfinity()Specializations unexpectedly required (h)! For more "
+                     "information, run with TORCH_LOGS=\"+dynamic\"."),
+        f"  - solving the guards generated for h = {_H} resulted in a specialized value of 64.\n",
+        "Suggested fixes:\n  h = 64",
+    ])
     with pytest.warns(UserWarning, match=r"h: min=64, max=4096, guards torch cannot prove checked"):
-        capture_refining_dims(capture, _Doubles(), (torch.randn(2, 3, 64),), {}, {"x": {2: Dim("h")}})
-    hint = captured_with[1]
+        hint = _h_after_one_violation(message)
     assert (hint.min, hint.max) == (64, 4096)
 
 
 def test_suggested_minimums_are_raised_to_where_every_named_guard_holds():
     # transformers' CvT: torch suggests h: min=19 from its bound guard, though the floor-division
     # guard it names too holds from 35 on; the next capture would ask for that, one round later.
-    from torch._dynamo.exc import UserError, UserErrorType
-
-    size = "L['x'].size()[2]"
-    message = (
-        "Constraints violated (h)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
-        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
-        f"(1 + (((-3) + {size}) // 32)) != 1.\n"
-        f"  - Not all values of h = {size} in the specified range satisfy the generated guard "
-        f"19 <= {size} and {size} <= IntInfinity()\n"
-        "Suggested fixes:\n  h = Dim('h', min=19)"
-    )
-    captured_with = []
-
-    def capture(module, args, kwargs, dynamic_shapes):
-        captured_with.append(dynamic_shapes["x"][2])
-        if len(captured_with) == 1:
-            raise CaptureError({"torch.export(strict=False)": UserError(UserErrorType.CONSTRAINT_VIOLATION, message)})
-        return "program", "strategy"
-
+    message = "\n".join([
+        "Constraints violated (h)! For more information, run with TORCH_LOGS=\"+dynamic\".",
+        _unsatisfied(f"(1 + (((-3) + {_H}) // 32)) != 1."),
+        _unsatisfied(f"19 <= {_H} and {_H} <= IntInfinity()"),
+        "Suggested fixes:\n  h = Dim('h', min=19)",
+    ])
     with pytest.warns(UserWarning, match=r"h: min=35"):
-        capture_refining_dims(capture, _Doubles(), (torch.randn(2, 3, 64),), {}, {"x": {2: Dim("h")}})
-    assert captured_with[1].min == 35
+        assert _h_after_one_violation(message).min == 35
