@@ -46,7 +46,7 @@ from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _get_dim_name_map
 
 from dynexport.dim_names import declared_dims, dynamic_dims_sized_0_or_1, hinted_axes
 from dynexport.errors import CaptureError, DimSpecializedError, ExampleTooSmallError, model_line
-from dynexport.guard_audit import SizeFix, UncheckedGuards
+from dynexport.guard_audit import SizeFix, UncheckedGuards, input_dim
 from dynexport.multiples import MultipleRequired
 from dynexport.signature import bind_arguments
 
@@ -193,15 +193,13 @@ def capture_refining_dims(
                     if root and name in plain:
                         made_for[root.group(1)] = name
                 described = [_describe(name, fix) for name, fix in fixes.items()]
-                refinements += _kept_refinements(described, module, args, kwargs, dynamic_shapes)
+                refinements += _kept_refinements(described, bound, dynamic_shapes)
         raise unrefined
     finally:
         _warned(_without_superseded(refinements))
 
 
-def _kept_refinements(
-    refinements: list[DimRefinement], module: Any, args: tuple, kwargs: dict, dynamic_shapes: Any
-) -> list[DimRefinement]:
+def _kept_refinements(refinements: list[DimRefinement], bound: dict[str, Any], dynamic_shapes: Any) -> list[DimRefinement]:
     """``refinements`` less the ``min=2`` ones of a size-oblivious capture (a dim declared
     dynamic has example size 0 or 1: an empty cache, a batch of 1). Size-obliviously, torch's
     kernels ask ``seq != 1`` about the other dims too (the path of a reshape, a matmul's
@@ -210,7 +208,7 @@ def _kept_refinements(
     capture (a Falcon exported from an empty cache refused its one-token steps)."""
     if not any(r.change == "min=2" for r in refinements):
         return refinements
-    if not dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs)):
+    if not dynamic_dims_sized_0_or_1(dynamic_shapes, bound):
         return refinements
     return [r for r in refinements if r.change != "min=2"]
 
@@ -232,11 +230,10 @@ def _roots_at_0_or_1(dynamic_shapes: Any, bound: dict[str, Any], made_for: dict[
     for _, axis, dim, tensor in declared_dims(dynamic_shapes, bound):
         if not isinstance(dim, _DerivedDim):
             continue
-        root = sympy.Symbol(dim.root.__name__, integer=True)
-        form, size = dim.fn(root), tensor.shape[axis]
-        solutions = sympy.solve(sympy.Eq(form, size), root)
-        if len(solutions) == 1 and solutions[0] in (0, 1):
-            small[made_for.get(dim.root.__name__, dim.__name__)] = (dim.__name__, size, int(form.subs(root, 2)))
+        # torch derives dims affinely (``k*root + c``): the root at the example is exact or none.
+        offset, step, size = dim.fn(0), dim.fn(1) - dim.fn(0), tensor.shape[axis]
+        if step and (size - offset) % step == 0 and (size - offset) // step in (0, 1):
+            small[made_for.get(dim.root.__name__, dim.__name__)] = (dim.__name__, size, dim.fn(2))
     return small
 
 
@@ -385,7 +382,7 @@ def _pinned_hints(error: CaptureError) -> dict[str, int]:
     """``{"x.shape[0]": 3}`` for the dims declared by a hint (``Dim.DYNAMIC``: what ``dynamic_axes``
     and ``_hinted`` declare), which torch.export reports fixed without suggesting a fix."""
     return {
-        f"{name}.shape[{axis}]": int(size)
+        input_dim(name, axis): int(size)
         for message in _constraint_violations(error)
         for name, axis, size in _PINNED_HINT.findall(message)
     }
@@ -606,7 +603,8 @@ def _ranges_where_guards_hold(
     for name, conditions in guards.items():
         dim = declared[name]
         if name in examples:
-            sizes = _sizes_around_the_example(conditions, examples[name], int(dim.min), _search_upper(dim))
+            upper = max(_search_upper(dim), examples[name])
+            sizes = _sizes_around_the_example(conditions, examples[name], int(dim.min), upper)
             if sizes is not None:
                 checked[name] = sizes
     return checked
@@ -749,16 +747,8 @@ def _describe_checked(name: str, bounds: tuple[int, int]) -> DimRefinement:
 def _smallest_size_from_which_all_hold(conditions: list[tuple[str, str]], lower: int, upper: int) -> int | None:
     """The smallest ``m`` in ``[lower, upper]`` such that every ``(source, guard)`` holds with the
     dim's ``source`` (``L['x'].size()[3]``) at each size from ``m`` to ``upper``; None when a guard
-    reads another size or fails near ``upper``."""
-    minimum = None
-    for size in range(upper, lower - 1, -1):
-        holds = _all_hold(conditions, size)
-        if holds is None:
-            return None
-        if not holds:
-            return minimum
-        minimum = size
-    return minimum
+    reads another size or fails at ``upper``."""
+    return _last_holding(conditions, upper, -1, lower) if lower <= upper and _all_hold(conditions, upper) else None
 
 
 def _search_upper(dim: Any) -> int:
@@ -782,7 +772,7 @@ def _last_holding(conditions: list[tuple[str, str]], start: int, step: int, stop
     """The last size from ``start`` (where every guard holds) towards ``stop`` by ``step`` before
     a guard fails; None when a guard cannot be evaluated."""
     size = start
-    while size != stop:
+    while (stop - size) * step > 0:
         holds = _all_hold(conditions, size + step)
         if holds is None:
             return None

@@ -53,7 +53,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from dynexport.errors import source_line
 
-__all__ = ["SizeFix", "UncheckedGuards", "asked_at", "check_guards_hold", "period_it_needs"]
+__all__ = ["SizeFix", "UncheckedGuards", "asked_at", "check_guards_hold", "input_dim", "period_it_needs"]
 
 # Sizes drawn for a dim without an upper bound stay below this (the range dynamic-shape
 # refinement checks an unbounded dim over).
@@ -388,6 +388,11 @@ def _declared_name(shape_env: Any, root: sympy.Symbol) -> str | None:
     return None
 
 
+def input_dim(argument: str, axis: int | str) -> str:
+    """How problems and fixes name an input's dim that no ``Dim`` names: ``x.shape[2]``."""
+    return f"{argument}.shape[{axis}]"
+
+
 def _dim_names(sizes: dict[str, list[sympy.Expr]], shape_env: Any) -> dict[sympy.Symbol, str]:
     """How problems name each root: the input dim it is (``x.shape[2]``), or the name of the
     derived dim's root it stands for (``_h``)."""
@@ -395,7 +400,7 @@ def _dim_names(sizes: dict[str, list[sympy.Expr]], shape_env: Any) -> dict[sympy
     for name, dims in sizes.items():
         for axis, expr in enumerate(dims):
             if isinstance(expr, sympy.Symbol):
-                names.setdefault(expr, f"{name}.shape[{axis}]")
+                names.setdefault(expr, input_dim(name, axis))
             for root in expr.free_symbols - names.keys():
                 declared = _declared_name(shape_env, root)
                 if declared is not None:

@@ -45,7 +45,7 @@ import sympy
 from torch.utils._sympy.functions import Mod
 
 from dynexport.errors import model_line
-from dynexport.guard_audit import asked_at, period_it_needs
+from dynexport.guard_audit import asked_at, input_dim, period_it_needs
 from dynexport.shared_dims import after_fake_inputs
 
 __all__ = ["MultipleRequired", "multiples_refined_early"]
@@ -113,7 +113,7 @@ def _named_roots(
             if name is not None:
                 roots[symbol] = (name, True)
             elif argument_size and (argument_size[1], int(argument_size[2])) in hinted:
-                roots.setdefault(symbol, (f"{argument_size[1]}.shape[{argument_size[2]}]", False))
+                roots.setdefault(symbol, (input_dim(argument_size[1], argument_size[2]), False))
             elif source.name.isidentifier():
                 roots.setdefault(symbol, (source.name, False))
     return roots

@@ -84,10 +84,7 @@ def _unify_derived(shape_env: Any, symbol_of: dict[str, sympy.Symbol], derived_e
     expression's at the root's (otherwise torch.export reports the declaration as it would)."""
     for source, root, derive in derived_equalities:
         dim = symbol_of.get(_name(source))
-        if isinstance(root, sympy.Basic):  # a symbol, or a number where torch specialized the root
-            root_symbol = root if isinstance(root, sympy.Symbol) else None
-        else:
-            root_symbol = symbol_of.get(_name(root))
+        root_symbol = root if isinstance(root, sympy.Symbol) else symbol_of.get(_name(root))
         if dim is None or root_symbol is None:
             continue  # a static dim
         dim, root_symbol = shape_env.replace(dim), shape_env.replace(root_symbol)

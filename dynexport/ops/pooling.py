@@ -18,6 +18,7 @@ from dynexport.ops._helpers import (
     rank,
     reduce,
     run_batched,
+    scalar,
     shape_of,
     size_of,
 )
@@ -190,14 +191,10 @@ def _adaptive_max_with_indices(ctx, x: ir.Value, output_size: list[int]) -> list
         else:
             inner = ctx.op.GatherElements(ctx.op.Gather(indices, positions, axis=axis), best, axis=axis + 1)
             inner = ctx.op.Squeeze(inner, ints(ctx, [axis + 1]))
-            indices = ctx.op.Add(ctx.op.Mul(here, _int64(ctx, stride)), inner)
+            indices = ctx.op.Add(ctx.op.Mul(here, scalar(ctx, stride, ir.DataType.INT64)), inner)
         length = size_of(ctx, x, axis)
-        stride = stride * length if isinstance(stride, int) and isinstance(length, int) else ctx.op.Mul(_int64(ctx, stride), length)
+        stride = stride * length if isinstance(stride, int) and isinstance(length, int) else ctx.op.Mul(scalar(ctx, stride, ir.DataType.INT64), length)
     return [values, indices]
-
-
-def _int64(ctx, value: int | ir.Value) -> ir.Value:
-    return ctx.constant(value, ir.DataType.INT64) if isinstance(value, int) else value
 
 
 @translates(
