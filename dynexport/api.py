@@ -78,6 +78,7 @@ def export(
     verify: bool = False,
     target: str | None = None,
     strict_clamps: bool = False,
+    exact_norms: bool = False,
     quantize_weights: WeightQuantization | Mapping[str, Any] | None = None,
     trace_layers_once: bool = True,
     external_data: bool | str | None = None,
@@ -159,6 +160,10 @@ def export(
         strict_clamps: keep hardtanh, relu6 and clamp to constant bounds as ``Max`` and ``Min``,
             whose NaN propagation the ONNX standard defines, instead of the faster ``Clip``
             (NaN-propagating in onnxruntime, left open by the standard; docs/optimizer.md).
+        exact_norms: feed onnxruntime's InstanceNormalization (instance and group norm) each
+            channel less its first element, a Slice and a Sub more per normalization: within
+            1e-6 of float64 where the mean is large against the spread, where by default (as
+            torch.onnx's graph) it is 3-7x eager float32's own error (docs/optimizer.md).
         quantize_weights: store the weights of linear layers as int4/int8 with per-block scales
             after optimization, as ``program.quantize_weights`` does: a
             ``dynexport.quantize.WeightQuantization`` or a dict of its fields (``{"bits": 4}``;
@@ -207,7 +212,7 @@ def export(
         custom_translation_table=custom_translation_table, custom_opsets=custom_opsets,
         fallback=fallback, training=training, export_modules_as_functions=export_modules_as_functions,
         dynamo=dynamo, example_inputs=example_inputs, report=report, verify=verify,
-        target=target, strict_clamps=strict_clamps, quantize_weights=quantize_weights,
+        target=target, strict_clamps=strict_clamps, exact_norms=exact_norms, quantize_weights=quantize_weights,
         trace_layers_once=trace_layers_once, external_data=external_data, profile=profile,
         dump_exported_program=dump_exported_program, artifacts_dir=artifacts_dir,
         operator_export_type=operator_export_type, autograd_inlining=autograd_inlining,
@@ -425,7 +430,7 @@ def _optimize(onnx_model: Any, options: ExportOptions) -> None:
         with _dataless_weights_hidden(onnx_model):
             optimize_model(
                 onnx_model, fold_constants=options.do_constant_folding, clamps_as_clip=not options.strict_clamps,
-                target=options.target,
+                shifted_norms=options.exact_norms, target=options.target,
             )
 
 

@@ -74,6 +74,7 @@ class ExportOptions:
     translation: TranslationOptions
     target: str | None = None
     strict_clamps: bool = False
+    exact_norms: bool = False
     trace_layers_once: bool = True
     weight_quantization: WeightQuantization | None = None
 
@@ -125,6 +126,7 @@ class ExportOptions:
         verify: Any,
         target: Any = None,
         strict_clamps: Any = False,
+        exact_norms: Any = False,
         quantize_weights: Any = None,
         trace_layers_once: Any = True,
         external_data: Any = None,
@@ -139,7 +141,8 @@ class ExportOptions:
         for name, value in (
             ("export_params", export_params), ("keep_initializers_as_inputs", keep_initializers_as_inputs),
             ("do_constant_folding", do_constant_folding), ("optimize", optimize), ("dynamo", dynamo),
-            ("verify", verify), ("strict_clamps", strict_clamps), ("trace_layers_once", trace_layers_once),
+            ("verify", verify), ("strict_clamps", strict_clamps), ("exact_norms", exact_norms),
+            ("trace_layers_once", trace_layers_once),
             ("profile", profile), ("dump_exported_program", dump_exported_program),
             ("autograd_inlining", autograd_inlining),
         ):
@@ -214,7 +217,8 @@ class ExportOptions:
             report_file=_report_file(report, artifacts), translation=translation,
             profile_file=f"{artifacts}.profile.txt" if profile else None,
             exported_program_file=f"{artifacts}.pt2" if dump_exported_program else None,
-            target=target, strict_clamps=strict_clamps, trace_layers_once=trace_layers_once,
+            target=target, strict_clamps=strict_clamps, exact_norms=exact_norms,
+            trace_layers_once=trace_layers_once,
             weight_quantization=_weight_quantization(quantize_weights, target),
         )
 

@@ -190,13 +190,17 @@ class ONNXProgram:
 
     # -- passes -----------------------------------------------------------------------------
 
-    def optimize(self, *, target: str | None = None, strict_clamps: bool = False) -> ONNXProgram:
-        """Run dynexport's ONNX optimization passes on the model again (in place); ``target`` and
-        ``strict_clamps`` mean what they mean to :func:`dynexport.export`."""
+    def optimize(
+        self, *, target: str | None = None, strict_clamps: bool = False, exact_norms: bool = False
+    ) -> ONNXProgram:
+        """Run dynexport's ONNX optimization passes on the model again (in place); ``target``,
+        ``strict_clamps`` and ``exact_norms`` mean what they mean to :func:`dynexport.export`."""
         from dynexport.options import check_target
         from dynexport.passes.onnx import optimize_model
 
-        optimize_model(self.model, clamps_as_clip=not strict_clamps, target=check_target(target))
+        optimize_model(
+            self.model, clamps_as_clip=not strict_clamps, shifted_norms=exact_norms, target=check_target(target)
+        )
         self._changed()
         return self
 

@@ -171,6 +171,21 @@ def test_optimize_again_takes_exports_target_and_clamp_keywords():
         fast.optimize(target="tensorrt")
 
 
+def test_optimize_again_takes_exports_norm_keyword():
+    norm = torch.nn.InstanceNorm2d(3, affine=True).eval()
+    dims = ({2: torch.export.Dim("h"), 3: torch.export.Dim("w")},)
+    x = torch.randn(1, 3, 5, 6)
+
+    def ops(program):
+        return [node.op_type for node in program.model_proto.graph.node]
+
+    exact = dynexport.export(norm, (x,), dynamic_shapes=dims, optimize=False).optimize(exact_norms=True)
+    fast = dynexport.export(norm, (x,), dynamic_shapes=dims, optimize=False).optimize()
+    assert ops(exact) == ["Slice", "Sub", "InstanceNormalization"] and ops(fast) == ["InstanceNormalization"]
+    for program in (exact, fast):
+        assert_close(program(x), norm(x))
+
+
 def test_text_form_lists_inputs_then_nodes_with_modules(small, capsys):
     model, x = small
     text = dynexport.export_to_pretty_string(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))

@@ -66,12 +66,19 @@ _ONNXRUNTIME_FUSIONS = (fuse_multi_head_attention,)
 
 
 def optimize_model(
-    model: ir.Model, *, fold_constants: bool = True, clamps_as_clip: bool = True, target: str | None = None
+    model: ir.Model,
+    *,
+    fold_constants: bool = True,
+    clamps_as_clip: bool = True,
+    shifted_norms: bool = False,
+    target: str | None = None,
 ) -> None:
     """Optimize ``model`` in place, its main graph and every subgraph (If branches, Loop and
     Scan bodies); ``fold_constants=False`` evaluates nothing; ``clamps_as_clip=False`` keeps
     clamps to constant bounds as Max and Min, whose NaN propagation the ONNX standard defines
-    (Clip's it leaves open; onnxruntime's Clip propagates NaN too); ``target="onnxruntime"``
+    (Clip's it leaves open; onnxruntime's Clip propagates NaN too); ``shifted_norms=True``
+    feeds InstanceNormalization each channel less its first element, exact where the mean is
+    large against the spread (``fuse_instance_norm``); ``target="onnxruntime"``
     also fuses into onnxruntime's com.microsoft operators where they are faster there."""
     graph = model.graph
     # Subgraphs import no opsets of their own: every graph is at the model's opset.
@@ -94,7 +101,7 @@ def optimize_model(
     fusions = [
         fuse_gemm,
         fuse_layer_norm,
-        fuse_instance_norm,
+        functools.partial(fuse_instance_norm, shifted=shifted_norms),
         fuse_channel_affine,
         *([fuse_conv_batchnorm] if fold_constants else []),
         *([fuse_clip] if clamps_as_clip else []),

@@ -12,10 +12,12 @@ formula, ``(x - mean) * Reciprocal(Sqrt(mean((x - mean)**2) + eps))``, which bec
 
 onnxruntime's InstanceNormalization computes ``x * s + (b - mean * s)`` with ``s = scale /
 std``: both terms are large where the mean is large against the spread, and their sum cancels
-(5.4e-3 from float64 on ``1000 + 0.05·randn``, where eager float32 PyTorch is 1.1e-3 off). It is
-fed x minus its first element (per channel), whose mean is then within ``sqrt(n)`` deviations
-of 0 whatever x's, and matches float64 to 1e-6; the shift costs a Slice and a Sub (0.040 ms
-against 0.029 ms unshifted at that shape; centering by the mean, 0.047 ms).
+to 3-7x the error of eager float32 PyTorch there (whose own comes from rounding the mean:
+7.0e-3 from float64 on ``1000 + 0.05·randn``, eager 1.5e-3), float rounding, as torch.onnx's
+graph has it. ``shifted=True`` (``dynexport.export(exact_norms=True)``) feeds it x minus its
+first element per channel instead, whose mean is then within ``sqrt(n)`` deviations of 0
+whatever x's: within 1e-6 of float64, for a Slice and a Sub more (0.040 ms against 0.029 ms at
+that shape; centering by the mean, 0.047 ms).
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ __all__ = ["fuse_instance_norm"]
 _MAX_SCALE_BYTES = 64 * 1024
 
 
-def fuse_instance_norm(graph: ir.Graph) -> int:
+def fuse_instance_norm(graph: ir.Graph, *, shifted: bool = False) -> int:
     """Give each eligible LayerNormalization a full scale, or rewrite it (with its channel
-    affine) as shifted InstanceNormalization; rewrite each written-out normalization over the
-    dims from 2 the same way; return how many."""
+    affine) as InstanceNormalization (of x less its first element per channel, ``shifted``);
+    rewrite each written-out normalization over the dims from 2 the same way; return how many."""
     fused = 0
     for norm in nodes_of(graph, "LayerNormalization"):
         x, scale = norm.inputs[0], constant_array(norm.inputs[1])
@@ -59,11 +61,11 @@ def fuse_instance_norm(graph: ir.Graph) -> int:
             fused += 1
         elif axis == 2 and _is_filled(norm.inputs[1], 1.0) and _has_no_bias(norm) and not _statistics_read(norm):
             epsilon = norm.attributes["epsilon"].as_float() if "epsilon" in norm.attributes else 1e-5
-            fused += _as_instance_norm(graph, norm.outputs[0], x, epsilon)
+            fused += _as_instance_norm(graph, norm.outputs[0], x, epsilon, shifted)
     for sqrt in nodes_of(graph, "Sqrt"):
         matched = _written_out_normalization(sqrt)
         if matched is not None:
-            fused += _as_instance_norm(graph, *matched)
+            fused += _as_instance_norm(graph, *matched, shifted)
     return fused
 
 
@@ -116,9 +118,9 @@ def _reduces_dims_from_2(node: ir.Node, rank: int) -> bool:
     return rank >= 3 and axes is not None and sorted(int(a) % rank for a in axes.reshape(-1)) == list(range(2, rank))
 
 
-def _as_instance_norm(graph: ir.Graph, normalized: ir.Value, x: ir.Value, epsilon: float) -> bool:
+def _as_instance_norm(graph: ir.Graph, normalized: ir.Value, x: ir.Value, epsilon: float, shifted: bool) -> bool:
     """Replace ``normalized`` (``x`` normalized over its dims from 2) and the per-channel scale
-    and shift after it by InstanceNormalization of the shifted x."""
+    and shift after it by InstanceNormalization of x (``shifted``: less its first element)."""
     rank, channels = len(x.shape), x.shape[1]
     if not isinstance(channels, int) or normalized.dtype != ir.DataType.FLOAT:
         return False
@@ -129,28 +131,36 @@ def _as_instance_norm(graph: ir.Graph, normalized: ir.Value, x: ir.Value, epsilo
     affine = per_channel_operand(last.outputs[0], "Add", channels, rank)
     if affine is not None:
         last, shift = affine
-    # Shifted by its first element rather than its mean: as accurate (the shifted mean is
-    # within sqrt(n) deviations of 0) and faster, one pass over x fewer.
-    rest = list(range(2, rank))
-    starts, ends, axes = (
-        add_initializer(graph, np.array(v, np.int64), name)
-        for v, name in (([0] * len(rest), "first_starts"), ([1] * len(rest), "first_ends"), (rest, "first_axes"))
-    )
-    first = ir.Node("", "Slice", [x, starts, ends, axes])
-    shifted = ir.Node("", "Sub", [x, first.outputs[0]])
-    for node in (first, shifted):
-        node.metadata_props.update(normalized.producer().metadata_props)
-    graph.insert_before(last, [first, shifted])
+    shifting = _first_element_subtracted(graph, x) if shifted else []
+    if shifting:
+        for node in shifting:
+            node.metadata_props.update(normalized.producer().metadata_props)
+        graph.insert_before(last, shifting)
     parameters = [
         add_initializer(graph, scale.astype(np.float32), "instance_norm_scale"),
         add_initializer(graph, shift.astype(np.float32), "instance_norm_bias"),
     ]
     epsilon_attribute = ir.AttrFloat32("epsilon", epsilon)
-    instance = ir.Node("", "InstanceNormalization", [shifted.outputs[0], *parameters], [epsilon_attribute])
+    normalizing = shifting[-1].outputs[0] if shifting else x
+    instance = ir.Node("", "InstanceNormalization", [normalizing, *parameters], [epsilon_attribute])
     if insert_replacement(graph, last, instance, last.outputs[0]):
         return True
-    graph.remove([shifted, first])
+    if shifting:
+        graph.remove(list(reversed(shifting)))
     return False
+
+
+def _first_element_subtracted(graph: ir.Graph, x: ir.Value) -> list[ir.Node]:
+    """A Slice of ``x``'s first element per channel and the Sub of it from ``x``: rather than
+    its mean, as accurate (the shifted mean is within sqrt(n) deviations of 0) and faster, one
+    pass over x fewer."""
+    rest = list(range(2, len(x.shape)))
+    starts, ends, axes = (
+        add_initializer(graph, np.array(v, np.int64), name)
+        for v, name in (([0] * len(rest), "first_starts"), ([1] * len(rest), "first_ends"), (rest, "first_axes"))
+    )
+    first = ir.Node("", "Slice", [x, starts, ends, axes])
+    return [first, ir.Node("", "Sub", [x, first.outputs[0]])]
 
 
 def _is_filled(value: ir.Value | None, number: float) -> bool:

@@ -151,3 +151,5 @@ def test_export_keywords_choose_the_optimizers_forms():
         dynexport.export(clamped, (x,), target="tensorrt")
     with pytest.raises(TypeError, match="strict_clamps"):
         dynexport.export(clamped, (x,), strict_clamps="yes")
+    with pytest.raises(TypeError, match="exact_norms"):
+        dynexport.export(clamped, (x,), exact_norms="yes")

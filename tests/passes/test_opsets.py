@@ -21,10 +21,10 @@ def _floats(*shape):
     return ", ".join(f"{v:.4f}" for v in rng.standard_normal(int(np.prod(shape))))
 
 
-def _optimized(text: str, opset: int, **feeds: np.ndarray) -> ir.Model:
+def _optimized(text: str, opset: int, shifted_norms: bool = False, **feeds: np.ndarray) -> ir.Model:
     before = run(model(text, opset), **feeds)
     optimized = model(text, opset)
-    optimize_model(optimized)
+    optimize_model(optimized, shifted_norms=shifted_norms)
     onnx.checker.check_model(ir.serde.serialize_model(optimized), full_check=True)
     assert_same_results(before, run(optimized, **feeds), rtol=1e-4, atol=1e-5)
     return optimized
@@ -178,13 +178,24 @@ _WRITTEN_OUT_INSTANCE_NORM = """g (float[N, 3, H, W] x) => (float[N, 3, H, W] y)
 }"""
 
 
-@pytest.mark.parametrize(("form", "opset"), [("formula", 13), ("formula", 16), ("layer_norm", 17), ("layer_norm", 18)])
-def test_instance_norm_is_shifted_instance_normalization_at_every_opset(form, opset):
+_NORM_FORMS = [("formula", 13), ("formula", 16), ("layer_norm", 17), ("layer_norm", 18)]
+
+
+@pytest.mark.parametrize(("form", "opset"), _NORM_FORMS)
+def test_instance_norm_is_instance_normalization_at_every_opset(form, opset):
     """LayerNormalization exists from opset 17, its formula before: both, with the channel affine
-    after them, become InstanceNormalization of x minus its first element (Slice and Sub, the
-    same at every opset), accurate where the mean is large against the spread."""
+    after them, become one InstanceNormalization (torch.onnx's form)."""
     text = _WRITTEN_OUT_INSTANCE_NORM if form == "formula" else _UNAFFINE_INSTANCE_NORM
     optimized = _optimized(text, opset, x=_x(2, 3, 5, 7) * 3 + 10)
+    assert ops(optimized) == ["InstanceNormalization"]
+
+
+@pytest.mark.parametrize(("form", "opset"), _NORM_FORMS)
+def test_shifted_instance_norm_is_exact_at_every_opset(form, opset):
+    """With ``shifted_norms``, InstanceNormalization of x minus its first element (Slice and Sub,
+    the same at every opset), accurate where the mean is large against the spread."""
+    text = _WRITTEN_OUT_INSTANCE_NORM if form == "formula" else _UNAFFINE_INSTANCE_NORM
+    optimized = _optimized(text, opset, shifted_norms=True, x=_x(2, 3, 5, 7) * 3 + 10)
     assert ops(optimized) == ["Slice", "Sub", "InstanceNormalization"]
     # The float32 formula itself is 3e-3 off here (its mean's rounding, in every x - mean).
     x = (1000 + 0.05 * _x(2, 3, 5, 7)).astype(np.float32)
