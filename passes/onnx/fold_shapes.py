@@ -10,7 +10,9 @@ through Div and Mod where they reduce exactly (``8 * h / 4``, ``8 * h % 4``). Th
 - a value whose contents equal an earlier value's is replaced by it (``seq`` read from two
   tensors is one value);
 - a ``Reshape`` target becomes a constant where each unknown dim is copied from the input
-  (``0``) or inferred (``-1``); a ``Reshape`` or ``Expand`` that keeps its input's shape goes.
+  (``0``) or inferred (``-1``); a ``Reshape`` or ``Expand`` that keeps its input's shape goes;
+- a ``Concat`` of sizes read by ``Shape`` nodes that is a run of one tensor's dims becomes one
+  ``Shape`` of that run (``Shape(x, 2, 4)`` for its sides read one by one).
 
 Dims are compared by name: the translator names them after torch's symbolic shapes, where one
 expression is one size. A dim without a name is never equal to anything.
@@ -104,7 +106,10 @@ def fold_shapes(graph: ir.Graph) -> int:
         result = _contents(shapes, node)
         if result is None:
             continue
-        _settle(shapes, node.outputs[0], result)
+        output = node.outputs[0]
+        if node.op_type == "Concat":
+            output = _as_one_shape(shapes, node, result[0]) or output
+        _settle(shapes, output, result)
     return shapes.changed
 
 
@@ -194,6 +199,30 @@ def _contents(shapes: _Shapes, node: ir.Node) -> tuple[Contents, bool] | None:
         whole = sympy.Mul(*contents) if op == "ReduceProd" else sympy.Add(*contents)
         keepdims = attrs["keepdims"].as_int() if "keepdims" in attrs else 1
         return (sympy.expand(whole),), not keepdims
+    return None
+
+
+def _as_one_shape(shapes: _Shapes, concat: ir.Node, contents: Contents) -> ir.Value | None:
+    """One Shape of a tensor's run of dims standing for ``concat`` of sizes read by Shape nodes
+    (``Shape(x, 2, 3)``, ``Shape(x, 3, 4)``: an image's sides to resize another to), where that
+    run of dims of a tensor they read is the ``contents``; its value, or None where none is."""
+    readers = [value.producer() for value in concat.inputs]
+    if len(readers) < 2 or any(r is None or r.op_type != "Shape" for r in readers):
+        return None
+    for tensor in dict.fromkeys(r.inputs[0] for r in readers):
+        dims = shapes.dims(tensor)
+        starts = [] if dims is None else range(len(dims) - len(contents) + 1)
+        start = next((i for i in starts if dims[i : i + len(contents)] == contents), None)
+        if start is None:
+            continue
+        end = start + len(contents)
+        shape = ir.Node("", "Shape", [tensor], [ir.AttrInt64("start", start), ir.AttrInt64("end", end)])
+        shapes.graph.insert_before(concat, shape)
+        if replace_value(concat.outputs[0], shape.outputs[0]):
+            shapes.changed += 1
+            return shape.outputs[0]
+        shapes.graph.remove(shape)
+        return None
     return None
 
 

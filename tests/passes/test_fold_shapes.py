@@ -197,3 +197,26 @@ def test_window_padding_of_a_side_that_is_a_multiple_of_the_window_needs_no_pad(
     )
     histogram = op_histogram(program)
     assert not {"Pad", "Mod", "Sub"} & set(histogram), histogram
+
+
+def test_sides_read_one_by_one_and_concatenated_are_one_shape_of_the_run():
+    """``F.interpolate(x, size=y.shape[-2:])``: y's sides read one by one and concatenated are
+    one Shape of y from 2 to 4; a Concat of sizes that are no run of dims of the tensors they
+    were read from (the sides swapped, a batch and a side) stays."""
+    text = """g (float[N, C, H, W] y, float[N, C, W, H] z) => (int64[2] sides, int64[2] swapped, int64[2] mixed) {
+        h = Shape<start = 2, end = 3>(y)
+        w = Shape<start = 3, end = 4>(y)
+        sides = Concat<axis = 0>(h, w)
+        swapped = Concat<axis = 0>(w, h)
+        n = Shape<start = 0, end = 1>(z)
+        mixed = Concat<axis = 0>(n, h)
+    }"""
+    feeds = {"y": np.zeros((2, 3, 5, 7), np.float32), "z": np.zeros((4, 3, 7, 5), np.float32)}
+    m = _folded(text)
+    assert_same_results(run(model(text), **feeds), run(m, **feeds))
+    shape_of_run = m.graph.outputs[0].producer()
+    assert shape_of_run.op_type == "Shape" and shape_of_run.inputs[0] is m.graph.inputs[0]
+    assert (shape_of_run.attributes["start"].as_int(), shape_of_run.attributes["end"].as_int()) == (2, 4)
+    # Only the tensors the Concat's sizes were read from are looked at: z's last dims are
+    # (W, H), but the swapped sides were read from y.
+    assert [out.producer().op_type for out in m.graph.outputs[1:]] == ["Concat", "Concat"]
