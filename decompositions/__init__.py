@@ -5,9 +5,10 @@ whose operator has a rule straight to the table; only a node without a rule (or 
 declines it) is decomposed, here, by tracing its decomposition under the program's own fake mode.
 Operators inside that decomposition that have rules stay whole; the others decompose further.
 
-The decompositions used are torch's core-ATen table, then torch's wider table (then dynexport's
-fused ops' and ``torch.onnx.ops``' ATen references), then the operator's own
-CompositeImplicitAutograd kernel. An operator that has a rule is never
+The decompositions used are dynexport's of torch.fft's functions (``spectral``: torch's read
+sizes as ints), torch's core-ATen table, then torch's wider table (then dynexport's fused ops'
+and ``torch.onnx.ops``' ATen references), then the operator's own CompositeImplicitAutograd
+kernel. An operator that has a rule is never
 decomposed, even where torch has a decomposition for it (``tests/preserved_ops.py`` lists the
 ones that matter most and checks each has a rule).
 """
@@ -31,10 +32,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from dynexport.decompositions.fused import FUSED_DECOMPOSITIONS
 from dynexport.decompositions.recurrent import recurrent_ops_kept_whole
+from dynexport.decompositions.spectral import SPECTRAL_DECOMPOSITIONS, fft_shapes_from_sizes
 from dynexport.passes.fx.functionalize import inplace_ops_are_local
 
 __all__ = [
     "Decomposition",
+    "SizesFixed",
     "decomposition_for",
     "decomposition_table",
     "recurrent_ops_kept_whole",
@@ -58,8 +61,8 @@ def decomposition_for(target: Any) -> Callable[..., Any] | None:
     if not isinstance(target, torch._ops.OpOverload):
         return None
     fn = (
-        _core_table().get(target) or torch_decompositions.get(target) or FUSED_DECOMPOSITIONS.get(target)
-        or _onnx_ops_table().get(target)
+        SPECTRAL_DECOMPOSITIONS.get(target) or _core_table().get(target) or torch_decompositions.get(target)
+        or FUSED_DECOMPOSITIONS.get(target) or _onnx_ops_table().get(target)
     )
     if fn is not None:
         return fn
@@ -80,6 +83,7 @@ def decomposition_table(has_rule: Callable[[Any], bool]) -> dict[Any, Callable[.
     """torch's decompositions of every operator for which ``has_rule(op)`` is False."""
     table = dict(torch_decompositions)
     table.update(_core_table())
+    table.update(SPECTRAL_DECOMPOSITIONS)
     return {op: fn for op, fn in table.items() if not has_rule(op)}
 
 
@@ -115,10 +119,12 @@ def trace_decomposition(
         return tuple(result) if isinstance(result, tuple) else result
 
     examples = [leaf.meta["val"] for leaf in leaves]
+    shape_env = fake_mode.shape_env if fake_mode is not None else None
+    replaced_before = dict(shape_env.replacements) if shape_env is not None else {}
     # Size-oblivious, as capture is for an example size of 0 or 1: otherwise a decomposition's
     # broadcast against a dim whose example is 1 gives its result a static 1 (quantile's lerp).
     fake = fake_mode if fake_mode is not None else contextlib.nullcontext()
-    with fake, fx_config.patch(backed_size_oblivious=True):
+    with fake, fx_config.patch(backed_size_oblivious=True), fft_shapes_from_sizes():
         try:
             graph = make_fx(run, decomposition_table=table)(*examples).graph
             if not inplace_ops_are_local(graph):
@@ -131,11 +137,35 @@ def trace_decomposition(
             if "functionaliz" not in str(error):
                 raise
             return None
+    if shape_env is not None:
+        _check_sizes_kept(shape_env, replaced_before)
     if not inplace_ops_are_local(graph):
         return None
     if any(inner.target is target for inner in graph.nodes):
         return None  # the operator's kernel calls the operator itself (sym_storage_offset)
     return Decomposition(graph, leaves)
+
+
+class SizesFixed(Exception):
+    """A decomposition fixed dynamic sizes to their example values: ``fixed`` maps each size's
+    symbol to its value."""
+
+    def __init__(self, fixed: dict[Any, int]):
+        super().__init__(", ".join(f"{symbol} = {value}" for symbol, value in fixed.items()))
+        self.fixed = fixed
+
+
+def _check_sizes_kept(shape_env: Any, replaced_before: dict[Any, Any]) -> None:
+    """Raise SizesFixed where tracing a decomposition specialized sizes of the program: a C++
+    kernel reading them as ints (``sizes()``) makes the shared shape environment replace their
+    symbols by the example's values, and every shape in the program with them."""
+    fixed = {
+        symbol: int(value)
+        for symbol, value in shape_env.replacements.items()
+        if symbol not in replaced_before and value.is_number
+    }
+    if fixed:
+        raise SizesFixed(fixed)
 
 
 def _plain(value: Any) -> Any:

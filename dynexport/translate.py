@@ -32,6 +32,7 @@ from dynexport.builder import ModelBuilder, OnnxScriptError, OperatorNotInOpset
 from dynexport.call_convention import GraphIO, is_user_input, outputs_of_kind, placeholders, user_outputs
 from dynexport.decompositions import (
     Decomposition,
+    SizesFixed,
     decomposition_table,
     trace_decomposition,
 )
@@ -155,6 +156,9 @@ class _DimNamer:
         self._names = dim_names
         self._cache: dict[Any, str] = {}
 
+    def named(self, symbol: sympy.Symbol) -> str:
+        return self._names.get(symbol.name, symbol.name)
+
     def dim(self, size: int | torch.SymInt) -> int | str:
         if isinstance(size, int):
             return size
@@ -268,7 +272,17 @@ class _Translator:
                 continue
             if self._decomposition_table is None:
                 self._decomposition_table = decomposition_table(lambda op: op in self.table)
-            decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
+            try:
+                decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
+            except SizesFixed as error:
+                raise TranslationError(
+                    target_name(target),
+                    source_line(origin or node),
+                    f"it has no rule, and its decomposition fixes sizes the program keeps dynamic to the "
+                    f"example's ({', '.join(f'{self.dims.named(s)} = {v}' for s, v in error.fixed.items())})",
+                    "declare those dims static (None in dynamic_shapes), or report the operator: dynexport "
+                    "needs a rule for it that keeps them dynamic.",
+                ) from error
             if decomposition is None:
                 # A custom-domain node would receive complex values as their (real, imaginary) pairs.
                 if self.fallback_to_custom_domain and isinstance(target, torch._ops.OpOverload) and not involves_complex(node):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dynexport
-from dynexport.errors import ComplexTensorError, OpsetTooLowError, UnsupportedOperatorError
+from dynexport.errors import ComplexTensorError, OpsetTooLowError, TranslationError, UnsupportedOperatorError
 from dynexport.options import DEFAULT_OPSET
 from tests.equivalence import assert_exports_equivalent, op_histogram
 
@@ -163,6 +163,79 @@ def test_fnet_mixing_fft2_real_with_dynamic_sequence():
         resized=[(torch.randn(2, 23, 12),)], atol=SPECTRUM_ATOL,
     )
     assert op_histogram(program)["DFT"] == 4  # two per 2-D transform
+
+
+class Projected(torch.nn.Module):
+    """``fn`` of a linear projection: the transform's input is computed, not a graph input."""
+
+    def __init__(self, fn, width: int):
+        super().__init__()
+        self.fn, self.project = fn, torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.fn(self.project(x))
+
+
+def _sizes_dynamic(fn, *shapes, atol=SPECTRUM_ATOL):
+    """Export ``fn`` of a projection of a (batch, rows, columns) signal of ``shapes[0]`` with
+    the batch and rows dynamic, and check it at the other shapes."""
+    torch.manual_seed(0)
+    x, *others = [torch.randn(*shape) for shape in shapes]
+    dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("rows", min=2)},)
+    program = assert_exports_equivalent(
+        Projected(fn, x.shape[-1]).eval(), (x,), dynamic_shapes=dims, resized=[(y,) for y in others], atol=atol
+    )
+    assert [str(d) for d in program.model.graph.inputs[0].shape][:2] == ["batch", "rows"]
+    return program
+
+
+def test_ffts_of_a_computed_signal_keep_its_dynamic_sizes():
+    """torch's own decompositions of the fft functions read sizes as ints: every dynamic dim of the
+    program became its example's size, the batch too (FNet's fftn exported as [2, 16])."""
+
+    def transforms(x):
+        spectrum = torch.fft.fftn(x, dim=(1, 2))
+        halves = torch.fft.rfft2(x, norm="ortho")
+        return (
+            spectrum.real, torch.fft.ifftn(spectrum, dim=(1, 2)).real, torch.fft.irfft2(halves, s=x.shape[-2:], norm="ortho"),
+            torch.fft.ifft(torch.fft.fft(x, dim=1), dim=1).imag, torch.fft.rfftn(x, dim=(1,)).abs(),
+            torch.fft.irfftn(halves, dim=(-2, -1)),
+        )
+
+    _sizes_dynamic(transforms, (2, 16, 12), (3, 9, 12), (1, 2, 12))
+
+
+@pytest.mark.parametrize("length, others", [(5, [(3, 9, 6), (1, 31, 6)]), (20, [(3, 14, 6), (1, 19, 6)])], ids=["cut", "padded"])
+def test_lengths_given_cut_or_pad_dynamic_sizes(length, others):
+    """``n``/``s`` resize the signal: cut where it is longer, zero-padded where shorter. torch's
+    capture compares the length with ``n`` (its kernel runs while tracing the model), so the rows
+    are refined to the example's side of it; the decompositions keep them dynamic there."""
+
+    def transforms(x):
+        return (
+            torch.fft.fft(x, n=length, dim=1).real, torch.fft.rfft(x, n=length, dim=1).imag,
+            torch.fft.fftn(x, s=(length, 7), dim=(1, 2)).abs(), torch.fft.irfft(torch.fft.rfft(x, dim=1), n=length, dim=1),
+            torch.fft.hfft(torch.fft.ifft(x, dim=1), n=length, dim=1), torch.fft.ihfft(x, n=length, dim=1).real,
+            torch.fft.ifft(x.to(torch.complex64) * 1j, n=length, dim=1).imag,
+        )
+
+    with pytest.warns(UserWarning, match="rows: m"):
+        _sizes_dynamic(transforms, (2, 12, 6), *others)
+
+
+def test_a_decomposition_that_fixes_dynamic_sizes_is_refused(monkeypatch):
+    """A decomposition that reads a dynamic size as an int would make the program static without
+    a word; the export is refused naming the operator, the dims and the model line."""
+    from dynexport.decompositions import spectral
+
+    def reads_sizes(x, s=None, dim=None, norm=None):
+        return spectral.fftn(x[: int(x.shape[0])], s, dim, norm)
+
+    monkeypatch.setitem(spectral.SPECTRAL_DECOMPOSITIONS, torch.ops.aten.fft_fftn.default, reads_sizes)
+    dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("rows", min=2)},)
+    with pytest.raises(TranslationError, match=r"aten.fft_fftn.default.*fixes sizes.*batch = 2") as caught:
+        dynexport.export(Projected(lambda x: torch.fft.fftn(x, dim=(1, 2)).real, 8), (torch.randn(2, 5, 8),), dynamic_shapes=dims)
+    assert "test_spectral.py" in caught.value.source and "None in dynamic_shapes" in str(caught.value)
 
 
 def test_2d_real_transforms_and_float64():
