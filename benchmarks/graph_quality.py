@@ -241,7 +241,8 @@ def realistic_suite() -> dict[str, Callable[[], Case]]:
     if torchvision is not None:
         image = (torch.randn(1, 3, 224, 224),)
         for name in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
-            models[name] = case(lambda name=name: (getattr(torchvision.models, name)(), image, {}, None))
+            # tv_: the zoo has timm's efficientnet_b0
+            models[f"tv_{name}"] = case(lambda name=name: (getattr(torchvision.models, name)(), image, {}, None))
     return models
 
 
