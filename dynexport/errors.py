@@ -38,6 +38,8 @@ class ExportError(RuntimeError):
 # A size computed through floats (``math.ceil(h / 32)``, ``int(h * 0.5)``): a model line, or
 # torch's guard on one.
 FLOAT_SIZE_ARITHMETIC = re.compile(r"math\.(ceil|floor|trunc)\(|\bfloat\(|TruncToInt|CeilToInt|FloorToInt|ToFloat")
+# A model line that branches: ``if ...:``, or a conditional expression.
+_BRANCH = re.compile(r"(^|[:;]\s*)(if|elif|while)\b|\bif\b.+\belse\b")
 INTEGER_SIZES_HINT = (
     "The model computes a size in float arithmetic, which torch.export can only hold at the "
     "example's value: compute it in integers (`-(-h // 32) * 32` rather than "
@@ -95,6 +97,12 @@ class DimSpecializedError(CaptureError):
             )
         if source and FLOAT_SIZE_ARITHMETIC.search(source):
             hint += " " + INTEGER_SIZES_HINT
+        elif source and _BRANCH.search(source):
+            hint += (
+                " The line branches on the size: where the example takes a branch that the model "
+                "takes only at this size (a shortcut at a configured size), export from an example of "
+                "another size; dynexport then checks the branch it captures over the declared range."
+            )
         ExportError.__init__(
             self, _located(f"The model fixes dims declared dynamic to the example's sizes: {fixed}", source, hint)
         )

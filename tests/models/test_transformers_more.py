@@ -546,6 +546,23 @@ def test_a_position_embedding_shortcut_at_the_example_sides_is_refused_under_dyn
         )
 
 
+def test_a_position_embedding_shortcut_refused_for_named_dims_names_the_fix_that_works():
+    """With named Dims the shortcut at the config's sides is refused naming its line and the way
+    out: an example of another size captures the interpolating branch, right at every size (the
+    config's included, where eager takes the shortcut)."""
+    model = IMAGE_MODELS["dinov2"][0]().eval()
+    side = model.config.image_size
+    dims = {"pixel_values": {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}}
+    with pytest.raises(dynexport.errors.DimSpecializedError, match="export from an example of another size") as caught:
+        dynexport.export(model, (), kwargs={"pixel_values": torch.randn(2, 3, side, side)}, dynamic_shapes=dims)
+    assert "interpolate_pos_encoding" in caught.value.source
+    generator = torch.Generator().manual_seed(0)
+    calls = [{"pixel_values": torch.randn(b, 3, h, w, generator=generator)}
+             for b, h, w in ((2, side + 4, side + 4), (1, side, side), (3, side + 8, side - 4))]
+    with pytest.warns(UserWarning, match="refined"):
+        _check(model, calls, dynamic_shapes=dims)
+
+
 # Backbones whose image sides are dynamic too: (factory, sides at the export size and three
 # others). Each model's refinements (a minimum side) are warned about.
 SIDES_MODELS: dict[str, tuple[Callable[[], Any], list[tuple[int, int]]]] = {
