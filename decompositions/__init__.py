@@ -39,6 +39,7 @@ __all__ = [
     "Decomposition",
     "SizesFixed",
     "decomposition_for",
+    "sizes_fixed_since",
     "decomposition_table",
     "recurrent_ops_kept_whole",
     "trace_decomposition",
@@ -137,8 +138,9 @@ def trace_decomposition(
             if "functionaliz" not in str(error):
                 raise
             return None
-    if shape_env is not None:
-        _check_sizes_kept(shape_env, replaced_before)
+    fixed = sizes_fixed_since(shape_env, replaced_before)
+    if fixed:
+        raise SizesFixed(fixed)
     if not inplace_ops_are_local(graph):
         return None
     if any(inner.target is target for inner in graph.nodes):
@@ -155,17 +157,18 @@ class SizesFixed(Exception):
         self.fixed = fixed
 
 
-def _check_sizes_kept(shape_env: Any, replaced_before: dict[Any, Any]) -> None:
-    """Raise SizesFixed where tracing a decomposition specialized sizes of the program: a C++
-    kernel reading them as ints (``sizes()``) makes the shared shape environment replace their
-    symbols by the example's values, and every shape in the program with them."""
-    fixed = {
+def sizes_fixed_since(shape_env: Any, replaced_before: dict[Any, Any]) -> dict[Any, int]:
+    """The sizes of the program ``shape_env`` has fixed to a number since it had the replacements
+    ``replaced_before``: tracing code that reads them as ints (a C++ kernel's ``sizes()``, a
+    Python ``int(size)``) makes the shared shape environment replace their symbols by the
+    example's values, and every shape of the program with them."""
+    if shape_env is None or len(shape_env.replacements) == len(replaced_before):
+        return {}
+    return {
         symbol: int(value)
         for symbol, value in shape_env.replacements.items()
         if symbol not in replaced_before and value.is_number
     }
-    if fixed:
-        raise SizesFixed(fixed)
 
 
 def _plain(value: Any) -> Any:

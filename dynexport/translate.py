@@ -34,6 +34,7 @@ from dynexport.decompositions import (
     Decomposition,
     SizesFixed,
     decomposition_table,
+    sizes_fixed_since,
     trace_decomposition,
 )
 from dynexport.dtypes import carried_dtype, scalar_dtype, to_onnx_dtype, to_torch_dtype
@@ -194,6 +195,8 @@ class _Translator:
         self.fallback_to_custom_domain = fallback_to_custom_domain
         self.fallbacks: dict[torch.fx.Node, Any] = {}
         self.fake_mode = fake_mode
+        self._shape_env = fake_mode.shape_env if fake_mode is not None else None
+        self._replaced = dict(self._shape_env.replacements) if self._shape_env is not None else {}
         self._decomposition_table: dict[Any, Callable[..., Any]] | None = None
         self._decompositions: dict[torch.fx.Node, Decomposition] = {}
         self._rules: dict[torch.fx.Node, Rule] = {}
@@ -279,7 +282,7 @@ class _Translator:
                     target_name(target),
                     source_line(origin or node),
                     f"it has no rule, and its decomposition fixes sizes the program keeps dynamic to the "
-                    f"example's ({', '.join(f'{self.dims.named(s)} = {v}' for s, v in error.fixed.items())})",
+                    f"example's ({self._named(error.fixed)})",
                     "declare those dims static (None in dynamic_shapes), or report the operator: dynexport "
                     "needs a rule for it that keeps them dynamic.",
                 ) from error
@@ -293,6 +296,27 @@ class _Translator:
             self._decompositions[node] = decomposition
             missing += self.plan(decomposition.graph, origin or node)
         return missing
+
+    def _named(self, fixed: dict[Any, int]) -> str:
+        return ", ".join(f"{self.dims.named(symbol)} = {size}" for symbol, size in fixed.items())
+
+    def _check_sizes_kept(self, node: torch.fx.Node, origin: torch.fx.Node | None, rule: Rule) -> None:
+        """Refuse a rule that fixed sizes of the program (read a symbolic size as an int): the
+        graph written so far assumed them dynamic, and its values at the example's are baked in."""
+        fixed = sizes_fixed_since(self._shape_env, self._replaced)
+        if not fixed:
+            if self._shape_env is not None and len(self._shape_env.replacements) != len(self._replaced):
+                self._replaced = dict(self._shape_env.replacements)  # sizes unified, none fixed
+            return
+        raise TranslationError(
+            target_name(node.target),
+            source_line(origin or node),
+            f"its rule ({rule.name}) fixes sizes the program keeps dynamic to the example's ({self._named(fixed)})",
+            "this is a bug in dynexport's rule; please report it with the model."
+            if rule.builtin
+            else "the custom translation reads a symbolic size as an int: read sizes from the graph "
+            "(op.Shape) instead.",
+        )
 
     def _functional_target(self, node: torch.fx.Node) -> Any:
         """The node's operator, or its functional form for an in-place op (the caller checked
@@ -361,6 +385,7 @@ class _Translator:
             args, kwargs = _promote(ctx, rule, args, kwargs)
         try:
             result = self.call_rule(rule, ctx, args, kwargs)
+            self._check_sizes_kept(node, origin, rule)
         except ExportError:
             raise
         except OperatorNotInOpset as error:

@@ -51,6 +51,21 @@ def test_custom_op_reaches_the_table_whole_and_translates_with_standard_ops():
     assert op_histogram(program)["Tanh"] == 1
 
 
+def test_a_rule_that_reads_a_dynamic_size_as_an_int_is_refused():
+    """A size read as an int fixes it to the example's for the whole program: the graph would be
+    right at the example only. Refused, naming the operator, the dim and the fix."""
+
+    def rows_as_int(ctx, x, scale):
+        rows = int(ctx.node.meta["val"].shape[0])
+        return ctx.op.Mul(ctx.op.Tanh(x), ctx.constant(scale / rows, x.dtype))
+
+    with pytest.raises(TranslationError, match=r"(?s)scaled_tanh.*fixes sizes.*batch = 3.*op.Shape"):
+        dynexport.export(
+            UsesCustomOp(), (torch.randn(3, 4),), dynamic_shapes=({0: BATCH},),
+            custom_translation_table={torch.ops.dynexport_custom.scaled_tanh.default: rows_as_int},
+        )
+
+
 @onnxscript.script(opset=onnxscript.values.Opset("my.domain", 2), default_opset=op)
 def ScaledTanh(x, scale: float):
     return op.Mul(op.Tanh(x), op.CastLike(op.Constant(value_float=scale), x))
