@@ -183,6 +183,21 @@ def capture_refining_dims(
                     dynamic_shapes = _hinted(dynamic_shapes, minimums, hinted)
                     refinements += [DimRefinement(name, f"min={low}") for name, (low, _) in minimums.items()]
                     continue
+                solver_multiples = _as_hints_keep_them(
+                    _solver_multiples(error, dynamic_shapes, fixes, _examples(dynamic_shapes, bound)), dynamic_shapes, bound
+                )
+                if solver_multiples:
+                    # torch's solver asks for multiples to read floor divisions it cannot bound
+                    # (a wav2vec2-Conformer's relative positions over ``samples // 20``), though no
+                    # guard asks for one: the dims are captured as hints, whose guards the guard
+                    # audit checks over the declared ranges, as for torch.onnx's dynamic_axes.
+                    dynamic_shapes = _hinted(dynamic_shapes, solver_multiples, hinted)
+                    refinements += [
+                        DimRefinement(name, f"min={low}")
+                        for name, (low, _) in solver_multiples.items()
+                        if low != int(declared[name].min)
+                    ]
+                    continue
                 plain = _plain_dims(dynamic_shapes)
                 try:
                     dynamic_shapes = _refined(message, dynamic_shapes)
@@ -634,6 +649,31 @@ def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, 
             return {}
         minimums[name] = (minimum, declared[name].max)
     return minimums
+
+
+def _solver_multiples(
+    error: CaptureError, dynamic_shapes: Any, fixes: dict[str, str], examples: Mapping[str, int]
+) -> dict[str, tuple[int, Any]]:
+    """``{dim name: (min, max)}``, the declared ranges, when torch suggests only multiples
+    (``samples = 20*_samples``) and every guard it names for those dims holds at each size within
+    two multiples of the example, off the multiples too: its solver asked for them to read
+    ``samples // 20``, not because a guard does (``2*((h - 1) // 2) + 2 == h`` holds at even sizes
+    only). Else empty."""
+    if not fixes or not all(_MULTIPLE.fullmatch(fix) for fix in fixes.values()):
+        return {}
+    violations = _constraint_violations(error)
+    if not violations:
+        return {}
+    declared = _get_dim_name_mapping(dynamic_shapes)
+    guards = _unsatisfied_guards(violations[0], declared)
+    for name, fix in fixes.items():
+        factor, example = int(fix.split("*")[0]), examples.get(name)
+        if not guards.get(name) or example is None:
+            return {}
+        nearby = range(max(example - 2 * factor, int(declared[name].min)), example + 2 * factor + 1)
+        if not all(_all_hold(guards[name], size) for size in nearby):
+            return {}
+    return {name: (int(declared[name].min), declared[name].max) for name in fixes}
 
 
 def _proven_minimum(conditions: list[tuple[str, str]], lower: int) -> int | None:
