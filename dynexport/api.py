@@ -31,7 +31,8 @@ from dynexport.dim_refinement import (
     dims_tied_by_the_model,
     refinements_metadata,
 )
-from dynexport.errors import ExampleCallRefusedError, ExportError
+from dynexport.decompositions import sizes_fixed_since
+from dynexport.errors import ExampleCallRefusedError, ExportError, TranslationError
 from dynexport.input_guards import dim_minimums, minimums_while_translating, symbol_minimums
 from dynexport.model_caches import caches_flattened, check_cache_shapes, check_sliding_window_dims
 from dynexport.modes import TrainingMode, exporting, select_model_mode_for_export
@@ -406,6 +407,8 @@ def _plan(
     node its rule or decomposition (the "decompose" phase); the report gets the summary."""
     with timer.phase("decompose"):
         program = _functionalized(captured.program, explicit_buffer_updates=options.updates_buffers)
+        shape_env, dims = _shape_env(program)
+        replaced = dict(shape_env.replacements) if shape_env is not None else {}
         if options.optimize:
             program = fuse_llm_patterns(program, opset=options.opset)
         simplifications = (
@@ -420,9 +423,40 @@ def _plan(
             options.output_names,
         )
         io_names.dim_names.update(derived_dim_roots(program, captured.requested_dims))
+        _check_sizes_kept_by_the_fx_passes(shape_env, replaced, dims)
         plan = TranslationPlan(program, io_names, options.translation, simplifications)
         record.summary = plan.summary()
     return plan
+
+
+def _shape_env(program: torch.export.ExportedProgram) -> tuple[Any, dict[str, str]]:
+    """The program's shape environment, and the name of each input dim's symbol (``x.shape[0]``)."""
+    placeholders = program.graph.find_nodes(op="placeholder")
+    fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in placeholders])
+    dims = {
+        str(size): f"{node.name}.shape[{axis}]"
+        for node in placeholders
+        if isinstance(node.meta.get("val"), torch.Tensor)
+        for axis, size in enumerate(node.meta["val"].shape)
+        if isinstance(size, torch.SymInt)
+    }
+    return (fake_mode.shape_env if fake_mode is not None else None), dims
+
+
+def _check_sizes_kept_by_the_fx_passes(shape_env: Any, replaced: dict[Any, Any], names: Mapping[str, str]) -> None:
+    """Refuse a program the FX passes fixed dynamic sizes of (read a symbolic size as an int,
+    since ``shape_env`` had the replacements ``replaced``): every shape of it would say so, and
+    the graph be static."""
+    fixed = sizes_fixed_since(shape_env, replaced)
+    if fixed:
+        raise TranslationError(
+            "the FX passes (fuse_llm_patterns, simplify_program)",
+            None,
+            "they fixed dynamic sizes to the example's "
+            f"({', '.join(f'{names.get(s.name, s.name)} = {v}' for s, v in fixed.items())})",
+            "this is a bug in dynexport; export with optimize=False, which skips those passes, and please "
+            "report it with the model.",
+        )
 
 
 def _optimize(onnx_model: Any, options: ExportOptions) -> None:

@@ -117,3 +117,20 @@ def test_dynamic_shapes_user_error_stops_at_the_first_strategy():
         dynexport.export(Fixed(), (torch.randn(2, 3),), dynamic_shapes=({0: torch.export.Dim("batch")},))
     assert list(caught.value.reasons) == ["torch.export(strict=False)"]
     assert "batch" in str(caught.value)
+
+
+def test_an_fx_pass_that_fixes_a_dynamic_size_is_refused(monkeypatch):
+    """A pass between capture and translation that reads a dynamic size as an int would make the
+    whole program static; the export stops naming the dim, rather than writing that graph."""
+    import importlib
+
+    api = importlib.import_module("dynexport.api")
+    simplify = api.simplify_program
+
+    def reads_a_size(program, **options):
+        int(program.graph.find_nodes(op="placeholder")[-1].meta["val"].shape[0])
+        return simplify(program, **options)
+
+    monkeypatch.setattr(api, "simplify_program", reads_a_size)
+    with pytest.raises(TranslationError, match=r"fixed dynamic sizes to the example's \(x.shape\[0\] = 3\)"):
+        dynexport.export(lambda x: x * 2, (torch.randn(3, 4),), dynamic_shapes=({0: torch.export.Dim("b")},))
