@@ -39,9 +39,9 @@ __all__ = [
     "Decomposition",
     "SizesFixed",
     "decomposition_for",
-    "sizes_fixed_since",
     "decomposition_table",
     "recurrent_ops_kept_whole",
+    "sizes_fixed_since",
     "trace_decomposition",
 ]
 

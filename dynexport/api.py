@@ -164,7 +164,7 @@ def export(
         exact_norms: feed onnxruntime's InstanceNormalization (instance and group norm) each
             channel less its first element, a Slice and a Sub more per normalization: within
             1e-6 of float64 where the mean is large against the spread, where by default (as
-            torch.onnx's graph) it is 3-7x eager float32's own error (docs/optimizer.md).
+            torch.onnx's graph) it is 1.1-6.4x eager float32's own error (docs/optimizer.md).
         quantize_weights: store the weights of linear layers as int4/int8 with per-block scales
             after optimization, as ``program.quantize_weights`` does: a
             ``dynexport.quantize.WeightQuantization`` or a dict of its fields (``{"bits": 4}``;

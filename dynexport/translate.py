@@ -180,6 +180,12 @@ class _DimNamer:
         return ir.Shape([self.dim(d) for d in val.shape] + pair)
 
 
+def _rule_error(node: torch.fx.Node, origin: torch.fx.Node | None, rule: Rule, reason: str, custom_hint: str) -> TranslationError:
+    """A rule's failure on ``node``: dynexport's bug for a built-in rule, else ``custom_hint``."""
+    hint = "this is a bug in dynexport's rule; please report it with the model." if rule.builtin else custom_hint
+    return TranslationError(target_name(node.target), source_line(origin or node), reason, hint)
+
+
 class _Translator:
     def __init__(
         self,
@@ -308,14 +314,10 @@ class _Translator:
             if self._shape_env is not None and len(self._shape_env.replacements) != len(self._replaced):
                 self._replaced = dict(self._shape_env.replacements)  # sizes unified, none fixed
             return
-        raise TranslationError(
-            target_name(node.target),
-            source_line(origin or node),
-            f"its rule ({rule.name}) fixes sizes the program keeps dynamic to the example's ({self._named(fixed)})",
-            "this is a bug in dynexport's rule; please report it with the model."
-            if rule.builtin
-            else "the custom translation reads a symbolic size as an int: read sizes from the graph "
-            "(op.Shape) instead.",
+        raise _rule_error(
+            node, origin, rule, f"its rule ({rule.name}) fixes sizes the program keeps dynamic to the example's "
+            f"({self._named(fixed)})",
+            "the custom translation reads a symbolic size as an int: read sizes from the graph (op.Shape) instead.",
         )
 
     def _functional_target(self, node: torch.fx.Node) -> Any:
@@ -396,14 +398,10 @@ class _Translator:
                 target_name(node.target), source_line(origin or node), f"{error.reason} (rule {rule.name})", error.hint
             ) from error
         except Exception as error:
-            raise TranslationError(
-                target_name(node.target),
-                source_line(origin or node),
-                f"{type(error).__name__}: {error} (rule {rule.name})",
-                "this is a bug in dynexport's rule; please report it with the model."
-                if rule.builtin
-                else "the custom translation raised it; it receives the operator's arguments as the FX "
-                "node holds them (ONNX values for tensors).",
+            raise _rule_error(
+                node, origin, rule, f"{type(error).__name__}: {error} (rule {rule.name})",
+                "the custom translation raised it; it receives the operator's arguments as the FX node holds "
+                "them (ONNX values for tensors).",
             ) from error
         if not rule.builtin:
             _check_custom_result(node, origin, rule, result)

@@ -12,7 +12,7 @@ formula, ``(x - mean) * Reciprocal(Sqrt(mean((x - mean)**2) + eps))``, which bec
 
 onnxruntime's InstanceNormalization computes ``x * s + (b - mean * s)`` with ``s = scale /
 std``: both terms are large where the mean is large against the spread, and their sum cancels
-to 3-7x the error of eager float32 PyTorch there (whose own comes from rounding the mean:
+to 1.1-6.4x the error of eager float32 PyTorch there (whose own comes from rounding the mean:
 7.0e-3 from float64 on ``1000 + 0.05·randn``, eager 1.5e-3), float rounding, as torch.onnx's
 graph has it. ``shifted=True`` (``dynexport.export(exact_norms=True)``) feeds it x minus its
 first element per channel instead, whose mean is then within ``sqrt(n)`` deviations of 0
