@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -654,11 +655,12 @@ def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, 
 def _solver_multiples(
     error: CaptureError, dynamic_shapes: Any, fixes: dict[str, str], examples: Mapping[str, int]
 ) -> dict[str, tuple[int, Any]]:
-    """``{dim name: (min, max)}``, the declared ranges, when torch suggests only multiples
-    (``samples = 20*_samples``) and every guard it names for those dims holds at each size within
-    two multiples of the example, off the multiples too: its solver asked for them to read
-    ``samples // 20``, not because a guard does (``2*((h - 1) // 2) + 2 == h`` holds at even sizes
-    only). Else empty."""
+    """``{dim name: (min, max)}`` when torch suggests only multiples (``samples = 20*_samples``)
+    and every guard it names for those dims holds at each size within two multiples of the
+    example, off the multiples too: its solver asked for them to read ``samples // 20``, not
+    because a guard does (``2*((h - 1) // 2) + 2 == h`` holds at even sizes only). ``min`` is the
+    smallest size down to which they all hold from the example (``(samples // 20 - 1)**2 > 1``:
+    60), ``max`` the declared one. Else empty."""
     if not fixes or not all(_MULTIPLE.fullmatch(fix) for fix in fixes.values()):
         return {}
     violations = _constraint_violations(error)
@@ -666,14 +668,17 @@ def _solver_multiples(
         return {}
     declared = _get_dim_name_mapping(dynamic_shapes)
     guards = _unsatisfied_guards(violations[0], declared)
+    ranges = {}
     for name, fix in fixes.items():
-        factor, example = int(fix.split("*")[0]), examples.get(name)
+        factor, example, lower = int(fix.split("*")[0]), examples.get(name), int(declared[name].min)
         if not guards.get(name) or example is None:
             return {}
-        nearby = range(max(example - 2 * factor, int(declared[name].min)), example + 2 * factor + 1)
-        if not all(_all_hold(guards[name], size) for size in nearby):
+        nearby = range(max(example - 2 * factor, lower), example + 2 * factor + 1)
+        low = _last_holding(guards[name], example, -1, lower)
+        if low is None or not all(_all_hold(guards[name], size) for size in nearby):
             return {}
-    return {name: (int(declared[name].min), declared[name].max) for name in fixes}
+        ranges[name] = (low, declared[name].max)
+    return ranges
 
 
 def _proven_minimum(conditions: list[tuple[str, str]], lower: int) -> int | None:
@@ -826,11 +831,11 @@ def _all_hold(conditions: list[tuple[str, str]], size: int) -> bool | None:
     """Whether every ``(source, guard)`` holds with the dim's ``source`` at ``size``; None when a
     guard reads another size or cannot be evaluated."""
     for source, guard in conditions:
-        expression = guard.replace(source, str(size))
-        if "L[" in expression:
+        condition = _condition(source, guard)
+        if condition is None:
             return None
         try:
-            holds = bool(eval(expression, _GUARD_FUNCTIONS))  # noqa: S307 (torch's guard text)
+            holds = bool(condition(size))
         except ZeroDivisionError:  # a size the model cannot take (``1 % (w // 4)`` below 4)
             holds = False
         except Exception:
@@ -838,6 +843,19 @@ def _all_hold(conditions: list[tuple[str, str]], size: int) -> bool | None:
         if not holds:
             return False
     return True
+
+
+@functools.cache
+def _condition(source: str, guard: str) -> Callable[[int], Any] | None:
+    """``guard`` as a function of the size its ``source`` reads (searches evaluate it at thousands
+    of sizes); None when it reads another size or is no expression."""
+    expression = guard.replace(source, "n")
+    if "L[" in expression:
+        return None
+    try:
+        return eval(f"lambda n: {expression}", _GUARD_FUNCTIONS)  # noqa: S307 (torch's guard text)
+    except SyntaxError:
+        return None
 
 
 def _refined(message: str, dynamic_shapes: Any) -> Any:
