@@ -161,7 +161,8 @@ def capture_refining_dims(
                     raise
                 previous_fixes = fixes
                 static = {name: int(fix) for name, fix in fixes.items() if re.fullmatch(r"-?\d+", fix)}
-                checked = _ranges_where_guards_hold(error, dynamic_shapes, _examples(dynamic_shapes, bound))
+                examples = _examples(dynamic_shapes, bound)
+                checked = _ranges_where_guards_hold(error, dynamic_shapes, examples)
                 if static and all(
                     name in checked and checked[name][0] <= size and checked[name][1] == _search_upper(declared[name])
                     for name, size in static.items()
@@ -185,7 +186,7 @@ def capture_refining_dims(
                     refinements += [DimRefinement(name, f"min={low}") for name, (low, _) in minimums.items()]
                     continue
                 solver_multiples = _as_hints_keep_them(
-                    _solver_multiples(error, dynamic_shapes, fixes, _examples(dynamic_shapes, bound)), dynamic_shapes, bound
+                    _solver_multiples(fixes, checked, examples, declared), dynamic_shapes, bound
                 )
                 if solver_multiples:
                     # torch's solver asks for multiples to read floor divisions it cannot bound
@@ -653,31 +654,26 @@ def _proven_minimums(error: CaptureError, dynamic_shapes: Any, fixes: dict[str, 
 
 
 def _solver_multiples(
-    error: CaptureError, dynamic_shapes: Any, fixes: dict[str, str], examples: Mapping[str, int]
+    fixes: dict[str, str], checked: Mapping[str, tuple[int, int]], examples: Mapping[str, int], declared: dict[str, Any]
 ) -> dict[str, tuple[int, Any]]:
     """``{dim name: (min, max)}`` when torch suggests only multiples (``samples = 20*_samples``)
     and every guard it names for those dims holds at each size within two multiples of the
-    example, off the multiples too: its solver asked for them to read ``samples // 20``, not
-    because a guard does (``2*((h - 1) // 2) + 2 == h`` holds at even sizes only). ``min`` is the
-    smallest size down to which they all hold from the example (``(samples // 20 - 1)**2 > 1``:
-    60), ``max`` the declared one. Else empty."""
+    example, off the multiples too (``checked``, :func:`_ranges_where_guards_hold`): its solver
+    asked for them to read ``samples // 20``, not because a guard does (``2*((h - 1) // 2) + 2 ==
+    h`` holds at even sizes only). ``min`` is the smallest size down to which they all hold from
+    the example (``(samples // 20 - 1)**2 > 1``: 60), ``max`` the declared one. Else empty."""
     if not fixes or not all(_MULTIPLE.fullmatch(fix) for fix in fixes.values()):
         return {}
-    violations = _constraint_violations(error)
-    if not violations:
-        return {}
-    declared = _get_dim_name_mapping(dynamic_shapes)
-    guards = _unsatisfied_guards(violations[0], declared)
     ranges = {}
     for name, fix in fixes.items():
-        factor, example, lower = int(fix.split("*")[0]), examples.get(name), int(declared[name].min)
-        if not guards.get(name) or example is None:
+        factor, example = int(fix.split("*")[0]), examples.get(name)
+        if name not in checked or example is None:
             return {}
-        nearby = range(max(example - 2 * factor, lower), example + 2 * factor + 1)
-        low = _last_holding(guards[name], example, -1, lower)
-        if low is None or not all(_all_hold(guards[name], size) for size in nearby):
+        (low, high), dim = checked[name], declared[name]
+        upper = max(_search_upper(dim), example)  # where _ranges_where_guards_hold stops
+        if low > max(example - 2 * factor, int(dim.min)) or high < min(example + 2 * factor, upper):
             return {}
-        ranges[name] = (low, declared[name].max)
+        ranges[name] = (low, dim.max)
     return ranges
 
 
