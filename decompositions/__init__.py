@@ -37,7 +37,6 @@ from dynexport.passes.fx.functionalize import inplace_ops_are_local
 
 __all__ = [
     "Decomposition",
-    "SizesFixed",
     "decomposition_for",
     "decomposition_table",
     "recurrent_ops_kept_whole",
@@ -120,8 +119,6 @@ def trace_decomposition(
         return tuple(result) if isinstance(result, tuple) else result
 
     examples = [leaf.meta["val"] for leaf in leaves]
-    shape_env = fake_mode.shape_env if fake_mode is not None else None
-    replaced_before = dict(shape_env.replacements) if shape_env is not None else {}
     # Size-oblivious, as capture is for an example size of 0 or 1: otherwise a decomposition's
     # broadcast against a dim whose example is 1 gives its result a static 1 (quantile's lerp).
     fake = fake_mode if fake_mode is not None else contextlib.nullcontext()
@@ -138,23 +135,11 @@ def trace_decomposition(
             if "functionaliz" not in str(error):
                 raise
             return None
-    fixed = sizes_fixed_since(shape_env, replaced_before)
-    if fixed:
-        raise SizesFixed(fixed)
     if not inplace_ops_are_local(graph):
         return None
     if any(inner.target is target for inner in graph.nodes):
         return None  # the operator's kernel calls the operator itself (sym_storage_offset)
     return Decomposition(graph, leaves)
-
-
-class SizesFixed(Exception):
-    """A decomposition fixed dynamic sizes to their example values: ``fixed`` maps each size's
-    symbol to its value."""
-
-    def __init__(self, fixed: dict[Any, int]):
-        super().__init__(", ".join(f"{symbol} = {value}" for symbol, value in fixed.items()))
-        self.fixed = fixed
 
 
 def sizes_fixed_since(shape_env: Any, replaced_before: dict[Any, Any]) -> dict[Any, int]:

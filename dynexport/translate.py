@@ -32,7 +32,6 @@ from dynexport.builder import ModelBuilder, OnnxScriptError, OperatorNotInOpset
 from dynexport.call_convention import GraphIO, is_user_input, outputs_of_kind, placeholders, user_outputs
 from dynexport.decompositions import (
     Decomposition,
-    SizesFixed,
     decomposition_table,
     sizes_fixed_since,
     trace_decomposition,
@@ -281,17 +280,17 @@ class _Translator:
                 continue
             if self._decomposition_table is None:
                 self._decomposition_table = decomposition_table(lambda op: op in self.table)
-            try:
-                decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
-            except SizesFixed as error:
+            decomposition = trace_decomposition(node, target, self._decomposition_table, self.fake_mode)
+            fixed = self._sizes_fixed()
+            if fixed:
                 raise TranslationError(
                     target_name(target),
                     source_line(origin or node),
                     f"it has no rule, and its decomposition fixes sizes the program keeps dynamic to the "
-                    f"example's ({self._named(error.fixed)})",
+                    f"example's ({self._named(fixed)})",
                     "declare those dims static (None in dynamic_shapes), or report the operator: dynexport "
                     "needs a rule for it that keeps them dynamic.",
-                ) from error
+                )
             if decomposition is None:
                 # A custom-domain node would receive complex values as their (real, imaginary) pairs.
                 if self.fallback_to_custom_domain and isinstance(target, torch._ops.OpOverload) and not involves_complex(node):
@@ -306,13 +305,20 @@ class _Translator:
     def _named(self, fixed: dict[Any, int]) -> str:
         return ", ".join(f"{self.dims.named(symbol)} = {size}" for symbol, size in fixed.items())
 
-    def _check_sizes_kept(self, node: torch.fx.Node, origin: torch.fx.Node | None, rule: Rule) -> None:
-        """Refuse a rule that fixed sizes of the program (read a symbolic size as an int): the
-        graph written so far assumed them dynamic, and its values at the example's are baked in."""
+    def _sizes_fixed(self) -> dict[Any, int]:
+        """The sizes of the program fixed to a number since the last call (a rule or a
+        decomposition read a symbolic size as an int, which makes the shared shape environment
+        replace it by the example's value in every shape)."""
         fixed = sizes_fixed_since(self._shape_env, self._replaced)
+        if self._shape_env is not None and len(self._shape_env.replacements) != len(self._replaced):
+            self._replaced = dict(self._shape_env.replacements)
+        return fixed
+
+    def _check_sizes_kept(self, node: torch.fx.Node, origin: torch.fx.Node | None, rule: Rule) -> None:
+        """Refuse a rule that fixed sizes of the program: the graph written so far assumed them
+        dynamic, and its values at the example's are baked in."""
+        fixed = self._sizes_fixed()
         if not fixed:
-            if self._shape_env is not None and len(self._shape_env.replacements) != len(self._replaced):
-                self._replaced = dict(self._shape_env.replacements)  # sizes unified, none fixed
             return
         raise _rule_error(
             node, origin, rule, f"its rule ({rule.name}) fixes sizes the program keeps dynamic to the example's "
