@@ -25,6 +25,7 @@ from typing import Any
 import onnx_ir as ir
 import sympy
 import torch
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from dynexport.call_convention import is_graph_input, placeholders, user_input_specs
 from dynexport.dim_refinement import DIM_REFINEMENTS_KEY
@@ -283,11 +284,77 @@ def dim_minimums(
         if change.startswith("= ") and dim in declared:
             declared.setdefault(change.removeprefix("= "), declared[dim])
     model_minimums = {dim for dim, change in refined.items() if re.search(r"\bmin=", change)}
-    return {
+    minimums = {
         expr: _bound(bounds.lower, 0) if names[expr] in model_minimums else declared.get(names[expr], 0)
         for expr, bounds in program.range_constraints.items()
         if expr in names
     }
+    least = _sizes_eager_runs_at(program, symbol_minimums(minimums))
+    for expr in minimums:
+        if len(expr.free_symbols) == 1 and (symbol := next(iter(expr.free_symbols))) in least:
+            bounds = bound_sympy(expr, {symbol: ValueRanges(least[symbol], sympy.oo)})
+            if bounds.lower.is_Integer:
+                minimums[expr] = max(minimums[expr], int(bounds.lower))
+    return minimums
+
+
+# Operators PyTorch refuses to run when their output would have an empty spatial dim ("Kernel
+# size can't be greater than actual input size", "Output size is too small"), with the number of
+# spatial dims (None: the weight's rank less 2). Transposed convolutions may be empty.
+_EMPTY_OUTPUT_REFUSED = {
+    torch.ops.aten.convolution: None,
+    torch.ops.aten._convolution: None,
+    torch.ops.aten.conv1d: 1,
+    torch.ops.aten.conv2d: 2,
+    torch.ops.aten.conv3d: 3,
+    torch.ops.aten.max_pool1d: 1,
+    torch.ops.aten.max_pool1d_with_indices: 1,
+    torch.ops.aten.max_pool2d: 2,
+    torch.ops.aten.max_pool2d_with_indices: 2,
+    torch.ops.aten.max_pool3d: 3,
+    torch.ops.aten.max_pool3d_with_indices: 3,
+    torch.ops.aten.avg_pool1d: 1,
+    torch.ops.aten.avg_pool2d: 2,
+    torch.ops.aten.avg_pool3d: 3,
+}
+# How far above a symbol's minimum to look for the least size a convolution runs at.
+_SIZES_SEARCHED = 4096
+
+
+def _sizes_eager_runs_at(
+    program: torch.export.ExportedProgram, minimums: Mapping[sympy.Symbol, int]
+) -> dict[sympy.Symbol, int]:
+    """Each shape symbol's minimum raised to the least value at which every convolution and
+    pooling of ``program`` has a non-empty output: below it PyTorch refuses to run the model, so
+    no valid input is lost, and the rules may take those outputs (and the means over them) to be
+    non-empty. A size is only raised where each smaller one empties the output (checked one by
+    one from the minimum) and every larger one provably does not."""
+    least = dict(minimums)
+    for node in program.graph.nodes:
+        spatial = _EMPTY_OUTPUT_REFUSED.get(getattr(node.target, "overloadpacket", None), 0)
+        if spatial == 0 or not isinstance(output := node.meta.get("val"), torch.Tensor):
+            continue
+        if spatial is None:
+            transposed = node.args[6] if len(node.args) > 6 else False
+            weight = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+            if transposed or not isinstance(weight, torch.Tensor):
+                continue
+            spatial = weight.dim() - 2
+        for size in output.shape[output.dim() - spatial:]:
+            if isinstance(size, torch.SymInt) and len(size.node.expr.free_symbols) == 1:
+                (symbol,) = size.node.expr.free_symbols
+                least[symbol] = _least_nonempty(size.node.expr, symbol, least.get(symbol, 0))
+    return {symbol: low for symbol, low in least.items() if low > minimums.get(symbol, 0)}
+
+
+def _least_nonempty(size: sympy.Expr, symbol: sympy.Symbol, low: int) -> int:
+    """The least value from ``low`` up of ``symbol`` at which ``size`` is at least 1 and stays
+    so for every larger value; ``low`` where there is none such or a value below it is not empty."""
+    for value in range(low, low + _SIZES_SEARCHED):
+        if size.subs(symbol, value) >= 1:
+            proven = bound_sympy(size, {symbol: ValueRanges(value, sympy.oo)}).lower >= 1
+            return value if proven else low
+    return low
 
 
 def symbol_minimums(minimums: Mapping[sympy.Expr, int]) -> dict[sympy.Symbol, int]:

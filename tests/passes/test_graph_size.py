@@ -5,6 +5,8 @@ the export size and at others; the counts are those of torch.onnx.export (dynamo
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx_ir as ir
 import pytest
@@ -287,6 +289,38 @@ def test_mean_over_dims_declared_at_least_one_is_one_reduce_mean_also_through_a_
                 resized=calls[1:], atol=1e-6,
             )
         assert op_histogram(program)["ReduceMean"] == means, minimum
+
+
+class _SqueezeExcite(nn.Module):
+    """timm's squeeze-and-excitation: a mean over the map a convolution made."""
+
+    def __init__(self, padding: int):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 5, stride=2, padding=padding)
+        self.gate = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        x = self.conv(x)
+        return x * self.gate(x.mean((2, 3), keepdim=True)).sigmoid()
+
+
+@pytest.mark.parametrize("padding, least", [(2, 1), (0, 5)])
+def test_mean_over_a_convolution_is_one_reduce_mean_with_dynamic_axes(padding, least):
+    """torch.onnx's ``dynamic_axes`` declare no minimum, yet PyTorch refuses to run a convolution
+    whose output would be empty: the least side it runs at (1 with padding, the kernel's 5
+    without) is the model's minimum, checked at call time, and the mean over the convolution's map
+    is ReduceMean (as torch.onnx writes it) rather than a sum divided by a count."""
+    calls = [(torch.randn(b, 3, h, w),) for b, h, w in [(2, 32, 24), (1, least, least), (3, least + 1, 17)]]
+    axes = {"x": {0: "batch", 2: "h", 3: "w"}}
+    program = assert_exports_equivalent(
+        _SqueezeExcite(padding).eval(), calls[0], input_names=["x"], dynamic_axes=axes, resized=calls[1:], atol=1e-5
+    )
+    assert op_histogram(program)["ReduceMean"] == 1 and "ReduceSum" not in op_histogram(program)
+    assert json.loads(program.model.metadata_props["pkg.dynexport.dim_ranges"])["h"] == [least, None]
+    with pytest.raises(ValueError, match=rf"dim 2 is {least - 1}, outside the range h >= {least}"):
+        program(torch.randn(1, 3, least - 1, least))
+    with pytest.raises(RuntimeError):  # PyTorch refuses that size too
+        _SqueezeExcite(padding).eval()(torch.randn(1, 3, least - 1, least))
 
 
 def _sliced_weight(also_multiplied: bool) -> ir.Model:
