@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +26,7 @@ from typing import Any
 import onnx_ir as ir
 import sympy
 import torch
+from torch.utils._sympy.functions import Max, Min
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from dynexport.call_convention import is_graph_input, placeholders, user_input_specs
@@ -38,6 +40,7 @@ __all__ = [
     "accepted_minimums",
     "dim_minimums",
     "minimums_while_translating",
+    "size_bounds",
     "symbol_minimums",
 ]
 
@@ -292,7 +295,7 @@ def dim_minimums(
     least = _sizes_eager_runs_at(program, symbol_minimums(minimums))
     for expr in minimums:
         if len(expr.free_symbols) == 1 and (symbol := next(iter(expr.free_symbols))) in least:
-            bounds = bound_sympy(expr, {symbol: ValueRanges(least[symbol], sympy.oo)})
+            bounds = size_bounds(expr, {symbol: ValueRanges(least[symbol], sympy.oo)})
             if bounds.lower.is_Integer:
                 minimums[expr] = max(minimums[expr], int(bounds.lower))
     return minimums
@@ -347,14 +350,33 @@ def _sizes_eager_runs_at(
     return {symbol: low for symbol, low in least.items() if low > minimums.get(symbol, 0)}
 
 
+@functools.lru_cache(maxsize=4096)  # a network's convolutions share a few output sizes
 def _least_nonempty(size: sympy.Expr, symbol: sympy.Symbol, low: int) -> int:
-    """The least value from ``low`` up of ``symbol`` at which ``size`` is at least 1 and stays
-    so for every larger value; ``low`` where there is none such or a value below it is not empty."""
+    """The least value from ``low`` up of ``symbol`` at which ``size`` is at least 1, where it
+    provably stays so for every larger value; else ``low``."""
     for value in range(low, low + _SIZES_SEARCHED):
-        if size.subs(symbol, value) >= 1:
-            proven = bound_sympy(size, {symbol: ValueRanges(value, sympy.oo)}).lower >= 1
+        if size.xreplace({symbol: sympy.Integer(value)}) >= 1:
+            proven = size_bounds(size, {symbol: ValueRanges(value, sympy.oo)}).lower >= 1
             return value if proven else low
     return low
+
+
+def size_bounds(size: sympy.Expr, ranges: Mapping[sympy.Symbol, ValueRanges]) -> ValueRanges:
+    """The range of a size expression over symbols in ``ranges``. bound_sympy bounds each term
+    alone, so a term is first moved into the Max or Min beside it, which cancels a symbol read
+    twice (TF-style same padding makes a side ``s + Max(0, 2*ceil(s/2) + 1 - s)``, bounded as
+    ``Max(s, 2*ceil(s/2) + 1)``)."""
+    return bound_sympy(size.replace(_is_sum_with_extremum, _sum_into_extremum), dict(ranges))
+
+
+def _is_sum_with_extremum(expr: sympy.Expr) -> bool:
+    return expr.is_Add and any(isinstance(term, (Max, Min)) for term in expr.args)
+
+
+def _sum_into_extremum(expr: sympy.Expr) -> sympy.Expr:
+    extremum = next(term for term in expr.args if isinstance(term, (Max, Min)))
+    rest = expr - extremum
+    return type(extremum)(*(rest + term for term in extremum.args))
 
 
 def symbol_minimums(minimums: Mapping[sympy.Expr, int]) -> dict[sympy.Symbol, int]:

@@ -14,10 +14,10 @@ from typing import Any
 
 import onnx_ir as ir
 import torch
-from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from dynexport.dtypes import FLOATING, to_torch_dtype
-from dynexport.input_guards import accepted_minimums
+from dynexport.input_guards import accepted_minimums, size_bounds
 
 __all__ = [
     "argument",
@@ -280,7 +280,7 @@ def least_value(value: int | torch.SymInt) -> int | float:
         if 0 <= bounds.lower <= 2:
             bounds = ValueRanges(min(accepted.get(symbol, 0), bounds.lower), bounds.upper)
         ranges[symbol] = bounds
-    return bound_sympy(expr, ranges).lower
+    return size_bounds(expr, ranges).lower
 
 
 def only_first_output_used(node: torch.fx.Node) -> bool:

@@ -6,6 +6,7 @@ the export size and at others; the counts are those of torch.onnx.export (dynamo
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -292,24 +293,32 @@ def test_mean_over_dims_declared_at_least_one_is_one_reduce_mean_also_through_a_
 
 
 class _SqueezeExcite(nn.Module):
-    """timm's squeeze-and-excitation: a mean over the map a convolution made."""
+    """timm's squeeze-and-excitation: a mean over the map a convolution made, padded by the
+    convolution or, as timm's ``tf_`` models do, by TensorFlow's "same" rule computed from the
+    input's size."""
 
-    def __init__(self, padding: int):
+    def __init__(self, padding: int | str):
         super().__init__()
-        self.conv = nn.Conv2d(3, 4, 5, stride=2, padding=padding)
+        self.tf_same = padding == "tf_same"
+        self.conv = nn.Conv2d(3, 4, 5, stride=2, padding=0 if self.tf_same else padding)
         self.gate = nn.Conv2d(4, 4, 1)
 
     def forward(self, x):
+        if self.tf_same:
+            pad_h, pad_w = (max((math.ceil(size / 2) - 1) * 2 + 5 - size, 0) for size in x.shape[2:])
+            x = nn.functional.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2])
         x = self.conv(x)
         return x * self.gate(x.mean((2, 3), keepdim=True)).sigmoid()
 
 
-@pytest.mark.parametrize("padding, least", [(2, 1), (0, 5)])
+@pytest.mark.parametrize("padding, least", [(2, 1), (0, 5), ("tf_same", 1)])
 def test_mean_over_a_convolution_is_one_reduce_mean_with_dynamic_axes(padding, least):
     """torch.onnx's ``dynamic_axes`` declare no minimum, yet PyTorch refuses to run a convolution
     whose output would be empty: the least side it runs at (1 with padding, the kernel's 5
     without) is the model's minimum, checked at call time, and the mean over the convolution's map
-    is ReduceMean (as torch.onnx writes it) rather than a sum divided by a count."""
+    is ReduceMean (as torch.onnx writes it) rather than a sum divided by a count. TF-style padding
+    reads the side twice (``s + Max(0, 2*ceil(s/2) + 3 - s)``), which bounds only once the side is
+    moved into the Max."""
     calls = [(torch.randn(b, 3, h, w),) for b, h, w in [(2, 32, 24), (1, least, least), (3, least + 1, 17)]]
     axes = {"x": {0: "batch", 2: "h", 3: "w"}}
     program = assert_exports_equivalent(
