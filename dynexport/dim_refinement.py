@@ -145,7 +145,7 @@ def capture_refining_dims(
                         if bounds[0] == int(declared[name].min)  # else _minimums_from_guards raises the minimum
                     }
                     if not checked:
-                        pinned = _pinned_hints(error)
+                        pinned = _pinned_hints(error, hint_names or {})
                         if pinned:
                             line = _specializing_line(set(pinned.values()), capture, module, args, kwargs, dynamic_shapes)
                             raise DimSpecializedError(pinned, line, error.reasons) from error
@@ -395,14 +395,16 @@ _PINNED_HINT = re.compile(
 )
 
 
-def _pinned_hints(error: CaptureError) -> dict[str, int]:
+def _pinned_hints(error: CaptureError, hint_names: Mapping[tuple[str, int], str]) -> dict[str, int]:
     """``{"x.shape[0]": 3}`` for the dims declared by a hint (``Dim.DYNAMIC``: what ``dynamic_axes``
-    and ``_hinted`` declare), which torch.export reports fixed without suggesting a fix."""
-    return {
-        input_dim(name, axis): int(size)
-        for message in _constraint_violations(error)
-        for name, axis, size in _PINNED_HINT.findall(message)
-    }
+    and ``_hinted`` declare), which torch.export reports fixed without suggesting a fix; a dim the
+    user named is ``"batch (x.shape[0])"``."""
+    pinned = {}
+    for message in _constraint_violations(error):
+        for name, axis, size in _PINNED_HINT.findall(message):
+            dim, declared = input_dim(name, axis), hint_names.get((name, int(axis)))
+            pinned[f"{declared} ({dim})" if declared else dim] = int(size)
+    return pinned
 
 
 # "Not all values of w = L['x'].size()[3] in the specified range satisfy the generated guard

@@ -87,8 +87,8 @@ class DimSpecializedError(CaptureError):
         hint = (
             "the ONNX model would accept only these sizes, so dynexport does not apply torch.export's "
             "suggested fix. Keep the dim dynamic in the model (a size read from the input rather than "
-            "a constant), or opt in to a static dim: give it as None, Dim.STATIC or Dim.AUTO in "
-            "dynamic_shapes."
+            "a constant), or opt in to a static dim: leave it out of dynamic_axes, or give it as "
+            "None, Dim.STATIC or Dim.AUTO in dynamic_shapes."
         )
         if any(size in (0, 1) for size in dims.values()):
             hint += (

@@ -549,7 +549,7 @@ def test_additional_inputs_the_model_cannot_run_are_refused():
 
     additional = torch.export.AdditionalInputs()
     additional.add((torch.randn(4, 3),))
-    with pytest.raises(dynexport.errors.DimSpecializedError, match=r"x.shape\[0\] = 2"):
+    with pytest.raises(dynexport.errors.DimSpecializedError, match=r"batch \(x.shape\[0\]\) = 2"):
         dynexport.export(FixedBatch(), (torch.randn(2, 3),), dynamic_shapes=additional)
     with pytest.raises(ValueError, match="holds no call"):
         dynexport.export(FixedBatch(), (torch.randn(2, 3),), dynamic_shapes=torch.export.AdditionalInputs())

@@ -209,9 +209,10 @@ def test_dim_the_model_makes_static_is_refused_with_the_model_line():
 
 def test_dim_the_model_makes_static_is_refused_with_the_model_line_under_dynamic_axes():
     # dynamic_axes declares hints (Dim.DYNAMIC), which torch.export reports fixed without a fix.
-    with pytest.raises(DimSpecializedError, match=r"x.shape\[0\] = 3") as error:
+    with pytest.raises(DimSpecializedError, match=r"batch \(x.shape\[0\]\) = 3") as error:
         dynexport.export(_FixedRows(), (torch.randn(3, 4),), input_names=["x"], dynamic_axes={"x": {0: "batch"}})
     assert "view(3, -1)" in error.value.source
+    assert "leave it out of dynamic_axes" in str(error.value)
 
 
 class _SingleRowBranch(torch.nn.Module):
