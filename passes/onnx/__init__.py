@@ -12,7 +12,8 @@
    and ``fuse_attention`` (opset 23): each emits only ops of the model's opset, in that opset's
    form. With ``target="onnxruntime"``, then ``fuse_multi_head_attention`` (com.microsoft).
 4. ``remove_dead_code``, then ``fold_constants`` once more (what the fusions left computable
-   from constants), ``remove_dead_code``, ``make_names_unique``.
+   from constants), ``remove_dead_code``, ``deduplicate_initializers`` (the fusions' own
+   constants), ``make_names_unique``.
 
 Every pass runs on each subgraph too (If branches, Loop and Scan bodies), one graph at a time; a
 subgraph's constants become its own initializers, and names are made unique across all graphs.
@@ -120,6 +121,8 @@ def optimize_model(
             for each in graphs:
                 fold_constant_nodes(each)
             _remove_dead_code(graphs)
+        for each in graphs:  # the fusions' own constants: each Clip's bounds, each norm's scale
+            deduplicate_initializers(each)
     if any(node.domain == MICROSOFT_DOMAIN for each in graphs for node in each):
         model.opset_imports.setdefault(MICROSOFT_DOMAIN, 1)
     make_names_unique(graph)

@@ -110,6 +110,15 @@ def test_relu6_and_hardtanh_become_clip_and_keep_nan():
     assert op_histogram(program) == {"Conv": 2, "Clip": 2}
 
 
+def test_the_fusions_constants_are_stored_once():
+    """MobileNetV2's 35 ReLU6 are 35 Clips to the same bounds: two initializers, not 70."""
+    model_ = nn.Sequential(*(nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU6()) for _ in range(3))).eval()
+    program = assert_exports_equivalent(model_, torch.randn(2, 8, 5, 5), atol=1e-5)
+    bounds = {node.inputs[1].name for node in program.model.graph if node.op_type == "Clip"}
+    bounds |= {node.inputs[2].name for node in program.model.graph if node.op_type == "Clip"}
+    assert op_histogram(program) == {"Conv": 3, "Clip": 3} and len(bounds) == 2
+
+
 def _clamped(dtype: str, low: str = "0.0", high: str = "6.0") -> ir.Model:
     return model(f"""g ({dtype}[N] x) => ({dtype}[N] y) <{dtype} low = {{{low}}}, {dtype}[1] high = {{{high}}}> {{
         m = Max(x, low)
