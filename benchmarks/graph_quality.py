@@ -3,6 +3,7 @@
     python benchmarks/graph_quality.py [--rounds 30] [--models mlp,resnet18,...]
         [--groups examples,conv,realistic,zoo] [--statistic min]
         [--exporters dynexport,dynexport_ort,dynamo,dynamo_ortopt,torchscript] [--image-size 224]
+        [--dims declared|axes]
 
 The paths (``--exporters``, default ``dynexport,dynamo``): dynexport (portable, the default),
 ``dynexport_ort`` (``target="onnxruntime"``), ``dynamo`` (``torch.onnx.export(dynamo=True)``),
@@ -20,7 +21,9 @@ pixel_shuffle, a bidirectional LSTM); ``realistic``, the realistic sizes of the 
 target's goal (BERT-base at sequence 128, ViT-B/16 and Whisper-tiny's encoder, random weights;
 ResNet-50, MobileNetV2 and EfficientNet-B0 at 224 px); ``zoo``, the timm and torchvision families of
 tests/models/test_zoo.py (40 small models with random weights, at their example sizes with the
-tests' dynamic dims; torchvision's are named ``tv_<name>``). Per model and path it prints the main graph's node
+tests' dynamic dims; torchvision's are named ``tv_<name>``). The dims are declared as the suite's
+``Dim``s with their ranges, or with ``--dims axes`` as torch.onnx's ``dynamic_axes`` of the same
+names, for every exporter (the TorchScript exporter always takes ``dynamic_axes``). Per model and path it prints the main graph's node
 count, the initializer bytes, the file size and the onnxruntime latency on the example inputs
 (CPU provider, one thread; the sessions run in turn, ``--rounds`` times, and the median of each
 is reported, or with ``--statistic min`` the fastest run, steadier where other processes load
@@ -278,29 +281,46 @@ _ORT_OPTIMIZER_SHAPES = {"bert_base": ("bert", 12, 768), "vit_b16": ("vit", 12, 
 # -- exporting and measuring ------------------------------------------------------------------
 
 
-def _export_dynexport(case: Case, path: str) -> None:
-    dynexport.export(case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes)
+def _dim_options(case: Case, dims: str) -> dict[str, Any]:
+    """The case's dynamic dims as the export call declares them: the suite's ``Dim``s with their
+    ranges (``declared``), or torch.onnx's ``dynamic_axes`` of the same names (``axes``: no
+    ranges, the form torch.onnx's tutorials use)."""
+    if dims == "declared":
+        return {"dynamic_shapes": case.dynamic_shapes}
+    names, dynamic_axes = _names_and_axes(case)
+    return {"input_names": names, "dynamic_axes": dynamic_axes}
 
 
-def _export_dynexport_ort(case: Case, path: str) -> None:
-    dynexport.export(
-        case.model, case.args, path, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes, target="onnxruntime"
-    )
+def _names_and_axes(case: Case) -> tuple[list[str], dict[str, dict[int, str]]]:
+    names = [f"input_{i}" for i in range(len(case.args))] + list(case.kwargs)
+    specs = list(case.dynamic_shapes.values()) if isinstance(case.dynamic_shapes, dict) else list(case.dynamic_shapes or ())
+    dynamic_axes = {
+        name: {axis: str(getattr(dim, "__name__", f"dim{axis}")) for axis, dim in spec.items()}
+        for name, spec in zip(names, specs)
+        if spec
+    }
+    return names, dynamic_axes
 
 
-def _export_dynamo(case: Case, path: str) -> None:
-    torch.onnx.export(
-        case.model, case.args, path, kwargs=case.kwargs, dynamo=True, dynamic_shapes=case.dynamic_shapes, verbose=False
-    )
+def _export_dynexport(case: Case, path: str, dims: str) -> None:
+    dynexport.export(case.model, case.args, path, kwargs=case.kwargs, **_dim_options(case, dims))
 
 
-def _export_dynamo_ort_optimized(case: Case, path: str, name: str, exported: str | None) -> None:
+def _export_dynexport_ort(case: Case, path: str, dims: str) -> None:
+    dynexport.export(case.model, case.args, path, kwargs=case.kwargs, target="onnxruntime", **_dim_options(case, dims))
+
+
+def _export_dynamo(case: Case, path: str, dims: str) -> None:
+    torch.onnx.export(case.model, case.args, path, kwargs=case.kwargs, dynamo=True, verbose=False, **_dim_options(case, dims))
+
+
+def _export_dynamo_ort_optimized(case: Case, path: str, dims: str, name: str, exported: str | None) -> None:
     """torch.onnx's graph (``exported``, when already written) through onnxruntime's transformers
     optimizer: how users get its contrib fusions today."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     if exported is None:
-        _export_dynamo(case, path)
+        _export_dynamo(case, path, dims)
         exported = path
     model_type, heads, hidden = _ORT_OPTIMIZER_SHAPES.get(name, ("bert", 0, 0))
     optimized = optimize_model(exported, model_type=model_type, num_heads=heads, hidden_size=hidden, use_gpu=False)
@@ -309,14 +329,9 @@ def _export_dynamo_ort_optimized(case: Case, path: str, name: str, exported: str
     optimized.save_model_to_file(path, use_external_data_format=False)
 
 
-def _export_torchscript(case: Case, path: str) -> None:
-    names = [f"input_{i}" for i in range(len(case.args))] + list(case.kwargs)
-    specs = list(case.dynamic_shapes.values()) if isinstance(case.dynamic_shapes, dict) else list(case.dynamic_shapes or ())
-    dynamic_axes = {
-        name: {axis: str(getattr(dim, "__name__", f"dim{axis}")) for axis, dim in spec.items()}
-        for name, spec in zip(names, specs)
-        if spec
-    }
+def _export_torchscript(case: Case, path: str, dims: str) -> None:
+    """Always with ``dynamic_axes``, the TorchScript exporter's only form."""
+    names, dynamic_axes = _names_and_axes(case)
     # The legacy convention: a trailing dict in args holds the keyword arguments.
     args = (*case.args, case.kwargs) if case.kwargs else case.args
     torch.onnx.export(
@@ -389,6 +404,7 @@ def _initializer_bytes(model: onnx.ModelProto) -> int:
 def measure(
     name: str, factory: Callable[[], Case], exporters: list[str], rounds: int, workdir: str,
     statistic: Callable[[list[float]], float] = statistics.median, session_nodes: bool = False,
+    dims: str = "declared",
 ) -> dict[str, Any]:
     case = factory()
     inputs = [*case.args, *case.kwargs.values()]
@@ -403,9 +419,9 @@ def measure(
                 warnings.simplefilter("ignore")
                 if exporter == "dynamo_ortopt":
                     exported = os.path.join(workdir, f"{name}.dynamo", "model.onnx")
-                    _export_dynamo_ort_optimized(case, path, name, exported if os.path.exists(exported) else None)
+                    _export_dynamo_ort_optimized(case, path, dims, name, exported if os.path.exists(exported) else None)
                 else:
-                    _EXPORT[exporter](case, path)
+                    _EXPORT[exporter](case, path, dims)
             proto = onnx.load(path)
             results[exporter] = {
                 "nodes": len(proto.graph.node),
@@ -449,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also print the node count of the graph onnxruntime makes of each (equal graphs: equal speed, whatever "
         "the noise says)",
     )
+    parser.add_argument(
+        "--dims", choices=("declared", "axes"), default="declared",
+        help="the dynamic dims as the suite's Dims with their ranges, or as torch.onnx's dynamic_axes of the same "
+        "names (no ranges: the form torch.onnx's tutorials use), for every exporter",
+    )
     parser.add_argument("--tolerance", type=float, default=0.05, help="latency ratio above 1 + this is flagged")
     parser.add_argument(
         "--statistic", choices=("median", "min"), default="median",
@@ -483,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     failures, flagged = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for name, factory in models.items():
-            r = measure(name, factory, exporters, options.rounds, workdir, statistic, options.session_nodes)
+            r = measure(name, factory, exporters, options.rounds, workdir, statistic, options.session_nodes, options.dims)
             cells = " | ".join(f"{_cell(r[e]):>36}" for e in exporters)
             ratio_text, flags = [], []
             for ours, theirs in pairs:
