@@ -355,7 +355,10 @@ def _least_nonempty(size: sympy.Expr, symbol: sympy.Symbol, low: int) -> int:
     """The least value from ``low`` up of ``symbol`` at which ``size`` is at least 1, where it
     provably stays so for every larger value; else ``low``."""
     for value in range(low, low + _SIZES_SEARCHED):
-        if size.xreplace({symbol: sympy.Integer(value)}) >= 1:
+        evaluated = size.xreplace({symbol: sympy.Integer(value)})
+        if not evaluated.is_Integer:  # a function sympy leaves unevaluated
+            return low
+        if evaluated >= 1:
             proven = size_bounds(size, {symbol: ValueRanges(value, sympy.oo)}).lower >= 1
             return value if proven else low
     return low
