@@ -34,9 +34,11 @@ import contextlib
 import copy
 import functools
 import inspect
+import io
 import logging
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -132,6 +134,41 @@ def keyword_arguments_named(module: torch.nn.Module, kwargs: dict) -> Iterator[N
         del module.forward
 
 
+@contextlib.contextmanager
+def _partial_graphs_unprinted() -> Iterator[None]:
+    """torch.export prints the graph it traced up to a failure to stderr: hundreds of lines for
+    a transformer, once for each strategy tried, above the error dynexport raises, which names
+    the model line. stderr is held while capturing and written out after, without those graphs."""
+    held = _Writes()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        sys.stderr.write("".join(_without_partial_graphs(held.chunks)))
+
+
+class _Writes(io.TextIOBase):
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.chunks.append(text)
+        return len(text)
+
+
+def _without_partial_graphs(chunks: list[str]) -> Iterator[str]:
+    """``chunks`` less each FX graph's source and the newline ``print`` wrote after it."""
+    after_graph = False
+    for chunk in chunks:
+        if chunk.lstrip().startswith(("def forward(self", "class GraphModule(")):
+            after_graph = True
+            continue
+        if not (after_graph and chunk == "\n"):
+            yield chunk
+        after_graph = False
+
+
 def _non_strict(module, args, kwargs, dynamic_shapes):
     return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
@@ -204,14 +241,15 @@ def capture(
     reasons: dict[str, BaseException] = {}
     oblivious = dynamic_dims_sized_0_or_1(dynamic_shapes, bind_arguments(module.forward, args, kwargs))
     if trace_layers_once:
-        captured = _captured_tracing_layers_once(module, args, kwargs, dynamic_shapes, oblivious)
+        with _partial_graphs_unprinted():
+            captured = _captured_tracing_layers_once(module, args, kwargs, dynamic_shapes, oblivious)
         if captured is not None:
             return captured
     for name, strategy in STRATEGIES.items():
         if strategy is _draft and isinstance(reasons.get(_NON_STRICT), UncheckedGuards):
             continue  # draft_export traces as non-strict capture does: the same unchecked guards
         try:
-            with _capture_patches(module, oblivious, dynamic_shapes):
+            with _capture_patches(module, oblivious, dynamic_shapes), _partial_graphs_unprinted():
                 program = strategy(module, args, kwargs, dynamic_shapes)
             check_guards_hold(program)
         except Exception as error:  # every strategy's failure is reported together

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -106,6 +108,22 @@ def test_capture_error_carries_each_strategy_reason():
     ]
     assert "Hint:" in str(error)
     assert "shape '[3, 5]' is invalid" in str(error)
+
+
+def test_a_refused_capture_prints_no_graph_and_keeps_the_models_own_output(capfd):
+    """torch.export prints the graph traced up to a data-dependent failure to stderr, for each
+    strategy tried (hundreds of lines for a transformer); dynexport's error names the line."""
+
+    class BranchesOnData(torch.nn.Module):
+        def forward(self, x):
+            print("forward ran", file=sys.stderr)
+            y = (x * 2).sum()
+            return x if y.item() > 0 else -x
+
+    with pytest.raises(CaptureError, match=r"y.item\(\) > 0"):
+        dynexport.export(BranchesOnData(), (torch.randn(3),), dynamo=True)
+    stderr = capfd.readouterr().err
+    assert "forward ran" in stderr and "def forward" not in stderr and "torch.ops.aten" not in stderr
 
 
 def test_dynamic_shapes_user_error_stops_at_the_first_strategy():
