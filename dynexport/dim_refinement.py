@@ -35,6 +35,7 @@ import math
 import re
 import sys
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -416,6 +417,8 @@ _GUARD_SEARCH_LIMIT = 4096
 _GUARD_FUNCTIONS = {
     "__builtins__": {}, "max": max, "min": min, "abs": abs,
     "IntInfinity": lambda: math.inf, "NegativeIntInfinity": lambda: -math.inf,
+    # TF-style same padding: ``max(0, 1 - h + 2*math.ceil(h / 2))``.
+    "math": types.SimpleNamespace(ceil=math.ceil, floor=math.floor, trunc=math.trunc),
 }
 
 

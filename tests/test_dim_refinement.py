@@ -158,6 +158,32 @@ def test_guards_without_a_suggested_fix_give_the_dim_a_minimum(torchvision):
         program(torch.randn(1, 3, 32, 64))
 
 
+class _TFSamePadding(torch.nn.Module):
+    """Two stride-2 convolutions padded as TensorFlow's "same" from the input's size (timm's
+    ``tf_`` models): torch names guards such as ``h + max(0, 1 - h + 2*math.ceil(h / 2)) >= 3``."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(c, 4, 3, stride=2) for c in (3, 4))
+
+    def forward(self, x):
+        for conv in self.convs:
+            pad_h, pad_w = (max((math.ceil(size / 2) - 1) * 2 + 3 - size, 0) for size in x.shape[2:])
+            x = conv(F.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2]))
+        return x
+
+
+def test_guards_in_math_ceil_give_the_dim_a_minimum():
+    dims = ({0: Dim("batch"), 2: Dim("h"), 3: Dim("w")},)
+    with pytest.warns(UserWarning, match=r"h: min=5"):
+        program = assert_exports_equivalent(
+            _TFSamePadding().eval(), torch.randn(2, 3, 32, 24), dynamic_shapes=dims,
+            resized=[(torch.randn(1, 3, 5, 7),), (torch.randn(3, 3, 17, 30),)], atol=1e-5,
+        )
+    with pytest.raises(ValueError, match=r"dim 2 is 4, outside the range h \[5, 4096\]"):
+        program(torch.randn(1, 3, 4, 8))
+
+
 def test_equality_between_two_dims():
     with pytest.warns(UserWarning, match=r"b = a \+ 1 \(from the model\)"):
         program = assert_exports_equivalent(
