@@ -121,6 +121,14 @@ def capture_refining_dims(
                 return program, strategy, _without_superseded(refinements), _named(dynamic_shapes, hinted)
             except CaptureError as error:
                 unrefined = error
+                declared = _get_dim_name_mapping(dynamic_shapes)
+                if declared and _solver_failed(error):
+                    # Without torch's account of the violated constraints, the dims are captured
+                    # as hints, whose guards the guard audit checks over the declared ranges (as
+                    # torch.onnx's dynamic_axes).
+                    bounds = {name: (int(dim.min), dim.max) for name, dim in declared.items()}
+                    dynamic_shapes = _hinted(dynamic_shapes, bounds, hinted)
+                    continue
                 required = _required_multiples(error)
                 asked_at = next((r.where for r in error.reasons.values() if isinstance(r, MultipleRequired)), None)
                 at_hints = _unchecked_guard_fixes_at_hints(error, dynamic_shapes) or _at_positions(required)
@@ -394,6 +402,16 @@ def _with_the_guards_minimums(message: str, dynamic_shapes: Any) -> str:
 _PINNED_HINT = re.compile(
     r"You marked L\['(\w+)'\]\.size\(\)\[(\d+)\] as dynamic but your code specialized it to be a constant \((\d+)\)"
 )
+
+
+def _solver_failed(error: CaptureError) -> bool:
+    """Whether torch's constraint solver failed while describing the constraints the declared
+    dims violate (an assertion in ``DimConstraints.prettify_results``: timm's vovnet39a's
+    ceil-mode poolings), which leaves no violation or suggested fix to refine from."""
+    first = next(iter(error.reasons.values()), None)
+    return isinstance(first, AssertionError) and any(
+        frame.name == "prettify_results" for frame in traceback.extract_tb(first.__traceback__)
+    )
 
 
 def _pinned_hints(error: CaptureError, hint_names: Mapping[tuple[str, int], str]) -> dict[str, int]:

@@ -184,6 +184,30 @@ def test_guards_in_math_ceil_give_the_dim_a_minimum():
         program(torch.randn(1, 3, 4, 8))
 
 
+class _CeilModePools(torch.nn.Module):
+    """A stride-4 stem and ceil-mode max pools (vovnet's, GoogLeNet's): with plain Dims, torch's
+    constraint solver fails describing the guards ("Expected op to be '=='")."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 4, 3, stride=4, padding=1)
+        self.pools = torch.nn.Sequential(*(torch.nn.MaxPool2d(3, 2, ceil_mode=True) for _ in range(2)))
+
+    def forward(self, x):
+        return self.pools(self.stem(x)).mean((2, 3))
+
+
+def test_dims_torchs_solver_fails_on_are_captured_as_hints_and_checked():
+    dims = ({0: Dim("batch"), 2: Dim("h"), 3: Dim("w")},)
+    with pytest.raises(AssertionError, match="Expected op to be"):
+        torch.export.export(_CeilModePools().eval(), (torch.randn(2, 3, 64, 48),), dynamic_shapes=dims, strict=False)
+    calls = [(torch.randn(b, 3, h, w),) for b, h, w in [(2, 64, 48), (1, 21, 37), (3, 97, 130)]]
+    program = assert_exports_equivalent(_CeilModePools().eval(), calls[0], dynamic_shapes=dims, resized=calls[1:], atol=1e-6)
+    assert [str(d) for d in program.model.graph.inputs[0].shape] == ["batch", "3", "h", "w"]
+    with pytest.raises(ValueError, match=r"dim 2 is 12, outside the range h >= 13"):
+        program(torch.randn(1, 3, 12, 48))
+
+
 def test_equality_between_two_dims():
     with pytest.warns(UserWarning, match=r"b = a \+ 1 \(from the model\)"):
         program = assert_exports_equivalent(
