@@ -292,11 +292,6 @@ def dim_minimums(
         for expr, bounds in program.range_constraints.items()
         if expr in names
     }
-    for expr, bounds in program.range_constraints.items():
-        if expr in names and expr.is_Symbol and _bound(bounds.lower, 0) > _TRACING_MINIMUM:
-            # Above torch's own assumption, a guard of the traced path raised it: a hint's
-            # range narrowed by ``if n > 4:`` (torch.export narrows a hint without a word).
-            minimums[expr] = max(minimums[expr], _bound(bounds.lower, 0))
     least = _sizes_eager_runs_at(program, symbol_minimums(minimums))
     for expr in minimums:
         if len(expr.free_symbols) == 1 and (symbol := next(iter(expr.free_symbols))) in least:
@@ -306,8 +301,6 @@ def dim_minimums(
     return minimums
 
 
-# The least size torch.export takes a dynamic dim to have while tracing (0 and 1 are specialized).
-_TRACING_MINIMUM = 2
 # Operators PyTorch refuses to run when their output would have an empty spatial dim ("Kernel
 # size can't be greater than actual input size", "Output size is too small"), with the number of
 # spatial dims (None: the weight's rank less 2). Transposed convolutions may be empty.
