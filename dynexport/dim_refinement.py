@@ -147,7 +147,6 @@ def capture_refining_dims(
                     continue
                 message = _suggested_fixes_message(error, dynamic_shapes)
                 if message is None:
-                    declared = _get_dim_name_mapping(dynamic_shapes)
                     checked = {
                         name: bounds
                         for name, bounds in _ranges_where_guards_hold(error, dynamic_shapes, _examples(dynamic_shapes, bound)).items()
@@ -164,7 +163,6 @@ def capture_refining_dims(
                     refinements += [_describe_checked(name, bounds) for name, bounds in checked.items()]
                     continue
                 # Fixes may also name new roots (``_h`` in ``h = 2*_h``): the user declared none of those.
-                declared = _get_dim_name_mapping(dynamic_shapes)
                 fixes = {name: fix for name, fix in _suggested_fixes(message).items() if name in declared}
                 if fixes == previous_fixes:  # applied, and asked for again: torch cannot honour them
                     raise
