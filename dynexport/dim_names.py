@@ -41,6 +41,7 @@ __all__ = [
     "dynamic_shapes_from_examples",
     "graph_dims",
     "hinted_axes",
+    "hinted_ranges",
     "is_dynamic",
     "named_dims",
 ]
@@ -291,6 +292,15 @@ def hinted_axes(dynamic_shapes: Any) -> set[tuple[str, int]]:
         if isinstance(axes, dict)
         for axis, dim in axes.items()
         if isinstance(dim, _DimHint) and dim.type is not _DimHintType.STATIC
+    }
+
+
+def hinted_ranges(dynamic_shapes: Any) -> dict[tuple[str, int], tuple[int, int | None]]:
+    """``{(argument, axis): (min, max)}`` of each axis of :func:`hinted_axes`: the hint's
+    (``Dim.DYNAMIC(min=11)``, as dim refinement narrows one), min 0 and max None by default."""
+    return {
+        (argument, axis): (dynamic_shapes[argument][axis].min or 0, dynamic_shapes[argument][axis].max)
+        for argument, axis in hinted_axes(dynamic_shapes)
     }
 
 

@@ -40,7 +40,7 @@ import math
 import os
 import random
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import sympy
@@ -112,9 +112,14 @@ class UncheckedGuards(Exception):
         )
 
 
-def check_guards_hold(program: torch.export.ExportedProgram) -> None:
+def check_guards_hold(
+    program: torch.export.ExportedProgram,
+    hinted_ranges: Mapping[tuple[str, int], tuple[int, int | None]] | None = None,
+) -> None:
     """Raise :class:`UncheckedGuards` if a guard torch recorded while capturing ``program`` is
-    false at some sizes of its inputs' dynamic ranges (module doc)."""
+    false at some sizes of its inputs' dynamic ranges (module doc). ``hinted_ranges``: the
+    range (max None when unbounded) declared for each ``(input, axis)`` declared by a hint
+    (``dynamic_axes``, ``Dim.AUTO``), over which its sizes are drawn (:func:`_hinted_roots`)."""
     inputs = _user_inputs(program)
     shape_env = _shape_env(inputs)
     if shape_env is None or not shape_env.guards:
@@ -125,8 +130,9 @@ def check_guards_hold(program: torch.export.ExportedProgram) -> None:
     )
     if not roots:
         return
-    guards = _guards_on(shape_env, set(roots))
-    ranges = {root: _sampled_range(shape_env, root) for root in roots}
+    hinted = _hinted_roots(sizes, hinted_ranges or {})
+    guards = _guards_on(shape_env, set(roots), set(hinted))
+    ranges = {root: _sampled_range(shape_env, root, hinted.get(root)) for root in roots}
     failures: dict[int, dict[sympy.Symbol, int]] = {}
     for point in _points(shape_env, ranges):
         for index, guard in enumerate(guards):
@@ -202,11 +208,42 @@ class _Guard:
             return False
 
 
-def _guards_on(shape_env: Any, roots: set[sympy.Symbol]) -> list[_Guard]:
-    """The distinct recorded guards whose free symbols are all input sizes (guards on data,
-    unbacked sizes, are checked at run time or refused by torch)."""
+def _hinted_roots(
+    sizes: dict[str, list[sympy.Expr]], hinted_ranges: Mapping[tuple[str, int], tuple[int, int | None]]
+) -> dict[sympy.Symbol, tuple[int, int | None]]:
+    """``{root: declared (min, max)}`` of the roots that are input dims declared by a hint (the
+    narrowest range of the positions it stands for).
+
+    torch.export narrows such a dim's range to where the guards of the traced path hold, without
+    a word (``if x.shape[0] > 10`` traced at 12: from 11 on), where a named ``Dim`` is refused
+    instead; sizes are drawn from the declared minimum, and the model's guards on these roots
+    audited, so that a narrowing the model's code asked for becomes a refinement the graph's
+    input checks enforce. Its kernels' narrowings (an embedding bag's offsets of 3 or more) are
+    not audited: their answers do not change the ops the graph holds."""
+    hinted: dict[sympy.Symbol, tuple[int, int | None]] = {}
+    for name, dims in sizes.items():
+        for axis, expr in enumerate(dims):
+            if isinstance(expr, sympy.Symbol) and (name, axis) in hinted_ranges:
+                low, high = hinted_ranges[name, axis]
+                known_low, known_high = hinted.get(expr, (0, None))
+                highs = [bound for bound in (high, known_high) if bound is not None]
+                hinted[expr] = (max(low, known_low), min(highs) if highs else None)
+    return hinted
+
+
+def _guards_on(shape_env: Any, roots: set[sympy.Symbol], hinted: set[sympy.Symbol]) -> list[_Guard]:
+    """The distinct recorded guards the model asked whose free symbols are all input sizes
+    (guards on data, unbacked sizes, are checked at run time or refused by torch) and that
+    torch's solver leaves unchecked (:func:`_fixes_a_size`), or that read hinted roots only and
+    build a size or a branch into the graph (torch narrowed the hint's range to where they hold)."""
     return _distinct_guards(
-        shape_env, roots, lambda guard, condition: _fixes_a_size(condition) and _asked_by_the_model(guard)
+        shape_env,
+        roots,
+        lambda guard, condition: _asked_by_the_model(guard)
+        and (
+            _fixes_a_size(condition)
+            or (bool(condition.free_symbols) and condition.free_symbols <= hinted and _size_or_branch(condition))
+        ),
     )
 
 
@@ -286,13 +323,17 @@ def asked_at(guard: Any) -> str:
     return str(frame or "")
 
 
-def _sampled_range(shape_env: Any, root: sympy.Symbol) -> tuple[int, int]:
-    """The sizes of ``root`` to draw from: its range, from 2 (torch traces sizes 0 and 1 as
-    special cases) to its maximum, or below :data:`UNBOUNDED_LIMIT` when it has none."""
+def _sampled_range(
+    shape_env: Any, root: sympy.Symbol, declared: tuple[int, int | None] | None = None
+) -> tuple[int, int]:
+    """The sizes of ``root`` to draw from: its range (the ``declared`` one for a hinted root,
+    :func:`_hinted_roots`), from 2 (torch traces sizes 0 and 1 as special cases) to its
+    maximum, or below :data:`UNBOUNDED_LIMIT` when it has none."""
     bounds = shape_env.var_to_range[root]
     example = _example(shape_env, root)
-    lower = max(int(bounds.lower), 2) if bounds.lower is not -int_oo else 2
-    upper = int(bounds.upper) if bounds.upper is not int_oo else max(UNBOUNDED_LIMIT, 2 * example)
+    low, high = (bounds.lower, bounds.upper) if declared is None else declared
+    lower = max(int(low), 2) if low is not -int_oo else 2
+    upper = int(high) if high not in (None, int_oo) else max(UNBOUNDED_LIMIT, 2 * example)
     return lower, max(lower, upper)
 
 

@@ -37,6 +37,26 @@ def test_a_batch_outside_the_dims_range_is_refused_not_answered_by_the_other_bra
     assert json.loads(metadata[BAKED_INPUTS_KEY]) == {}
 
 
+@pytest.mark.parametrize(
+    "declared",
+    [
+        {"input_names": ["x"], "dynamic_axes": {"x": {0: "b"}}},
+        {"dynamic_shapes": ({0: "b"},)},
+        {"dynamic_shapes": ({0: Dim.AUTO},)},
+    ],
+    ids=["dynamic_axes", "string", "auto"],
+)
+def test_a_branch_on_a_hinted_dim_is_refused_below_where_it_was_traced(declared):
+    """torch.export narrows a hinted dim's range to the traced branch's (``b > 10``: from 11)
+    without a word; below it the graph would answer with the other branch's computation."""
+    program = dynexport.export(BranchOnBatch(), (torch.randn(12, 3),), **declared)
+    for batch in (11, 20):
+        x = torch.randn(batch, 3)
+        assert_close(program(x), BranchOnBatch()(x))
+    with pytest.raises(ValueError, match=r"input 'x' dim 0 is 10, outside the range \w+ >= 11"):
+        program(torch.randn(10, 3))
+
+
 def _concat_rows(x, y, z):
     return torch.cat([x, y], 0).sum(0) + z.sum(0)
 
