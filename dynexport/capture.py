@@ -54,7 +54,7 @@ from dynexport.affine_grids import affine_grids_of_symbolic_sizes
 from dynexport.contiguous_views import contiguous_views_direct
 from dynexport.decompositions import recurrent_ops_kept_whole
 from dynexport.detection import detection_code_capturable
-from dynexport.dim_names import dynamic_dims_sized_0_or_1, hinted_axes, hinted_ranges
+from dynexport.dim_names import dynamic_dims_sized_0_or_1, hinted_axes, hinted_minimums
 from dynexport.errors import FLOAT_SIZE_ARITHMETIC, INTEGER_SIZES_HINT, CaptureError
 from dynexport.even_chunks import even_chunks_as_splits
 from dynexport.grouped_attention import causality_decided, grouped_attention_whole
@@ -251,7 +251,7 @@ def capture(
         try:
             with _capture_patches(module, oblivious, dynamic_shapes), _partial_graphs_unprinted():
                 program = strategy(module, args, kwargs, dynamic_shapes)
-            check_guards_hold(program, hinted_ranges(dynamic_shapes))
+            check_guards_hold(program, hinted_minimums(dynamic_shapes))
         except Exception as error:  # every strategy's failure is reported together
             reasons[name] = error
             if _fails_every_strategy(error):
@@ -316,7 +316,7 @@ def _captured_tracing_layers_once(
         with _capture_patches(module, oblivious, dynamic_shapes), layers_traced_once(lists) as calls:
             program = _non_strict(module, args, kwargs, dynamic_shapes)
         program = replicated(program, calls)
-        check_guards_hold(program, hinted_ranges(dynamic_shapes))
+        check_guards_hold(program, hinted_minimums(dynamic_shapes))
     except (UnflattenableCache, MultipleRequired) as error:
         raise _capture_error({_NON_STRICT: error}, oblivious) from error
     except Exception as error:  # every other reason, the model's own included, is found again by the full capture

@@ -41,7 +41,7 @@ __all__ = [
     "dynamic_shapes_from_examples",
     "graph_dims",
     "hinted_axes",
-    "hinted_ranges",
+    "hinted_minimums",
     "is_dynamic",
     "named_dims",
 ]
@@ -295,12 +295,11 @@ def hinted_axes(dynamic_shapes: Any) -> set[tuple[str, int]]:
     }
 
 
-def hinted_ranges(dynamic_shapes: Any) -> dict[tuple[str, int], tuple[int, int | None]]:
-    """``{(argument, axis): (min, max)}`` of each axis of :func:`hinted_axes`: the hint's
-    (``Dim.DYNAMIC(min=11)``, as dim refinement narrows one), min 0 and max None by default."""
+def hinted_minimums(dynamic_shapes: Any) -> dict[tuple[str, int], int]:
+    """``{(argument, axis): minimum}`` of each axis of :func:`hinted_axes`: the hint's ``min``
+    (``Dim.DYNAMIC(min=11)``, as dim refinement narrows one), else 0."""
     return {
-        (argument, axis): (dynamic_shapes[argument][axis].min or 0, dynamic_shapes[argument][axis].max)
-        for argument, axis in hinted_axes(dynamic_shapes)
+        (argument, axis): dynamic_shapes[argument][axis].min or 0 for argument, axis in hinted_axes(dynamic_shapes)
     }
 
 

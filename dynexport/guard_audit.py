@@ -113,13 +113,12 @@ class UncheckedGuards(Exception):
 
 
 def check_guards_hold(
-    program: torch.export.ExportedProgram,
-    hinted_ranges: Mapping[tuple[str, int], tuple[int, int | None]] | None = None,
+    program: torch.export.ExportedProgram, hinted_minimums: Mapping[tuple[str, int], int] | None = None
 ) -> None:
     """Raise :class:`UncheckedGuards` if a guard torch recorded while capturing ``program`` is
-    false at some sizes of its inputs' dynamic ranges (module doc). ``hinted_ranges``: the
-    range (max None when unbounded) declared for each ``(input, axis)`` declared by a hint
-    (``dynamic_axes``, ``Dim.AUTO``), over which its sizes are drawn (:func:`_hinted_roots`)."""
+    false at some sizes of its inputs' dynamic ranges (module doc). ``hinted_minimums``: the
+    minimum declared for each ``(input, axis)`` declared by a hint (``dynamic_axes``,
+    ``Dim.AUTO``), from which its sizes are drawn (:func:`_hinted_roots`)."""
     inputs = _user_inputs(program)
     shape_env = _shape_env(inputs)
     if shape_env is None or not shape_env.guards:
@@ -130,7 +129,7 @@ def check_guards_hold(
     )
     if not roots:
         return
-    hinted = _hinted_roots(sizes, hinted_ranges or {})
+    hinted = _hinted_roots(sizes, hinted_minimums or {})
     guards = _guards_on(shape_env, set(roots), set(hinted))
     ranges = {root: _sampled_range(shape_env, root, hinted.get(root)) for root in roots}
     failures: dict[int, dict[sympy.Symbol, int]] = {}
@@ -208,26 +207,21 @@ class _Guard:
             return False
 
 
-def _hinted_roots(
-    sizes: dict[str, list[sympy.Expr]], hinted_ranges: Mapping[tuple[str, int], tuple[int, int | None]]
-) -> dict[sympy.Symbol, tuple[int, int | None]]:
-    """``{root: declared (min, max)}`` of the roots that are input dims declared by a hint (the
-    narrowest range of the positions it stands for).
+def _hinted_roots(sizes: dict[str, list[sympy.Expr]], hinted_minimums: Mapping[tuple[str, int], int]) -> dict[sympy.Symbol, int]:
+    """``{root: declared minimum}`` of the roots that are input dims declared by a hint.
 
     torch.export narrows such a dim's range to where the guards of the traced path hold, without
     a word (``if x.shape[0] > 10`` traced at 12: from 11 on), where a named ``Dim`` is refused
-    instead; sizes are drawn from the declared minimum, and the model's guards on these roots
-    audited, so that a narrowing the model's code asked for becomes a refinement the graph's
-    input checks enforce. Its kernels' narrowings (an embedding bag's offsets of 3 or more) are
-    not audited: their answers do not change the ops the graph holds."""
-    hinted: dict[sympy.Symbol, tuple[int, int | None]] = {}
+    instead. Its sizes are drawn from the declared minimum and the model's guards on it
+    audited, so that a minimum the model's code asked for becomes a refinement the graph's input
+    checks enforce. (A narrowed maximum needs none: the checks enforce every maximum torch
+    proved.) Its kernels' narrowings (an embedding bag's offsets of 3 or more) are not audited:
+    their answers do not change the ops the graph holds."""
+    hinted: dict[sympy.Symbol, int] = {}
     for name, dims in sizes.items():
         for axis, expr in enumerate(dims):
-            if isinstance(expr, sympy.Symbol) and (name, axis) in hinted_ranges:
-                low, high = hinted_ranges[name, axis]
-                known_low, known_high = hinted.get(expr, (0, None))
-                highs = [bound for bound in (high, known_high) if bound is not None]
-                hinted[expr] = (max(low, known_low), min(highs) if highs else None)
+            if isinstance(expr, sympy.Symbol) and (name, axis) in hinted_minimums:
+                hinted[expr] = max(hinted.get(expr, 0), hinted_minimums[name, axis])
     return hinted
 
 
@@ -323,17 +317,15 @@ def asked_at(guard: Any) -> str:
     return str(frame or "")
 
 
-def _sampled_range(
-    shape_env: Any, root: sympy.Symbol, declared: tuple[int, int | None] | None = None
-) -> tuple[int, int]:
-    """The sizes of ``root`` to draw from: its range (the ``declared`` one for a hinted root,
+def _sampled_range(shape_env: Any, root: sympy.Symbol, hinted_minimum: int | None = None) -> tuple[int, int]:
+    """The sizes of ``root`` to draw from: its range (from ``hinted_minimum`` for a hinted root,
     :func:`_hinted_roots`), from 2 (torch traces sizes 0 and 1 as special cases) to its
     maximum, or below :data:`UNBOUNDED_LIMIT` when it has none."""
     bounds = shape_env.var_to_range[root]
     example = _example(shape_env, root)
-    low, high = (bounds.lower, bounds.upper) if declared is None else declared
+    low = bounds.lower if hinted_minimum is None else hinted_minimum
     lower = max(int(low), 2) if low is not -int_oo else 2
-    upper = int(high) if high not in (None, int_oo) else max(UNBOUNDED_LIMIT, 2 * example)
+    upper = int(bounds.upper) if bounds.upper is not int_oo else max(UNBOUNDED_LIMIT, 2 * example)
     return lower, max(lower, upper)
 
 

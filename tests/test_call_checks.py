@@ -57,6 +57,17 @@ def test_a_branch_on_a_hinted_dim_is_refused_below_where_it_was_traced(declared)
         program(torch.randn(10, 3))
 
 
+def test_a_branch_on_a_hinted_dim_below_a_size_keeps_the_maximum_torch_narrowed_it_to():
+    """Traced at 5, the branch holds up to 10: the graph's checks enforce that maximum (a
+    narrowed minimum needs the audit's refinement, a maximum does not)."""
+    program = dynexport.export(BranchOnBatch(), (torch.randn(5, 3),), dynamic_shapes=({0: "b"},))
+    for batch in (2, 10):
+        x = torch.randn(batch, 3)
+        assert_close(program(x), BranchOnBatch()(x))
+    with pytest.raises(ValueError, match=r"input 'x' dim 0 is 11, outside the range b \[\d+, 10\]"):
+        program(torch.randn(11, 3))
+
+
 def _concat_rows(x, y, z):
     return torch.cat([x, y], 0).sum(0) + z.sum(0)
 

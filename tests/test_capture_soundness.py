@@ -399,6 +399,22 @@ def test_branch_on_sizes_that_no_strategy_checks_is_refused():
 
 
 
+class TallerOrWider(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 if x.shape[1] > x.shape[0] else x + 1
+
+
+def test_branch_relating_two_dynamic_axes_is_refused():
+    # torch.export keeps a guard between two hints (dynamic_axes) for the ExportedProgram's own
+    # run-time check, which an ONNX graph lacks: the graph answered a 5x3 input with the 3x5
+    # example's branch (as torch.onnx's does).
+    with pytest.raises(CaptureError, match=r"`x.shape\[1\] > x.shape\[0\]` \(.*\) is false at"):
+        dynexport.export(
+            TallerOrWider(), (torch.randn(3, 5),), input_names=["x"], dynamic_axes={"x": {0: "rows", 1: "columns"}}
+        )
+
+
+
 class WindowShrinks(torch.nn.Module):
     # Swin's stage: a window as large as the smaller side when that side is at most the window.
     # Non-strict capture answers Python's ``min`` of sizes for the example and torch's solver
