@@ -16,6 +16,9 @@ line and a size where it fails. This is a test, not a proof: it finds a guard th
 most sizes (an equality, a branch) at once, and one that fails at a few sizes only by chance.
 With it go the declared dims' narrowings under which the failing guards hold (a minimum, or the
 example's class modulo a period), which dynamic-shape refinement applies before capturing again.
+A dim declared by a hint (``dynamic_axes``, ``Dim.AUTO``) is drawn from its declared minimum and
+the model's plain conditions on it are evaluated too: torch.export narrows a hint's range to
+the traced branch without a word (:func:`_hinted_roots`).
 
 Guards torch's own kernels ask are left out of that evaluation (module doc of
 :func:`_asked_by_the_model`), but one of them can still put the example's size into the graph:
@@ -207,7 +210,9 @@ class _Guard:
             return False
 
 
-def _hinted_roots(sizes: dict[str, list[sympy.Expr]], hinted_minimums: Mapping[tuple[str, int], int]) -> dict[sympy.Symbol, int]:
+def _hinted_roots(
+    sizes: dict[str, list[sympy.Expr]], hinted_minimums: Mapping[tuple[str, int], int]
+) -> dict[sympy.Symbol, int]:
     """``{root: declared minimum}`` of the roots that are input dims declared by a hint.
 
     torch.export narrows such a dim's range to where the guards of the traced path hold, without
