@@ -166,8 +166,8 @@ def test_eager_quantized_layers(body, shape, opset):
 
 def test_conv_transpose_with_per_tensor_weights(quantized_engine):
     # Per-tensor weights: PyTorch has no per-channel ConvTranspose. The x86 engine's
-    # ConvTranspose2d kernel is tens of steps off conv_transpose2d on some CPUs (x86 without
-    # AVX-512), as its 1d kernel is everywhere (test_conv_transpose_1d): the eager reference is
+    # ConvTranspose2d kernel is tens of steps off conv_transpose2d on some CPUs (seen on an
+    # AVX2-only AMD EPYC), as its 1d kernel is everywhere (test_conv_transpose_1d): the eager reference is
     # qnnpack's, the engine the qconfig is made for.
     quantized_engine("qnnpack")
     qconfig = get_default_qconfig("qnnpack")
